@@ -1,0 +1,39 @@
+"""The `hybridflow` command: sub-commands dispatch to the module that owns each job."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# sub-command -> ("module:function", help). Each function takes the remaining argv.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("hybridflow.doctor:main", "print versions, devices, Ray status and whether the demo model is installed"),
+}
+
+
+def _load(target: str) -> Callable[[Sequence[str]], int | None]:
+    module_name, function_name = target.split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `hybridflow` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="hybridflow", description="RL post-training for LLMs (HybridFlow design).")
+    choices = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        choices.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in SUBCOMMANDS:
+        parser.error(f"unknown command {command!r}; choose from {', '.join(SUBCOMMANDS)}")
+    result = _load(SUBCOMMANDS[command][0])(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

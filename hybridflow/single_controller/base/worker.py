@@ -1,0 +1,108 @@
+"""`Worker`: the base class of every SPMD worker (one per rank) that a worker group drives."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch.distributed as dist
+
+from hybridflow import env
+from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
+from hybridflow.utils.device import get_dist_backend
+
+
+def find_free_port() -> int:
+    """A TCP port that was free a moment ago on this host (for the torch.distributed rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def get_node_ip() -> str:
+    """This host's IP as other nodes see it (Ray's view when Ray runs, else a best guess)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+class Worker:
+    """Knows its rank, world size and rendezvous; subclasses add `@register`ed methods.
+
+    The worker group exports `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`
+    before constructing the worker, so a subclass may call `self.init_distributed()` (or
+    `torch.distributed.init_process_group()` with `env://`) in `__init__` or `init_model`.
+    """
+
+    def __init__(self) -> None:
+        self._rank = env.dist_rank()
+        self._world_size = env.dist_world_size()
+        self._local_rank = env.dist_local_rank()
+        self._master_addr = env.dist_master_addr()
+        self._master_port = env.dist_master_port()
+        self._dispatch_info: dict[str, tuple[int, int, bool]] = {}
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    def init_distributed(self, backend: str | None = None) -> None:
+        """Join the group's torch.distributed process group (gloo on CPU, nccl on CUDA) once per process."""
+        if env.local_mode() and self._world_size > 1:
+            raise RuntimeError(
+                f"local mode runs all {self._world_size} ranks in one process, so collectives cannot work; "
+                "use world_size=1 in local mode (trainer.n_gpus_per_node=1) or run on Ray"
+            )
+        if dist.is_initialized():
+            return
+        if self._master_addr is None or self._master_port is None:
+            raise RuntimeError("MASTER_ADDR/MASTER_PORT are not set: create this worker through a worker group")
+        dist.init_process_group(
+            backend=backend or get_dist_backend(),
+            init_method=f"tcp://{self._master_addr}:{self._master_port}",
+            rank=self._rank,
+            world_size=self._world_size,
+        )
+
+    def register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, dp_size: int, is_collect: bool) -> None:
+        """Say which data-parallel shard this rank takes for `mesh_name` and whether its output is kept."""
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
+        self._dispatch_info[mesh_name] = (dp_rank, dp_size, is_collect)
+
+    # Methods below are called by the worker group itself.
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def query_dispatch_info(self, mesh_name: str) -> tuple[int, int, bool]:
+        """This rank's `(dp_rank, dp_size, is_collect)` for `mesh_name`."""
+        if mesh_name not in self._dispatch_info:
+            raise KeyError(
+                f"rank {self._rank} registered no dispatch info for mesh {mesh_name!r}; call "
+                "register_dispatch_collect_info in init_model"
+            )
+        return self._dispatch_info[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def get_master_addr_port(self) -> tuple[str, str]:
+        """Rank 0 picks the rendezvous address and a free port for the group, and keeps them itself."""
+        if self._master_addr is None or self._master_port is None:
+            self._master_addr, self._master_port = get_node_ip(), str(find_free_port())
+            env.set_dist_env(self._rank, self._world_size, self._local_rank, self._master_addr, self._master_port)
+        return self._master_addr, self._master_port
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_pid(self) -> int:
+        """The OS process id hosting this worker (to check colocation)."""
+        return os.getpid()

@@ -1,0 +1,13 @@
+"""The Ray implementation of the single controller."""
+
+from hybridflow.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from hybridflow.single_controller.ray.colocate import create_colocated_worker_cls
+from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
+
+__all__ = [
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "ResourcePoolManager",
+    "create_colocated_worker_cls",
+]

@@ -1,0 +1,216 @@
+"""Ray implementation of the controller: resource pools (placement groups), remote classes, worker groups."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.protocol import DataProtoFuture
+from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup
+
+# How long an actor may take to come up (Ray starts a process, imports torch): generous, but bounded.
+ACTOR_START_TIMEOUT_S = 300.0
+
+
+class RayResourcePool:
+    """A set of placement groups, one per node, of `process_on_nodes[i]` bundles each.
+
+    Each bundle hosts one rank: `num_cpus_per_worker` CPUs (and 1 GPU when `use_gpu`). With
+    `max_colocate_count > 1`, that many actors (different roles) may share a bundle.
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: list[int],
+        use_gpu: bool = False,
+        max_colocate_count: int = 1,
+        num_cpus_per_worker: float = 1.0,
+        name_prefix: str = "hybridflow",
+        strategy: str = "STRICT_PACK",
+    ) -> None:
+        if not process_on_nodes or any(count <= 0 for count in process_on_nodes):
+            raise ValueError(f"process_on_nodes must be positive counts, got {process_on_nodes}")
+        if max_colocate_count < 1:
+            raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
+        self.process_on_nodes = list(process_on_nodes)
+        self.use_gpu = use_gpu
+        self.max_colocate_count = max_colocate_count
+        self.num_cpus_per_worker = num_cpus_per_worker
+        self.name_prefix = name_prefix
+        self.strategy = strategy
+        self._placement_groups: list[PlacementGroup] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+    def bundle(self) -> dict[str, float]:
+        """Resources of one bundle (one rank)."""
+        resources = {"CPU": self.num_cpus_per_worker}
+        if self.use_gpu:
+            resources["GPU"] = 1
+        return resources
+
+    def get_placement_groups(self) -> list[PlacementGroup]:
+        """Create (once) and return the placement groups, waiting until they are placed."""
+        if self._placement_groups is None:
+            unique = uuid.uuid4().hex[:8]
+            groups = [
+                placement_group([self.bundle()] * count, strategy=self.strategy, name=f"{self.name_prefix}_{unique}_{i}")
+                for i, count in enumerate(self.process_on_nodes)
+            ]
+            ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=60)
+            if len(ready) != len(groups):
+                available = ray.available_resources()
+                raise RuntimeError(
+                    f"resource pool {self.name_prefix!r} needs {self.world_size} bundles of {self.bundle()} "
+                    f"but the cluster has {available}; lower trainer.n_gpus_per_node/nnodes or add nodes"
+                )
+            self._placement_groups = groups
+        return self._placement_groups
+
+    def release(self) -> None:
+        """Remove the placement groups (the actors in them must be gone)."""
+        for group in self._placement_groups or []:
+            remove_placement_group(group)
+        self._placement_groups = None
+
+
+class RayClassWithInitArgs:
+    """A worker class plus its constructor arguments, turned into Ray actors by a worker group."""
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+        self.options: dict[str, Any] = {}
+
+    def update_options(self, options: dict[str, Any]) -> None:
+        """Extra `ray.remote` options (e.g. `runtime_env`) for every actor made from this class."""
+        self.options.update(options)
+
+    def create_actor(
+        self,
+        placement_group: PlacementGroup,
+        bundle_index: int,
+        num_cpus: float,
+        num_gpus: float,
+        env_vars: dict[str, str],
+        name: str,
+    ) -> ray.actor.ActorHandle:
+        """Start one actor in `placement_group`'s bundle `bundle_index` with the given environment."""
+        options = dict(self.options)
+        runtime_env = dict(options.pop("runtime_env", {}))
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
+        remote_cls = ray.remote(self.cls)
+        return remote_cls.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_bundle_index=bundle_index
+            ),
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            runtime_env=runtime_env,
+            name=name,
+            **options,
+        ).remote(*self.args, **self.kwargs)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """One Ray actor per bundle of a `RayResourcePool`; every `@register`ed method becomes a group method."""
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | None = None,
+        name_prefix: str | None = None,
+        worker_handles: list[ray.actor.ActorHandle] | None = None,
+        method_prefix: str = "",
+        worker_cls: type | None = None,
+    ) -> None:
+        if worker_handles is not None:
+            if worker_cls is None:
+                raise ValueError("worker_cls is needed when attaching to existing worker_handles")
+            self._workers = list(worker_handles)
+            self._worker_cls = worker_cls
+        else:
+            if resource_pool is None or ray_cls_with_init is None:
+                raise ValueError("RayWorkerGroup needs a resource_pool and a ray_cls_with_init")
+            self._worker_cls = ray_cls_with_init.cls
+            self._workers = self._start_workers(resource_pool, ray_cls_with_init, name_prefix or "hybridflow")
+        super().__init__(world_size=len(self._workers))
+        self._bind_worker_methods(self._worker_cls, prefix=method_prefix)
+
+    @property
+    def workers(self) -> list[ray.actor.ActorHandle]:
+        return list(self._workers)
+
+    def _start_workers(
+        self, pool: RayResourcePool, cls_with_init: RayClassWithInitArgs, name_prefix: str
+    ) -> list[ray.actor.ActorHandle]:
+        groups = pool.get_placement_groups()
+        world_size = pool.world_size
+        num_cpus = pool.num_cpus_per_worker / pool.max_colocate_count
+        num_gpus = (1 / pool.max_colocate_count) if pool.use_gpu else 0
+        slots = [(group, index) for group, count in zip(groups, pool.process_on_nodes) for index in range(count)]
+        local_ranks = [index for _, index in slots]
+        workers: list[ray.actor.ActorHandle] = []
+        master: dict[str, str] = {}
+        for rank, (group, bundle_index) in enumerate(slots):
+            env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_ranks[rank])}
+            env_vars.update(master)
+            suffix = f"{name_prefix}_{ray.get_runtime_context().get_job_id()}_{id(self):x}_{rank}"
+            actor = cls_with_init.create_actor(group, bundle_index, num_cpus, num_gpus, env_vars, suffix)
+            workers.append(actor)
+            if rank == 0:
+                # Rank 0 chooses the rendezvous address; the other ranks get it in their environment.
+                addr, port = self._resolve([actor.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
+                master = {"MASTER_ADDR": addr, "MASTER_PORT": port}
+        self._resolve([actor.__ray_ready__.remote() for actor in workers], "__init__", list(range(world_size)))
+        return workers
+
+    def spawn(self, prefix_set: list[str]) -> dict[str, RayWorkerGroup]:
+        """Split a colocated group into one group per role, sharing the same actors."""
+        return {
+            role: RayWorkerGroup(worker_handles=self._workers, method_prefix=f"{role}__", worker_cls=self._worker_cls)
+            for role in prefix_set
+        }
+
+    # ------------------------------------------------------------------ execution
+    def _execute(self, method_name: str, ranks: list[int], args: list[tuple], kwargs: list[dict]) -> list[Any]:
+        return [
+            getattr(self._workers[rank], method_name).remote(*rank_args, **rank_kwargs)
+            for rank, rank_args, rank_kwargs in zip(ranks, args, kwargs, strict=True)
+        ]
+
+    def _resolve(self, handles: list[Any], method_name: str, ranks: list[int]) -> list[Any]:
+        """Wait for all ranks; the first failure (error or dead process) raises at once, naming the rank."""
+        pending = {handle: position for position, handle in enumerate(handles)}
+        results: list[Any] = [None] * len(handles)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for handle in ready:
+                position = pending.pop(handle)
+                try:
+                    results[position] = ray.get(handle)
+                except ray.exceptions.RayTaskError as err:
+                    raise WorkerError(method_name, ranks[position], f"it raised:\n{err}") from err
+                except ray.exceptions.RayActorError as err:
+                    raise WorkerError(
+                        method_name, ranks[position], f"its process died ({type(err).__name__}): {err}"
+                    ) from err
+        return results
+
+    def _make_future(self, handles: list[Any], collect: Callable[[list[Any]], Any], returns_proto: bool) -> Any:
+        if returns_proto:
+            return DataProtoFuture(collect_fn=collect, futures=handles)
+        return handles
+
+    def shutdown(self) -> None:
+        """Kill every actor of this group."""
+        for worker in self._workers:
+            ray.kill(worker, no_restart=True)

@@ -1,0 +1,1 @@
+"""Small shared helpers: the extension registry and device selection."""

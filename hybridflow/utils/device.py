@@ -1,0 +1,27 @@
+"""Device selection in one place: CUDA when present, else CPU. Nothing else in hybridflow names a device."""
+
+from __future__ import annotations
+
+import torch
+
+
+def get_device_name() -> str:
+    """'cuda' when a CUDA device is visible, else 'cpu'."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def get_torch_device(local_rank: int = 0) -> torch.device:
+    """The device this rank computes on: `cuda:{local_rank}` on GPU hosts, `cpu` elsewhere."""
+    if get_device_name() == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def get_dist_backend() -> str:
+    """The torch.distributed backend for this host: nccl with CUDA, gloo on CPU."""
+    return "nccl" if get_device_name() == "cuda" else "gloo"
+
+
+def device_count() -> int:
+    """Number of accelerators visible (0 on a CPU host)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,24 @@
+"""Shared fixtures: one embedded Ray cluster per test session, started only by tests that ask for it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster with 4 logical CPUs (workers of toy tests oversubscribe the 2 real cores)."""
+    import ray
+
+    # Ray workers import test modules (toy workers) by name: put the repo root on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

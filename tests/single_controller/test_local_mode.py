@@ -1,0 +1,65 @@
+"""Local mode: workers in the driver's process give the same results as on Ray (same API)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller import WorkerError
+from hybridflow.single_controller.local import LocalWorkerGroup
+from hybridflow.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
+from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, CriticRole
+
+
+def test_local_group_runs_in_this_process_with_a_gloo_group_of_one():
+    group = LocalWorkerGroup(RayClassWithInitArgs(AllReduceWorker, scale=10), world_size=1)
+    assert group.init_model() == [1]
+    assert group.all_reduce_rank() == [10.0]  # all_reduce over one rank: 1 * 10 + rank 0
+    assert group.get_pid() == [os.getpid()]
+    out = group.double(DataProto.from_dict({"x": torch.arange(3)}))
+    assert out.batch["y"].tolist() == [0, 2, 4]
+
+
+def test_local_group_with_two_ranks_matches_ray_results_for_data_methods():
+    group = LocalWorkerGroup(RayClassWithInitArgs(AllReduceWorker), world_size=2)
+    # the same values the Ray tests expect
+    assert group.add([1, 2], y=[3, 4]) == [4, 106]
+    out = group.double(DataProto.from_dict({"x": torch.arange(5)}))
+    assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert group.row_sum(DataProto.from_dict({"x": torch.arange(4)})) == [
+        {"sum": 1, "rank": 0},
+        {"sum": 5, "rank": 1},
+    ]
+    # non-blocking calls resolve eagerly in local mode and still chain
+    assert group.add_one(group.double_async(DataProto.from_dict({"x": torch.arange(4)}))).batch["z"].tolist() == [
+        1,
+        3,
+        5,
+        7,
+    ]
+
+
+def test_local_mode_refuses_collectives_across_ranks_with_a_clear_error():
+    group = LocalWorkerGroup(RayClassWithInitArgs(AllReduceWorker), world_size=2)
+    with pytest.raises(WorkerError, match="local mode runs all 2 ranks in one process"):
+        group.init_model()
+
+
+def test_local_colocated_roles_split_like_ray():
+    fused = create_colocated_worker_cls(
+        {"actor": RayClassWithInitArgs(ActorRole), "critic": RayClassWithInitArgs(CriticRole, offset=100)}
+    )
+    groups = LocalWorkerGroup(fused, world_size=2).spawn(["actor", "critic"])
+    data = DataProto.from_dict({"x": torch.arange(4)})
+    assert groups["actor"].act(data).batch["a"].tolist() == [10, 11, 12, 13]
+    assert groups["critic"].judge(data).batch["v"].tolist() == [100, 101, 102, 103]
+    assert groups["actor"].pid() == [os.getpid()] * 2
+
+
+def test_local_error_names_rank_and_method():
+    group = LocalWorkerGroup(RayClassWithInitArgs(AllReduceWorker), world_size=2)
+    with pytest.raises(WorkerError, match=r"rank 1 failed in 'fail_on'.*boom from rank 1"):
+        group.fail_on(1)

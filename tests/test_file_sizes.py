@@ -1,0 +1,13 @@
+"""STYLE.md: no source file under hybridflow/ may exceed 1,000 lines."""
+
+from pathlib import Path
+
+MAX_LINES = 1000
+
+
+def test_no_source_file_exceeds_the_line_limit():
+    root = Path(__file__).resolve().parents[1] / "hybridflow"
+    sizes = {path: len(path.read_text().splitlines()) for path in root.rglob("*.py")}
+    assert sizes, "found no source files: is the package where the test expects?"
+    too_big = {str(path.relative_to(root)): lines for path, lines in sizes.items() if lines > MAX_LINES}
+    assert not too_big, f"split these files by concept (see shared/STYLE.md): {too_big}"
