@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -27,13 +29,13 @@ def dist_local_rank() -> int:
 
 
 def dist_master_addr() -> str | None:
-    """Address of rank 0's rendezvous (`MASTER_ADDR`), if set."""
-    return os.environ.get("MASTER_ADDR")
+    """Address of rank 0's rendezvous (`MASTER_ADDR`), if set and non-empty."""
+    return os.environ.get("MASTER_ADDR") or None
 
 
 def dist_master_port() -> str | None:
-    """Port of rank 0's rendezvous (`MASTER_PORT`), if set."""
-    return os.environ.get("MASTER_PORT")
+    """Port of rank 0's rendezvous (`MASTER_PORT`), if set and non-empty."""
+    return os.environ.get("MASTER_PORT") or None
 
 
 def ray_address() -> str | None:
@@ -60,3 +62,19 @@ def local_mode() -> bool:
 def set_local_mode(enabled: bool) -> None:
     """Mark this process as running workers in local mode."""
     os.environ["HYBRIDFLOW_LOCAL_MODE"] = "1" if enabled else "0"
+
+
+def mlflow_tracking_uri() -> str | None:
+    """An MLflow server or store chosen by the user (`MLFLOW_TRACKING_URI`); None logs to the run directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+@contextmanager
+def scoped_environ() -> Iterator[None]:
+    """Restore the process environment as it was when the block ends."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

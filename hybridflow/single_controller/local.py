@@ -22,11 +22,13 @@ class LocalWorkerGroup(WorkerGroup):
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         port = str(find_free_port())
         self._workers = []
-        env.set_local_mode(True)
-        for rank in range(world_size):
-            # Each worker reads its rank from the environment in Worker.__init__ and keeps it.
-            env.set_dist_env(rank, world_size, rank, "127.0.0.1", port)
-            self._workers.append(cls_with_init.cls(*cls_with_init.args, **cls_with_init.kwargs))
+        # Workers read rank, rendezvous and local mode from the environment in Worker.__init__ and keep them;
+        # the driver's environment is restored afterwards so nothing leaks into Ray workers started later.
+        with env.scoped_environ():
+            env.set_local_mode(True)
+            for rank in range(world_size):
+                env.set_dist_env(rank, world_size, rank, "127.0.0.1", port)
+                self._workers.append(cls_with_init.cls(*cls_with_init.args, **cls_with_init.kwargs))
         super().__init__(world_size=world_size)
         self._worker_cls = cls_with_init.cls
         self._bind_worker_methods(self._worker_cls, prefix=method_prefix)

@@ -45,6 +45,7 @@ class Worker:
         self._local_rank = env.dist_local_rank()
         self._master_addr = env.dist_master_addr()
         self._master_port = env.dist_master_port()
+        self._local_mode = env.local_mode()
         self._dispatch_info: dict[str, tuple[int, int, bool]] = {}
 
     @property
@@ -61,13 +62,16 @@ class Worker:
 
     def init_distributed(self, backend: str | None = None) -> None:
         """Join the group's torch.distributed process group (gloo on CPU, nccl on CUDA) once per process."""
-        if env.local_mode() and self._world_size > 1:
+        if self._local_mode and self._world_size > 1:
             raise RuntimeError(
                 f"local mode runs all {self._world_size} ranks in one process, so collectives cannot work; "
                 "use world_size=1 in local mode (trainer.n_gpus_per_node=1) or run on Ray"
             )
         if dist.is_initialized():
             return
+        # Colocated role workers are built before rank 0 chooses the rendezvous: read it now.
+        self._master_addr = self._master_addr or env.dist_master_addr()
+        self._master_port = self._master_port or env.dist_master_port()
         if self._master_addr is None or self._master_port is None:
             raise RuntimeError("MASTER_ADDR/MASTER_PORT are not set: create this worker through a worker group")
         dist.init_process_group(

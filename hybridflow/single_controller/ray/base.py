@@ -159,7 +159,7 @@ class RayWorkerGroup(WorkerGroup):
         slots = [(group, index) for group, count in zip(groups, pool.process_on_nodes) for index in range(count)]
         local_ranks = [index for _, index in slots]
         workers: list[ray.actor.ActorHandle] = []
-        master: dict[str, str] = {}
+        master = {"MASTER_ADDR": "", "MASTER_PORT": ""}  # rank 0 must not inherit a stale rendezvous
         for rank, (group, bundle_index) in enumerate(slots):
             env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_ranks[rank])}
             env_vars.update(master)

@@ -1,0 +1,169 @@
+"""Validation metrics over N sampled responses per prompt: mean@N, std@N, best@k, worst@k, maj@k.
+
+`process_validation_metrics` returns verl's nested `{data_source: {var: {metric: value}}}`;
+`flatten_validation_metrics` turns it into the logged keys `val-core/{data_source}/{var}/{metric}`
+(the core variable `acc`, or `reward` when there is no `acc`, for mean/maj/best at the largest N)
+and `val-aux/...` (everything else). Bootstrap sampling is seeded and uses its own numpy
+`RandomState`, so the numbers equal verl's (which seeds the global numpy RNG) without touching global
+state.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bootstrap_metric", "calc_maj_val", "process_validation_metrics", "flatten_validation_metrics"]
+
+
+def bootstrap_metric(
+    data: Sequence[Any],
+    subset_size: int,
+    reduce_fns: Sequence[Callable[[list[Any]], float]],
+    n_bootstrap: int = 1000,
+    seed: int = 42,
+) -> list[tuple[float, float]]:
+    """Mean and std of each `reduce_fn` over `n_bootstrap` resamples (with replacement) of size `subset_size`.
+
+    Args:
+        data: the values (or records) of one prompt.
+        subset_size: size k of each resample.
+        reduce_fns: functions of a list of data points (e.g. `np.max`).
+        n_bootstrap: number of resamples.
+        seed: seed of the resampling RNG (same stream as verl's `np.random.seed(seed)`).
+
+    Returns:
+        One `(mean, std)` per reduce function.
+    """
+    rng = np.random.RandomState(seed)
+    all_idxs = rng.choice(len(data), size=(n_bootstrap, subset_size), replace=True)
+    samples = [[data[i] for i in idxs] for idxs in all_idxs]
+    results = [[reduce_fn(sample) for sample in samples] for reduce_fn in reduce_fns]
+    return [(float(np.mean(lst)), float(np.std(lst))) for lst in results]
+
+
+def calc_maj_val(data: Sequence[Mapping[str, Any]], vote_key: str, val_key: str) -> Any:
+    """Majority vote: the `val_key` of the first record whose `vote_key` is the most frequent.
+
+    Ties between equally frequent votes go to the vote seen first.
+    """
+    vote2vals: dict[Any, list[Any]] = defaultdict(list)
+    for record in data:
+        vote2vals[record[vote_key]].append(record[val_key])
+    maj_vote = max(vote2vals, key=lambda vote: len(vote2vals[vote]))
+    return vote2vals[maj_vote][0]
+
+
+def _sample_sizes(n_resps: int) -> list[int]:
+    """k = 2, 4, 8, ... below n, then n itself (as verl)."""
+    sizes, n = [], 2
+    while n < n_resps:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, n_resps]
+
+
+def _prompt_metrics(var_vals: list[Any], preds: list[Any] | None, seed: int) -> dict[str, float]:
+    n_resps = len(var_vals)
+    metric = {f"mean@{n_resps}": float(np.mean(var_vals))}
+    if n_resps == 1:
+        return metric
+    metric[f"std@{n_resps}"] = float(np.std(var_vals))
+    for n in _sample_sizes(n_resps):
+        [(bon_mean, bon_std), (won_mean, won_std)] = bootstrap_metric(var_vals, n, [np.max, np.min], seed=seed)
+        metric[f"best@{n}/mean"], metric[f"best@{n}/std"] = bon_mean, bon_std
+        metric[f"worst@{n}/mean"], metric[f"worst@{n}/std"] = won_mean, won_std
+        if preds is not None:
+            vote_data = [{"val": val, "pred": pred} for val, pred in zip(var_vals, preds, strict=True)]
+            maj = partial(calc_maj_val, vote_key="pred", val_key="val")
+            [(maj_mean, maj_std)] = bootstrap_metric(vote_data, n, [maj], seed=seed)
+            metric[f"maj@{n}/mean"], metric[f"maj@{n}/std"] = maj_mean, maj_std
+    return metric
+
+
+def process_validation_metrics(
+    data_sources: Sequence[str],
+    sample_uids: Sequence[Any],
+    infos_dict: Mapping[str, Sequence[Any]],
+    seed: int = 42,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per data source and variable, average over prompts of the per-prompt statistics.
+
+    For each prompt (same uid) with N responses and each numeric variable in `infos_dict`:
+    `mean@N`, `std@N` (population std), and for k in 2, 4, 8, ... < N and k = N:
+    `best@k/mean|std`, `worst@k/mean|std` (bootstrap of max/min over k draws) and, when a `pred`
+    variable exists, `maj@k/mean|std` (the value of the majority-voted prediction). `None` values
+    (failed samples) are left out; `maj@k` needs a non-None `pred` for every kept value.
+    String-valued variables (such as `pred`) get no metrics. Prompts with different N produce
+    separate keys.
+
+    Args:
+        data_sources: (num_samples,) data source of each sample.
+        sample_uids: (num_samples,) prompt id of each sample.
+        infos_dict: variable name -> (num_samples,) values, e.g. `{"reward": [...], "acc": [...]}`.
+        seed: bootstrap seed.
+
+    Returns:
+        `{data_source: {var_name: {metric_name: value}}}`.
+    """
+    grouped: dict[str, dict[Any, dict[str, list[Any]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for sample_idx, data_source in enumerate(data_sources):
+        var2vals = grouped[data_source][sample_uids[sample_idx]]
+        for var_name, var_vals in infos_dict.items():
+            var2vals[var_name].append(var_vals[sample_idx])
+
+    collected: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for data_source, uid2var2vals in grouped.items():
+        for var2vals in uid2var2vals.values():
+            preds = var2vals.get("pred")
+            for var_name, all_vals in var2vals.items():
+                var_vals = [value for value in all_vals if value is not None]
+                if not var_vals or isinstance(var_vals[0], str):
+                    continue
+                usable_preds = preds
+                if preds is not None and (len(preds) != len(var_vals) or any(p is None for p in preds)):
+                    usable_preds = None
+                for metric_name, value in _prompt_metrics(var_vals, usable_preds, seed).items():
+                    collected[data_source][var_name][metric_name].append(value)
+
+    return {
+        data_source: {
+            var_name: {metric_name: float(np.mean(vals)) for metric_name, vals in metric2vals.items()}
+            for var_name, metric2vals in var2metric2vals.items()
+        }
+        for data_source, var2metric2vals in collected.items()
+    }
+
+
+def flatten_validation_metrics(
+    data_src2var2metric2val: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[str, float]:
+    """Logged keys for `process_validation_metrics` output, split into `val-core/` and `val-aux/` as verl.
+
+    A metric is core when its variable is the core variable (`acc` if present for that data source,
+    else `reward`), its name starts with `mean`, `maj` or `best`, and it is at the largest N seen for
+    that variable; everything else is auxiliary.
+
+    Returns:
+        `{f"{section}/{data_source}/{var_name}/{metric_name}": value}`.
+    """
+    flat: dict[str, float] = {}
+    for data_source, var2metric2val in data_src2var2metric2val.items():
+        core_var = "acc" if "acc" in var2metric2val else "reward"
+        for var_name, metric2val in var2metric2val.items():
+            n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metric2val)
+            for metric_name, metric_val in metric2val.items():
+                is_core = (
+                    var_name == core_var
+                    and metric_name.startswith(("mean", "maj", "best"))
+                    and f"@{n_max}" in metric_name
+                )
+                section = "val-core" if is_core else "val-aux"
+                flat[f"{section}/{data_source}/{var_name}/{metric_name}"] = metric_val
+    return flat

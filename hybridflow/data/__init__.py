@@ -1,0 +1,14 @@
+"""Prompt data for RL training: `RLHFDataset`, `collate_fn`, resumable samplers; `preprocess/` writes parquet."""
+
+from hybridflow.data.config import RLHFDatasetConfig
+from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, compute_position_ids
+from hybridflow.data.sampler import StatefulSampler, build_sampler
+
+__all__ = [
+    "RLHFDataset",
+    "RLHFDatasetConfig",
+    "StatefulSampler",
+    "build_sampler",
+    "collate_fn",
+    "compute_position_ids",
+]

@@ -1,0 +1,102 @@
+"""Write GSM8K as parquet from local jsonl files (GSM8K's public format) or, with internet, from the Hub.
+
+    python -m hybridflow.data.preprocess.gsm8k --input grade_school_math/data --local_dir ~/data/gsm8k
+    python -m hybridflow.data.preprocess.gsm8k --input test.jsonl --split test --local_dir ~/data/gsm8k
+    python -m hybridflow.data.preprocess.gsm8k --hf --local_dir ~/data/gsm8k       # needs `datasets`
+
+Input records have `question` and `answer`, the answer ending in `#### N`. --input is a .jsonl file
+(its split from --split, else from the file name train/test) or a directory holding train.jsonl and/or
+test.jsonl. Rows: data_source `openai/gsm8k`, the question plus verl's instruction to answer after
+"####", `reward_model.ground_truth` = N (commas removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hybridflow.data.preprocess.common import (
+    add_output_args, check_outputs_free, make_row, read_json_records, write_splits)
+
+__all__ = ["DATA_SOURCE", "INSTRUCTION", "build_rows", "extract_answer", "main"]
+
+logger = logging.getLogger(__name__)
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def extract_answer(answer: str, where: str) -> str:
+    """'... #### 1,234' -> '1234'; ValueError naming `where` if there is no '####'."""
+    if "####" not in answer:
+        raise ValueError(f"{where}: field 'answer' has no '#### <number>' final answer")
+    return answer.split("####")[-1].strip().replace(",", "")
+
+
+def build_rows(records: Iterable[tuple[str, dict[str, Any]]], split: str) -> list[dict[str, Any]]:
+    """Parquet rows from (where, {'question', 'answer'}) records."""
+    rows = []
+    for index, (where, record) in enumerate(records):
+        for key in ("question", "answer"):
+            if not isinstance(record.get(key), str):
+                raise ValueError(f"{where}: field {key!r} is missing")
+        rows.append(make_row(
+            data_source=DATA_SOURCE,
+            content=f"{record['question']} {INSTRUCTION}",
+            ability="math",
+            ground_truth=extract_answer(record["answer"], where),
+            extra_info={"split": split, "index": index, "question": record["question"], "answer": record["answer"]},
+        ))
+    return rows
+
+
+def _local_inputs(path: Path, split: str | None) -> dict[str, Path]:
+    if path.is_dir():
+        found = {name: path / f"{name}.jsonl" for name in ("train", "test") if (path / f"{name}.jsonl").is_file()}
+        if not found:
+            raise FileNotFoundError(f"no train.jsonl or test.jsonl in {path}")
+        return found
+    if not path.is_file():
+        raise FileNotFoundError(f"input not found: {path}")
+    split = split or (path.stem if path.stem in ("train", "test") else None)
+    if split is None:
+        raise ValueError(f"cannot tell the split of {path}; pass --split train or --split test")
+    return {split: path}
+
+
+def _hub_records(split: str) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("--hf needs the `datasets` package (pip install datasets); "
+                          "offline, pass --input with GSM8K's jsonl files") from err
+    rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
+    return [(f"openai/gsm8k[{split}][{i}]", dict(row)) for i, row in enumerate(rows)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point; see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", help="a GSM8K .jsonl file, or a directory with train.jsonl/test.jsonl")
+    source.add_argument("--hf", action="store_true", help="download openai/gsm8k with `datasets`")
+    parser.add_argument("--split", choices=("train", "test"), help="split of a single --input file")
+    add_output_args(parser)
+    args = parser.parse_args(argv)
+    if args.hf:
+        splits = [args.split] if args.split else ["train", "test"]
+        check_outputs_free(args.local_dir, splits, args.overwrite)
+        out = {split: build_rows(_hub_records(split), split) for split in splits}
+    else:
+        inputs = _local_inputs(Path(args.input).expanduser(), args.split)
+        check_outputs_free(args.local_dir, list(inputs), args.overwrite)
+        out = {split: build_rows(read_json_records(path), split) for split, path in inputs.items()}
+    write_splits(args.local_dir, out, args.overwrite)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    main()

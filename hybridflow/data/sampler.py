@@ -1,0 +1,76 @@
+"""A seeded sampler whose position can be saved and restored, so a resumed run sees the same prompts.
+
+The order of epoch `e` is `torch.randperm(n)` drawn from a generator seeded with `seed + e` (or 0..n-1
+without shuffling); the state is `(epoch, number of indices already yielded in that epoch)`. Resuming
+from a saved state continues mid-epoch with exactly the indices an uninterrupted run would have given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["StatefulSampler", "build_sampler"]
+
+
+class StatefulSampler(Sampler[int]):
+    """Yields dataset indices epoch after epoch; `state_dict()` records how far the current epoch went.
+
+    The position counts indices handed out by this sampler. A `DataLoader` with `num_workers=0` pulls
+    exactly one batch of indices per step, so saving after a step is exact; with worker processes the
+    loader prefetches `num_workers * prefetch_factor` batches, which the saved position then includes.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool, seed: int) -> None:
+        if num_samples < 1:
+            raise ValueError(f"a sampler needs a non-empty dataset, got {num_samples} samples")
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0  # indices of `epoch` already yielded
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        if self.position >= self.num_samples:  # the previous epoch was used up: start the next one
+            self.epoch += 1
+            self.position = 0
+        order = self._order(self.epoch)
+        while self.position < self.num_samples:
+            index = order[self.position]
+            self.position += 1
+            yield index
+
+    def state_dict(self) -> dict[str, Any]:
+        """{'epoch', 'position', 'seed', 'shuffle', 'num_samples'}: plain ints/bools, safe for torch.save/json."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "shuffle": self.shuffle, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state`; refuses a state saved for another dataset size, seed or shuffle setting."""
+        for key in ("num_samples", "seed", "shuffle"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"sampler state was saved with {key}={state[key]!r} but this sampler has "
+                    f"{key}={getattr(self, key)!r}; resume with the same data files and data.seed/data.shuffle"
+                )
+        if not 0 <= state["position"] <= self.num_samples:
+            raise ValueError(f"sampler state position={state['position']} is outside 0..{self.num_samples}")
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+def build_sampler(dataset: Sized, shuffle: bool, seed: int) -> StatefulSampler:
+    """A resumable sampler over `dataset` (data.shuffle, data.seed): pass it to `DataLoader(sampler=...)`."""
+    return StatefulSampler(len(dataset), shuffle=shuffle, seed=seed)

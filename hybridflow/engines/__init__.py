@@ -1,0 +1,1 @@
+"""Engines: training engines (`engines.training`) and rollout engines (`engines.rollout`)."""

@@ -1,0 +1,101 @@
+"""The rollout interface every generation backend implements, and its sampling parameters.
+
+A rollout turns a batch of left-padded prompts into a batch of prompt+response sequences (verl's layout):
+
+    prompts      (bs, prompt_len)    the prompt ids, left-padded
+    responses    (bs, response_len)  generated ids, right-padded with the pad id after the first eos
+    input_ids    (bs, prompt_len + response_len)
+    attention_mask, position_ids     same shape as input_ids; response positions continue the prompt's
+    response_mask (bs, response_len) 1 up to and including the first eos, 0 after
+    rollout_log_probs (bs, response_len)  log-prob of each sampled token under softmax(logits / temperature)
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridflow.protocol import DataProto
+
+OVERRIDABLE_KEYS = ("do_sample", "temperature", "top_p", "top_k", "n", "max_new_tokens")
+"""Keys of `prompts.meta_info` that override the rollout's sampling parameters for one call."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to sample responses."""
+
+    temperature: float = 1.0
+    """Logits are divided by it before top-k/top-p and sampling; log-probs use the same scaling."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 disables."""
+    n: int = 1
+    """Responses per prompt; rows come out interleaved (prompt 0 n times, then prompt 1, ...)."""
+    max_new_tokens: int = 256
+    """Maximum response length (verl's `rollout.response_length`); responses are right-padded to it."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end a response like eos (the tokenizer's eos always does)."""
+    do_sample: bool = True
+    """False: greedy decoding (validation); temperature then only scales the reported log-probs."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or (self.do_sample and self.temperature == 0):
+            raise ValueError(
+                f"temperature must be > 0 when sampling, got {self.temperature}; use do_sample=False for greedy"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def greedy(self) -> SamplingParams:
+        """The same parameters with greedy decoding and one response per prompt (validation)."""
+        return dataclasses.replace(self, do_sample=False, n=1)
+
+    def with_overrides(self, meta_info: Mapping[str, Any]) -> SamplingParams:
+        """Apply the `OVERRIDABLE_KEYS` found in `meta_info` (other keys are ignored)."""
+        changes = {key: meta_info[key] for key in OVERRIDABLE_KEYS if key in meta_info}
+        if changes.get("temperature") == 0:  # verl passes temperature 0 for greedy
+            changes.setdefault("do_sample", False)
+        return dataclasses.replace(self, **changes) if changes else self
+
+    @property
+    def log_prob_temperature(self) -> float:
+        """Temperature of the reported log-probs: `temperature`, or 1.0 when it is 0 (greedy)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+class BaseRollout(abc.ABC):
+    """A generation backend. Implementations register in `hybridflow.engines.rollout.ROLLOUTS`."""
+
+    @abc.abstractmethod
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate responses for left-padded `prompts` (`input_ids`, `attention_mask`, `position_ids`).
+
+        `prompts.meta_info` may hold `validate` (use the validation sampling parameters) and per-call
+        overrides (`OVERRIDABLE_KEYS`). Returns the layout in the module docstring, with non-tensor data and
+        meta info carried over (rows repeated when n > 1).
+        """
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights, one `(hf_name, full_tensor)` at a time (e.g. `engine.named_full_params()`)."""
+
+    @abc.abstractmethod
+    def sleep(self) -> None:
+        """Release memory (weights, KV cache) until `wake_up`, so training can use it."""
+
+    @abc.abstractmethod
+    def wake_up(self) -> None:
+        """Undo `sleep`."""

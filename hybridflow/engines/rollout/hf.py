@@ -1,0 +1,207 @@
+"""The `hf` rollout: transformers' `generate` on left-padded batches with a KV cache.
+
+Reported log-probs (`rollout_log_probs`) are computed from the model's raw logits divided by the temperature,
+before top-k/top-p filtering: that is the distribution the training engine scores with
+`compute_log_prob(temperature=...)`, so the two agree (to float rounding) on the same weights. The tokens
+themselves are sampled from the filtered distribution, exactly as `generate` would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from hybridflow.engines.logprob import compute_response_mask, compute_response_position_ids
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.env import dist_local_rank
+from hybridflow.models.loader import build_causal_lm, prepare_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.utils.device import get_torch_device
+
+logger = logging.getLogger(__name__)
+
+
+class SampledLogProbRecorder(LogitsProcessor):
+    """Records log softmax(raw_logits / temperature) of each sampled token, without changing the scores.
+
+    Must run first in the processor list (before any warper). At step k+1 the token sampled at step k is the
+    last column of `input_ids`; the last step's token is read from the final sequences in `finish`.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None
+        self.records: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.pending is not None:
+            self.records.append(self.pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """generated: (bs, T) the new tokens -> (bs, T) float32 log-probs."""
+        num_tokens = generated.size(1)
+        if len(self.records) < num_tokens and self.pending is not None:
+            step = len(self.records)
+            self.records.append(self.pending.gather(1, generated[:, step : step + 1]).squeeze(1))
+        assert len(self.records) >= num_tokens, (len(self.records), num_tokens)
+        if num_tokens == 0:
+            return generated.new_zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(self.records[:num_tokens], dim=1)
+
+
+class HFRollout(BaseRollout):
+    """Generation with an unsharded HF model held by this process (its own copy of the weights)."""
+
+    def __init__(
+        self,
+        model: nn.Module | str | os.PathLike,
+        tokenizer,
+        sampling_params: SamplingParams,
+        *,
+        val_sampling_params: SamplingParams | None = None,
+        micro_batch_size: int | None = None,
+        dtype: str | torch.dtype = "float32",
+    ) -> None:
+        """
+        Args:
+            model: a causal LM, or a catalogue name / directory / `.gguf` file to load in `dtype`.
+            tokenizer: gives the eos (response end) and pad ids.
+            sampling_params: used for training rollouts.
+            val_sampling_params: used when `prompts.meta_info['validate']` is true; default greedy.
+            micro_batch_size: prompts per `generate` call (after repetition by n); None: all at once.
+        """
+        if isinstance(model, (str, os.PathLike)):
+            model = build_causal_lm(model, dtype=dtype)
+        self.device = get_torch_device(dist_local_rank())
+        self.model = model.to(self.device).eval()
+        self.tokenizer = prepare_tokenizer(tokenizer)
+        self.sampling_params = sampling_params
+        self.val_sampling_params = val_sampling_params or sampling_params.greedy()
+        self.micro_batch_size = micro_batch_size
+        # Sampling is defined by SamplingParams alone, not by defaults shipped in the checkpoint.
+        self.model.generation_config = GenerationConfig()
+
+    # ------------------------------------------------------------------ generation
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """See `BaseRollout.generate_sequences`."""
+        base = self.val_sampling_params if prompts.meta_info.get("validate", False) else self.sampling_params
+        params = base.with_overrides(prompts.meta_info)
+        if params.n > 1:
+            prompts = prompts.repeat(params.n, interleave=True)
+        chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]
+        parts = [self._generate(chunk, params) for chunk in chunks]
+        tensors = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
+
+    @torch.no_grad()
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> dict[str, torch.Tensor]:
+        prompt_ids = prompts.batch["input_ids"].to(self.device)
+        prompt_mask = prompts.batch["attention_mask"].to(self.device)
+        prompt_pos = prompts.batch["position_ids"].to(self.device)
+        eos_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
+        pad_id = self.tokenizer.pad_token_id
+        recorder = SampledLogProbRecorder(params.log_prob_temperature)
+        sequences = self.model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=prompt_pos,
+            generation_config=self._generation_config(params, eos_ids, pad_id),
+            logits_processor=self._logits_processors(params, recorder),
+        )
+        generated = sequences[:, prompt_ids.size(1) :]
+        log_probs = recorder.finish(generated)
+        return self._pad_outputs(prompt_ids, prompt_mask, prompt_pos, generated, log_probs, params, eos_ids, pad_id)
+
+    @staticmethod
+    def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> GenerationConfig:
+        # Sampling warpers are passed explicitly (after the recorder), so generate must create none itself.
+        neutral_warpers = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if params.do_sample else {}
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=params.do_sample,
+            num_beams=1,
+            eos_token_id=eos_ids,
+            pad_token_id=pad_id,
+            use_cache=True,
+            **neutral_warpers,
+        )
+
+    @staticmethod
+    def _logits_processors(params: SamplingParams, recorder: SampledLogProbRecorder) -> LogitsProcessorList:
+        processors = LogitsProcessorList([recorder])
+        if params.do_sample:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(top_k=params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(top_p=params.top_p))
+        return processors
+
+    @staticmethod
+    def _pad_outputs(
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        prompt_pos: torch.Tensor,
+        generated: torch.Tensor,
+        log_probs: torch.Tensor,
+        params: SamplingParams,
+        eos_ids: list[int],
+        pad_id: int,
+    ) -> dict[str, torch.Tensor]:
+        """Right-pad to `max_new_tokens`, cut after the first eos, and assemble the verl layout (on CPU)."""
+        bs, num_new = generated.shape
+        length = params.max_new_tokens
+        responses = generated.new_full((bs, length), pad_id)
+        responses[:, :num_new] = generated
+        padded_log_probs = log_probs.new_zeros((bs, length))
+        padded_log_probs[:, :num_new] = log_probs
+        produced = (torch.arange(length, device=generated.device) < num_new).long()
+        response_mask = compute_response_mask(responses, eos_ids) * produced
+        responses = torch.where(response_mask.bool(), responses, pad_id)
+        outputs = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
+            "position_ids": torch.cat([prompt_pos, compute_response_position_ids(prompt_pos, length)], dim=1),
+            "response_mask": response_mask,
+            "rollout_log_probs": padded_log_probs * response_mask,
+        }
+        return {key: value.cpu() for key, value in outputs.items()}
+
+    # ------------------------------------------------------------------ weights and memory
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each `(name, tensor)` into the parameter or buffer of that HF name (casting dtype/device)."""
+        targets = self.model.state_dict(keep_vars=True)
+        num_loaded = 0
+        for name, tensor in named_tensors:
+            target = targets.get(name)
+            if target is None:
+                raise KeyError(f"rollout model has no parameter or buffer named {name!r}")
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"shape mismatch for {name!r}: rollout has {tuple(target.shape)}, got {tuple(tensor.shape)}"
+                )
+            target.data.copy_(tensor)
+            num_loaded += 1
+        logger.debug("hf rollout: updated %d tensors", num_loaded)
+
+    def sleep(self) -> None:
+        """Move the weights to CPU and free the accelerator cache (no-op on CPU hosts)."""
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            torch.accelerator.empty_cache()
+
+    def wake_up(self) -> None:
+        """Move the weights back to the accelerator (no-op on CPU hosts)."""
+        if self.device.type != "cpu":
+            self.model.to(self.device)

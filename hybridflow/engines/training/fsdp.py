@@ -1,0 +1,407 @@
+"""The FSDP2 training engine: sharding, micro-batched forward/backward, log-probs/values, state dicts.
+
+`FSDPEngine` wraps one HF model (a causal LM for actor/reference, a token classifier for critic/reward):
+
+    engine = build_fsdp_engine(model_path, FSDPEngineConfig(...), model_kind="causal_lm")
+    metrics = engine.train_batch(batch, loss_fn, temperature=1.0)   # one optimizer step
+    engine.lr_scheduler_step()                                       # once per training step
+    log_probs, entropy = engine.compute_log_prob(batch, temperature=1.0, calculate_entropy=True)
+
+Inside a process group (Ray worker after `init_process_group`, or torchrun) every decoder layer and the root
+module are sharded with `fully_shard` over a 1-D mesh of all ranks; every rank must then call every method
+(they are collective) with the same number of micro-batches. Without a process group the module runs
+unsharded with the same API.
+
+Batches are `DataProto`s (or dicts / TensorDicts of tensors) with `input_ids`, `attention_mask`,
+`position_ids` (bs, seq) and `responses` (bs, response_len): the responses are the last `response_len`
+tokens of `input_ids`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hybridflow.engines.logprob import (
+    compute_entropy_from_logits,
+    compute_log_probs_from_logits,
+    pack_sequences,
+    unpack_sequences,
+)
+from hybridflow.engines.training import checkpoint
+from hybridflow.engines.training.config import FSDPEngineConfig
+from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
+from hybridflow.env import dist_local_rank
+from hybridflow.models.loader import build_causal_lm, to_torch_dtype
+from hybridflow.models.value_head import build_value_model
+from hybridflow.protocol import DataProto
+from hybridflow.utils.device import get_torch_device
+
+logger = logging.getLogger(__name__)
+
+ModelKind = Literal["causal_lm", "value"]
+Batch = Any  # DataProto, or a Mapping / TensorDict of tensors
+LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, Mapping[str, float]]]
+
+
+def resolve_param_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' -> bfloat16 on accelerators, float32 on CPU (bf16 matmuls are ~20x slower on CPUs without bf16 units)."""
+    if param_dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return to_torch_dtype(param_dtype)
+
+
+def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device) -> nn.Module:
+    """Shard every decoder layer (classes in `module._no_split_modules`) and then the root, in place."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    param_dtype = resolve_param_dtype(config.param_dtype, device)
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=None if param_dtype == torch.float32 else param_dtype,
+        reduce_dtype=to_torch_dtype(config.reduce_dtype),
+    )
+    # Pinned memory needs an accelerator: CPUOffloadPolicy() fails on CPU-only hosts.
+    offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if config.param_offload else OffloadPolicy()
+    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    layer_names = set(getattr(module, "_no_split_modules", None) or ())
+    layers = [sub for sub in module.modules() if type(sub).__name__ in layer_names]
+    if not layers:
+        logger.warning("no decoder layers (%s) found in %s; sharding the root only", layer_names, type(module).__name__)
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=config.reshard_after_forward, **kwargs)
+    # The root's parameters (embeddings, final norm, head) are needed again right after forward.
+    fully_shard(module, reshard_after_forward=False, **kwargs)
+    return module
+
+
+def build_fsdp_engine(
+    model_path: str | os.PathLike,
+    config: FSDPEngineConfig,
+    *,
+    model_kind: ModelKind = "causal_lm",
+    tokenizer: Any = None,
+) -> FSDPEngine:
+    """Load a model (catalogue name, directory or `.gguf`) in float32 on every rank and wrap it in an engine.
+
+    `model_kind='value'` loads a token-level value model (`build_value_model`) for critics and reward models.
+    """
+    if model_kind == "causal_lm":
+        module = build_causal_lm(model_path, dtype="float32", attn_implementation=config.attn_implementation)
+    elif model_kind == "value":
+        module = build_value_model(model_path, dtype="float32", attn_implementation=config.attn_implementation)
+    else:
+        raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm' or 'value'")
+    return FSDPEngine(module, config, model_kind=model_kind, tokenizer=tokenizer)
+
+
+class FSDPEngine:
+    """Training engine for one model; see the module docstring for the batch format and collectives."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        config: FSDPEngineConfig,
+        *,
+        model_kind: ModelKind = "causal_lm",
+        tokenizer: Any = None,
+    ) -> None:
+        """Wrap `module` (float32 weights, identical on every rank), build AdamW and the LR scheduler."""
+        self.config = config
+        self.model_kind = model_kind
+        self.tokenizer = tokenizer
+        self.is_sharded = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.is_sharded else 0
+        self.world_size = dist.get_world_size() if self.is_sharded else 1
+        self.device = get_torch_device(dist_local_rank())
+        self.param_dtype = resolve_param_dtype(config.param_dtype, self.device)
+        if config.gradient_checkpointing:
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if not (self.is_sharded and config.param_offload):
+            module.to(self.device)
+        self.module = apply_fsdp2(module, config, self.device) if self.is_sharded else module
+        self.optimizer = build_optimizer(self.module, config.optim)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, config.optim)
+
+    # ------------------------------------------------------------------ forward
+    def forward_micro_batch(
+        self, micro_batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """One forward pass (with autograd if enabled by the caller).
+
+        Returns, for causal LMs, `log_probs` (bs, response_len) of the response tokens under
+        softmax(logits / temperature) and, if asked, `entropy` (bs, response_len); for value models `values`
+        (bs, response_len), the value predicted at the token before each response token (verl's convention).
+        """
+        tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
+        response_length = _get(micro_batch, "responses").size(1)
+        with self._autocast():
+            if self.config.use_remove_padding:
+                return self._forward_packed(tensors, response_length, temperature, calculate_entropy)
+            return self._forward_padded(tensors, response_length, temperature, calculate_entropy)
+
+    def _forward_padded(
+        self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        if self.model_kind == "value":
+            logits = self.module(**tensors, use_cache=False).logits
+            return {"values": logits[:, -response_length - 1 : -1, 0].float()}
+        # Only the positions that predict response tokens are projected to the vocabulary.
+        logits = self.module(**tensors, use_cache=False, logits_to_keep=response_length + 1).logits
+        logits = logits[:, :-1].float() / temperature
+        labels = tensors["input_ids"][:, -response_length:]
+        out = {"log_probs": compute_log_probs_from_logits(logits, labels)}
+        if calculate_entropy:
+            out["entropy"] = compute_entropy_from_logits(logits)
+        return out
+
+    def _forward_packed(
+        self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        ids, pos, keep = pack_sequences(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+        # No attention mask and use_cache=False: transformers derives a block-diagonal mask from the position ids.
+        logits = self.module(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        window = slice(-response_length - 1, -1)  # positions that predict the response tokens
+        if self.model_kind == "value":
+            return {"values": unpack_sequences(logits[:, 0].float(), keep)[:, window]}
+        logits = logits.float() / temperature
+        next_ids = torch.roll(ids[0], shifts=-1)  # wrong only at each sequence's last token, never a prediction we use
+        out = {"log_probs": unpack_sequences(compute_log_probs_from_logits(logits, next_ids), keep)[:, window]}
+        if calculate_entropy:
+            out["entropy"] = unpack_sequences(compute_entropy_from_logits(logits), keep)[:, window]
+        return out
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        # FSDP2's MixedPrecisionPolicy casts sharded modules; an unsharded module needs autocast instead.
+        if self.is_sharded or self.param_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.param_dtype)
+
+    # ------------------------------------------------------------------ training
+    def train_batch(
+        self,
+        batch: Batch | Sequence[Batch],
+        loss_fn: LossFn,
+        *,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+        scale_by_rows: bool = True,
+    ) -> dict[str, float]:
+        """One optimizer step on `batch`, with gradient accumulation over micro-batches.
+
+        Args:
+            batch: this rank's data, split into `micro_batch_size_per_gpu` rows, or a list of micro-batches.
+            loss_fn: `loss_fn(outputs, micro_batch) -> (loss, metrics)`, where `outputs` is what
+                `forward_micro_batch` returns and `micro_batch` has been moved to the engine's device.
+                The loss should be a mean over the micro-batch's sequences (or
+                tokens); the engine weights it by `len(micro_batch) / len(batch)`, so the accumulated gradient
+                is that of the mean over the whole batch. Across ranks FSDP averages gradients.
+            temperature: logits are divided by it before log-probs/entropy (as the rollout sampled them).
+            calculate_entropy: also compute `outputs['entropy']`.
+            scale_by_rows: weight each micro-batch loss by its share of rows (see `loss_fn`). False backpropagates
+                the losses as returned: for losses already normalised by global token/sequence counts.
+
+        Returns:
+            `loss` (weighted over micro-batches), `grad_norm` (before clipping), `lr` (used by this step),
+            `num_skipped_steps` (1 when the grad norm was NaN/inf and the step was skipped), and the mean over
+            micro-batches of each metric returned by `loss_fn`.
+        """
+        micro_batches = list(batch) if isinstance(batch, (list, tuple)) else self._split(batch, None)
+        micro_batches = [_to_device(micro_batch, self.device) for micro_batch in micro_batches]
+        num_rows = sum(_num_rows(mb) for mb in micro_batches)
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        collected: dict[str, list[float]] = defaultdict(list)
+        for micro_batch in micro_batches:
+            outputs = self.forward_micro_batch(
+                micro_batch, temperature=temperature, calculate_entropy=calculate_entropy
+            )
+            loss, metrics = loss_fn(outputs, micro_batch)
+            weight = _num_rows(micro_batch) / num_rows if scale_by_rows else 1.0
+            (loss * weight).backward()
+            total_loss += float(loss.detach()) * weight
+            for key, value in metrics.items():
+                collected[key].append(float(value))
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm, stepped = self._clip_and_step()
+        result = {key: sum(values) / len(values) for key, values in collected.items()}
+        result.update(loss=total_loss, grad_norm=grad_norm, lr=lr, num_skipped_steps=0 if stepped else 1)
+        return result
+
+    def _clip_and_step(self) -> tuple[float, bool]:
+        max_norm = self.config.optim.grad_clip if self.config.optim.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if not math.isfinite(norm):
+            logger.warning("grad norm is %s: skipping this optimizer step", norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm, False
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, True
+
+    def lr_scheduler_step(self) -> float:
+        """Advance the LR schedule by one training step; returns the new learning rate."""
+        self.lr_scheduler.step()
+        return self.optimizer.param_groups[0]["lr"]
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def compute_log_prob(
+        self,
+        batch: Batch,
+        *,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+        micro_batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of the response tokens, on CPU.
+
+        Returns `log_probs` (bs, response_len) float32 under softmax(logits / temperature), and `entropy`
+        (bs, response_len) or None. Positions after the end of a response hold meaningless values: mask them.
+        """
+        if self.model_kind != "causal_lm":
+            raise TypeError("compute_log_prob needs a causal LM engine; this one holds a value model")
+        self.module.eval()
+        outs = [
+            self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy)
+            for mb in self._split(batch, micro_batch_size)
+        ]
+        log_probs = torch.cat([out["log_probs"] for out in outs]).cpu()
+        entropy = torch.cat([out["entropy"] for out in outs]).cpu() if calculate_entropy else None
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch, *, micro_batch_size: int | None = None) -> torch.Tensor:
+        """Values (bs, response_len) float32 on CPU from a value model (critic / reward model)."""
+        if self.model_kind != "value":
+            raise TypeError("compute_values needs a value-model engine (model_kind='value')")
+        self.module.eval()
+        outs = [self.forward_micro_batch(mb)["values"] for mb in self._split(batch, micro_batch_size)]
+        return torch.cat(outs).cpu()
+
+    def _split(self, batch: Batch, micro_batch_size: int | None) -> list[Batch]:
+        size = micro_batch_size or self.config.micro_batch_size_per_gpu
+        if isinstance(batch, DataProto):
+            return batch.split(size)
+        num_rows = _num_rows(batch)
+        return [{key: batch[key][start : start + size] for key in batch.keys()} for start in range(0, num_rows, size)]
+
+    # ------------------------------------------------------------------ weights and state
+    def named_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield `(name, full tensor)` for each parameter, gathering one DTensor at a time (collective).
+
+        Names are the HF names (`model.layers.0.mlp.up_proj.weight`); tied weights appear once. Tensors are
+        on the engine device in the master dtype (float32); do not keep references longer than needed.
+        """
+        for name, param in self.module.named_parameters():
+            if isinstance(param, DTensor):
+                if param.device != self.device:  # CPU-offloaded shards are gathered on the compute device
+                    param = param.to(self.device)
+                yield name, param.full_tensor().detach()
+            else:
+                yield name, param.detach()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) model state dict on CPU on rank 0, `{}` elsewhere (collective)."""
+        if not self.is_sharded:
+            return {key: value.detach().cpu() for key, value in self.module.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.module, options=options)
+
+    def save_hf_model(self, path: str | os.PathLike, tokenizer: Any = None) -> None:
+        """Write a full HF model directory (config, safetensors, tokenizer) from rank 0 (collective)."""
+        state_dict = self.full_state_dict()
+        if self.rank == 0:
+            path = Path(path)
+            path.mkdir(parents=True, exist_ok=True)
+            self.module.save_pretrained(path, state_dict=state_dict)
+            if (tokenizer or self.tokenizer) is not None:
+                (tokenizer or self.tokenizer).save_pretrained(path)
+        self._barrier()
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Save this rank's model and optimizer shards, LR scheduler and RNG state (collective)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        rank, world = self.rank, self.world_size
+        checkpoint.save_atomic(self.module.state_dict(), checkpoint.shard_file(path, "model", rank, world))
+        checkpoint.save_atomic(self.optimizer.state_dict(), checkpoint.shard_file(path, "optim", rank, world))
+        extra = {"lr_scheduler": self.lr_scheduler.state_dict(), "rng": checkpoint.get_rng_state()}
+        checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
+        if self.rank == 0:
+            self.module.config.save_pretrained(path / "huggingface")
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(path / "huggingface")
+        self._barrier()
+
+    def load_checkpoint(self, path: str | os.PathLike, *, load_optimizer: bool = True) -> None:
+        """Restore what `save_checkpoint` wrote with the same world size; resuming is bit-exact."""
+        path = Path(path)
+        rank, world = self.rank, self.world_size
+        self.module.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "model", rank, world)))
+        if load_optimizer:
+            self.optimizer.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "optim", rank, world)))
+        extra = checkpoint.load_shard(checkpoint.shard_file(path, "extra_state", rank, world))
+        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        checkpoint.set_rng_state(extra["rng"])
+        self._barrier()
+
+    def offload_to_cpu(self, *, model: bool = True, optimizer: bool = True) -> None:
+        """Move parameters/gradients and/or optimizer state to CPU (no-op on CPU hosts)."""
+        self._move(torch.device("cpu"), model=model, optimizer=optimizer)
+
+    def load_to_device(self, *, model: bool = True, optimizer: bool = True) -> None:
+        """Undo `offload_to_cpu`."""
+        self._move(self.device, model=model, optimizer=optimizer)
+
+    def _move(self, device: torch.device, *, model: bool, optimizer: bool) -> None:
+        if self.device.type == "cpu":
+            return
+        if model and not self.config.param_offload:
+            self.module.to(device)
+        if optimizer:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device, non_blocking=True)
+
+    def _barrier(self) -> None:
+        if self.is_sharded:
+            dist.barrier()
+
+
+_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _get(batch: Batch, key: str) -> torch.Tensor:
+    if isinstance(batch, DataProto):
+        return batch.batch[key]
+    return batch[key]
+
+
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    if isinstance(batch, DataProto):  # a shallow copy: the caller's batch stays where it is
+        return DataProto(
+            batch=batch.batch.to(device), non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info
+        )
+    return {key: batch[key].to(device) for key in batch.keys()}
+
+
+def _num_rows(batch: Batch) -> int:
+    return _get(batch, "input_ids").size(0)

@@ -1,0 +1,58 @@
+"""AdamW and the learning-rate schedules (constant / linear / cosine, each with linear warm-up)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import nn
+
+from hybridflow.engines.training.config import OptimConfig
+
+
+def build_optimizer(module: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over all trainable parameters of `module` (DTensor shards under FSDP2)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+    )
+
+
+def compute_lr_multiplier(
+    step: int,
+    num_warmup_steps: int,
+    total_steps: int,
+    scheduler_type: str,
+    min_lr_ratio: float = 0.0,
+) -> float:
+    """Learning-rate factor at scheduler step `step` (0-based): linear warm-up from 0, then the schedule.
+
+    Same formulas as transformers' `get_*_schedule_with_warmup` (which verl uses): step 0 of a warm-up has factor 0.
+
+    constant: 1 after warm-up; linear: 1 -> min_lr_ratio at `total_steps`; cosine: half cosine 1 -> min_lr_ratio.
+    Steps past `total_steps` keep the final factor.
+    """
+    if step < num_warmup_steps:
+        return step / max(1, num_warmup_steps)
+    if scheduler_type == "constant":
+        return 1.0
+    decay_steps = max(total_steps - num_warmup_steps, 1)
+    progress = min((step - num_warmup_steps) / decay_steps, 1.0)
+    if scheduler_type == "linear":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
+    if scheduler_type == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"lr_scheduler_type={scheduler_type!r} is not known; use constant, linear or cosine")
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR following `compute_lr_multiplier`; call `.step()` once per training step."""
+    multiplier = functools.partial(
+        compute_lr_multiplier,
+        num_warmup_steps=optim.num_warmup_steps,
+        total_steps=optim.total_training_steps,
+        scheduler_type=optim.lr_scheduler_type,
+        min_lr_ratio=optim.min_lr_ratio,
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

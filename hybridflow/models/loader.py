@@ -1,0 +1,123 @@
+"""Loading HF causal LMs and their tokenizers from a directory, a GGUF file or a catalogue name.
+
+Everything that turns a name or path into a `PreTrainedModel` / tokenizer lives here, so that engines,
+workers and data code agree on dtype names, pad tokens and chat templates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from hybridflow.models.catalogue import clear_quantization_markers, resolve_model_path
+from hybridflow.models.chat_template import CHATML_TEMPLATE
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map 'float32'/'fp32'/'bfloat16'/'bf16'/'float16'/'fp16' (or a torch.dtype) to a torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not known; use one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def split_model_location(path_or_name: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """Resolve a catalogue name / directory / `.gguf` file to `(directory, gguf_file_name_or_None)`."""
+    if gguf_file is not None:
+        return str(path_or_name), gguf_file
+    resolved = Path(resolve_model_path(path_or_name))
+    if resolved.is_file() and resolved.suffix == ".gguf":
+        return str(resolved.parent), resolved.name
+    return str(resolved), None
+
+
+def load_tokenizer(path_or_name: str | os.PathLike, *, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
+    """A tokenizer with a chat template and a pad token (eos when the checkpoint has none).
+
+    Args:
+        path_or_name: a catalogue name, a model directory, or a `.gguf` file.
+        gguf_file: file name inside `path_or_name` when it is a directory holding a GGUF file.
+    """
+    directory, gguf = split_model_location(path_or_name, gguf_file)
+    extra = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(directory, **extra)
+    return prepare_tokenizer(tokenizer)
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Set the pad token to eos when missing and a ChatML chat template when missing (one warning each)."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("tokenizer has neither a pad token nor an eos token; add one before training")
+        logger.warning("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        logger.warning("tokenizer has no chat template; using ChatML")
+        tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def build_causal_lm(
+    path_or_name: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    gguf_file: str | None = None,
+    attn_implementation: str = "sdpa",
+) -> PreTrainedModel:
+    """Load an HF causal LM on CPU from a catalogue name, a directory or a GGUF file.
+
+    GGUF weights are dequantized by transformers; the quantizer markers are cleared so that the model
+    saves with `save_pretrained` like any other.
+
+    Args:
+        path_or_name: catalogue name (e.g. 'smollm2-135m-instruct'), model directory or `.gguf` file.
+        dtype: parameter dtype ('float32' on CPU).
+        gguf_file: file name inside the directory `path_or_name`, for GGUF checkpoints.
+        attn_implementation: 'sdpa', 'eager' or 'flex_attention'.
+    """
+    directory, gguf = split_model_location(path_or_name, gguf_file)
+    kwargs = {"dtype": to_torch_dtype(dtype), "attn_implementation": attn_implementation}
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+    if gguf:
+        clear_quantization_markers(model)
+    return model
+
+
+def load_model_and_tokenizer(
+    path_or_name: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    gguf_file: str | None = None,
+    attn_implementation: str = "sdpa",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`build_causal_lm` and `load_tokenizer` on the same location."""
+    model = build_causal_lm(path_or_name, dtype=dtype, gguf_file=gguf_file, attn_implementation=attn_implementation)
+    return model, load_tokenizer(path_or_name, gguf_file=gguf_file)
+
+
+def save_model_and_tokenizer(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | os.PathLike
+) -> Path:
+    """Write `model` (safetensors) and `tokenizer` into directory `path`; returns the path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,91 @@
+"""Value-head models for critics and reward models, and the pure helpers that turn token scores into rewards.
+
+As in verl, a critic or a model-based reward model is an `AutoModelForTokenClassification` with `num_labels=1`
+on a causal-LM backbone: the backbone weights come from the causal-LM checkpoint, the `score` head (hidden -> 1)
+is newly initialised unless the checkpoint already holds one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
+
+from hybridflow.models.loader import split_model_location, to_torch_dtype
+
+
+def build_value_model(
+    path_or_name: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+    head_init_seed: int = 0,
+) -> PreTrainedModel:
+    """Token-level value model (`...ForTokenClassification`, `num_labels=1`, no dropout) from a checkpoint.
+
+    Args:
+        path_or_name: catalogue name, model directory (causal LM or token classifier) or `.gguf` file.
+        dtype: parameter dtype.
+        attn_implementation: 'sdpa', 'eager' or 'flex_attention'.
+        head_init_seed: seed of a newly initialised `score` head (normal(0, initializer_range), zero bias),
+            identical on every rank and every run.
+
+    Returns:
+        A model whose `forward(input_ids, attention_mask, position_ids, use_cache=False).logits` is (bs, seq, 1).
+    """
+    directory, gguf = split_model_location(path_or_name)
+    extra = {"gguf_file": gguf} if gguf else {}
+    config = AutoConfig.from_pretrained(directory, **extra)
+    config.num_labels = 1
+    # GenericForTokenClassification defaults to dropout 0.1; values must be deterministic.
+    config.classifier_dropout = 0.0
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        directory,
+        config=config,
+        dtype=to_torch_dtype(dtype),
+        attn_implementation=attn_implementation,
+        output_loading_info=True,
+        **extra,
+    )
+    _init_missing_head(model, set(info["missing_keys"]), seed=head_init_seed)
+    return model
+
+
+def _init_missing_head(model: PreTrainedModel, missing_keys: set[str], seed: int) -> None:
+    """Re-initialise a new `score` head from a seeded generator, so that every rank starts from the same head."""
+    generator = torch.Generator().manual_seed(seed)
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for name, param in model.score.named_parameters():
+            if f"score.{name}" not in missing_keys:
+                continue
+            if name == "weight":
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * std)
+            else:
+                param.zero_()
+
+
+def compute_last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """attention_mask: (bs, seq) 0/1 with at least one 1 per row -> (bs,) int64 index of the last 1."""
+    positions = torch.arange(attention_mask.size(1), device=attention_mask.device)
+    return (attention_mask.bool().long() * positions).argmax(dim=-1)
+
+
+def compute_sequence_scores(token_scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Reward-model score of each sequence: the token score at its last attended token.
+
+    token_scores: (bs, seq) float; attention_mask: (bs, seq) 0/1 -> (bs,) float.
+    """
+    index = compute_last_token_index(attention_mask)
+    return token_scores.gather(1, index[:, None]).squeeze(1)
+
+
+def compute_token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence score on its last response token, zeros elsewhere (verl's `token_level_scores`).
+
+    scores: (bs,) float; response_mask: (bs, response_len) 0/1 -> (bs, response_len) float.
+    A row with an empty response gets its score on position 0.
+    """
+    index = compute_last_token_index(response_mask)
+    out = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
+    return out.scatter_(1, index[:, None], scores[:, None])

@@ -1,0 +1,71 @@
+"""Custom reward functions loaded from a Python file (verl's `custom_reward_function.path` / `.name`).
+
+The function is called as `fn(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)`
+and returns a float or a dict with 'score'. `load_custom_reward_fn` checks the file and the function in the
+driver; the returned `FileRewardFunction` is picklable (path + name), and each scorer process loads the
+file once on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["FileRewardFunction", "load_custom_reward_fn"]
+
+_LOADED: dict[tuple[str, str], Callable[..., Any]] = {}  # per process: (path, name) -> function
+
+
+def _load_function(path: str, name: str) -> Callable[..., Any]:
+    key = (path, name)
+    if key not in _LOADED:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"custom_reward_function.path not found: {path}")
+        module_name = "hybridflow_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"custom_reward_function.path is not a loadable Python file: {path}")
+        module: ModuleType = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # lets the file's own functions and dataclasses pickle by reference
+        spec.loader.exec_module(module)
+        function = getattr(module, name, None)
+        if function is None:
+            raise AttributeError(f"custom_reward_function.name={name!r} is not defined in {path}")
+        if not callable(function):
+            raise TypeError(f"custom_reward_function.name={name!r} in {path} is not callable")
+        _LOADED[key] = function
+    return _LOADED[key]
+
+
+@dataclass(frozen=True)
+class FileRewardFunction:
+    """A reward function named by file path and function name, with fixed extra keyword arguments."""
+
+    path: str
+    name: str
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return _load_function(self.path, self.name)(**kwargs, **self.reward_kwargs)
+
+
+def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score",
+                          reward_kwargs: dict[str, Any] | None = None) -> FileRewardFunction:
+    """Load `name` from the Python file `path` now (errors surface at startup) and return a picklable caller.
+
+    Raises:
+        FileNotFoundError: `path` does not exist (names the path).
+        AttributeError: the file defines no `name` (names the function and the path).
+    """
+    resolved = str(Path(path).expanduser().resolve())
+    if not os.path.isfile(resolved):
+        raise FileNotFoundError(f"custom_reward_function.path not found: {path}")
+    _load_function(resolved, name)
+    return FileRewardFunction(resolved, name, dict(reward_kwargs or {}))

@@ -1,0 +1,167 @@
+"""What every reward manager shares: the `REWARD_MANAGERS` registry, decoding responses, turning scorer
+outcomes into a `(bs, response_len)` reward tensor, `reward_extra_info` lists and error/timeout counts."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards.pool import ScoreOutcome
+from hybridflow.rewards.score import resolve_scorer
+from hybridflow.utils.registry import Registry
+
+__all__ = ["REWARD_MANAGERS", "DecodedBatch", "ScoredBatch", "bind_scorers", "decode_batch",
+           "get_reward_manager_cls", "log_examples", "reward_output", "unpack_outcomes"]
+
+logger = logging.getLogger(__name__)
+
+REWARD_MANAGERS: Registry[type] = Registry("reward manager")
+
+
+def get_reward_manager_cls(name: str) -> type:
+    """The reward manager class registered as `name` (verl's name for this lookup)."""
+    return REWARD_MANAGERS.get(name)
+
+
+@dataclass
+class DecodedBatch:
+    """Per-sample inputs to the scorers, in batch order."""
+
+    prompt_strs: list[str]
+    response_strs: list[str]
+    valid_response_lengths: list[int]
+    data_sources: list[str]
+    ground_truths: list[Any]
+    extra_infos: list[dict[str, Any]]
+
+
+@dataclass
+class ScoredBatch:
+    """Scorer results: `scores` (float per sample), `details` (the dict a scorer returned, else {})."""
+
+    scores: list[float]
+    details: list[dict[str, Any]]
+    num_errors: int
+    num_timeouts: int
+
+
+def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> DecodedBatch:
+    """Decode each sample's valid prompt and response tokens.
+
+    data.batch: prompts (bs, prompt_len) left-padded, responses (bs, response_len),
+    attention_mask (bs, prompt_len + response_len). data.non_tensor_batch: `reward_fn_key`,
+    reward_model ({'ground_truth', ...}), optionally extra_info.
+    """
+    for key in ("prompts", "responses", "attention_mask"):
+        if key not in data.batch.keys():
+            raise KeyError(f"reward managers need data.batch[{key!r}]; got keys {sorted(data.batch.keys())}")
+    for key in (reward_fn_key, "reward_model"):
+        if key not in data.non_tensor_batch:
+            raise KeyError(f"reward managers need data.non_tensor_batch[{key!r}]; got {sorted(data.non_tensor_batch)}")
+    prompts, responses = data.batch["prompts"], data.batch["responses"]
+    attention_mask = data.batch["attention_mask"]
+    prompt_len = prompts.shape[-1]
+    prompt_lengths = attention_mask[:, :prompt_len].sum(-1).tolist()
+    response_lengths = attention_mask[:, prompt_len:].sum(-1).tolist()
+    response_ids = [responses[i, :n].tolist() for i, n in enumerate(response_lengths)]
+    prompt_ids = [prompts[i, prompt_len - n:].tolist() for i, n in enumerate(prompt_lengths)]
+    extra = data.non_tensor_batch.get("extra_info")
+    return DecodedBatch(
+        prompt_strs=tokenizer.batch_decode(prompt_ids, skip_special_tokens=True),
+        response_strs=tokenizer.batch_decode(response_ids, skip_special_tokens=True),
+        valid_response_lengths=[int(n) for n in response_lengths],
+        data_sources=[str(ds) for ds in data.non_tensor_batch[reward_fn_key]],
+        ground_truths=[rm["ground_truth"] for rm in data.non_tensor_batch["reward_model"]],
+        extra_infos=[dict(info) if isinstance(info, dict) else {} for info in extra]
+        if extra is not None else [{} for _ in range(len(data))],
+    )
+
+
+def bind_scorers(compute_score: Callable[..., Any] | None, data_sources: Sequence[str],
+                 format_score: float) -> dict[str, Callable[..., Any]]:
+    """data source -> the function to call. With no custom `compute_score`, each data source's registered
+    scorer is looked up here in the driver, so an unknown data source fails at once (ValueError)."""
+    if compute_score is not None:
+        return {ds: compute_score for ds in set(data_sources)}
+    return {ds: functools.partial(resolve_scorer(ds), format_score=format_score) for ds in set(data_sources)}
+
+
+def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
+    """Scores from outcomes: errors and timeouts score 0; a value that is neither a number nor a dict
+    with a numeric 'score' counts as an error."""
+    scores, details, num_errors, num_timeouts = [], [], 0, 0
+    for outcome in outcomes:
+        value = outcome.value
+        score, detail = 0.0, {}
+        if outcome.status == "timeout":
+            num_timeouts += 1
+        elif outcome.status == "error":
+            num_errors += 1
+        elif isinstance(value, dict) and isinstance(value.get("score"), numbers.Real):
+            score, detail = float(value["score"]), dict(value)
+        elif isinstance(value, numbers.Real):
+            score = float(value)
+        else:
+            logger.warning("reward function returned %r; expected a number or a dict with 'score'", value)
+            num_errors += 1
+        scores.append(score)
+        details.append(detail)
+    return ScoredBatch(scores, details, num_errors, num_timeouts)
+
+
+def _fill_value(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return 0.0 if present and all(isinstance(v, numbers.Real) for v in present) else None
+
+
+def reward_output(data: DataProto, decoded: DecodedBatch, scored: ScoredBatch, rewards: Sequence[float],
+                  extra_columns: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """{'reward_tensor': (bs, response_len) float32 with rewards[i] on sample i's last valid response token
+    (a row with an empty response stays 0), 'reward_extra_info': dict of per-sample lists,
+    'reward_metrics': {'reward/errors', 'reward/timeouts'} counts}.
+
+    reward_extra_info always has 'score' (the scorer's score) and 'acc' (the scorer's 'acc', else 1.0 when
+    the score reaches full marks 1.0); keys a scorer's dict returns for some samples are filled with 0.0
+    (numbers) or None for the others.
+    """
+    responses = data.batch["responses"]
+    reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
+    for i, (reward, length) in enumerate(zip(rewards, decoded.valid_response_lengths)):
+        if length > 0:
+            reward_tensor[i, length - 1] = reward
+    keys = sorted({key for detail in scored.details for key in detail} - {"score", "acc"})
+    info: dict[str, list[Any]] = {
+        "score": list(scored.scores),
+        "acc": [float(d["acc"]) if isinstance(d.get("acc"), numbers.Real) else float(s >= 1.0)
+                for s, d in zip(scored.scores, scored.details)],
+    }
+    for key in keys:
+        column = [detail.get(key) for detail in scored.details]
+        fill = _fill_value(column)
+        info[key] = [fill if key not in detail else detail[key] for detail in scored.details]
+    info.update(extra_columns or {})
+    return {
+        "reward_tensor": reward_tensor.to(responses.device),
+        "reward_extra_info": info,
+        "reward_metrics": {"reward/errors": float(scored.num_errors), "reward/timeouts": float(scored.num_timeouts)},
+    }
+
+
+def log_examples(decoded: DecodedBatch, scores: Sequence[float], num_examine: int) -> None:
+    """Log the first `num_examine` samples of each data source (prompt, response, ground truth, score)."""
+    if num_examine <= 0:
+        return
+    shown: dict[str, int] = {}
+    for i, data_source in enumerate(decoded.data_sources):
+        if shown.get(data_source, 0) >= num_examine:
+            continue
+        shown[data_source] = shown.get(data_source, 0) + 1
+        logger.info("[%s] [prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", data_source,
+                    decoded.prompt_strs[i], decoded.response_strs[i], decoded.ground_truths[i], scores[i])

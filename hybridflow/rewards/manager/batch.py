@@ -1,0 +1,76 @@
+"""The `batch` reward manager: one call scores the whole batch (for scorers that batch, e.g. a model judge)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards.manager.base import (
+    REWARD_MANAGERS, decode_batch, log_examples, reward_output, unpack_outcomes)
+from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
+from hybridflow.rewards.score import default_compute_score_batched, resolve_scorer
+
+__all__ = ["BatchRewardManager"]
+
+logger = logging.getLogger(__name__)
+
+
+@REWARD_MANAGERS.register("batch")
+class BatchRewardManager:
+    """Rewards from one `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` call
+    returning one float or dict per sample. The call runs in a scorer process with `scoring.timeout_s` for
+    the whole batch; if it raises or times out, every sample scores 0 and is counted.
+
+    Args: as `NaiveRewardManager`; `compute_score` None uses the registered scorers sample by sample.
+    """
+
+    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
+                 reward_fn_key: str = "data_source", *, format_score: float = 0.0,
+                 scoring: ScoringConfig = ScoringConfig()) -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score
+        self.reward_fn_key = reward_fn_key
+        self.format_score = format_score
+        self.pool = ScorerPool(scoring)
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        """Same inputs and outputs as `NaiveRewardManager.__call__`."""
+        if "rm_scores" in data.batch.keys():
+            tensor = data.batch["rm_scores"]
+            return {"reward_tensor": tensor, "reward_extra_info": {}, "reward_metrics": {}} if return_dict else tensor
+        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+        fn = self.compute_score
+        if fn is None:
+            for data_source in set(decoded.data_sources):
+                resolve_scorer(data_source)  # an unknown data source fails here, in the driver
+            fn = functools.partial(default_compute_score_batched, format_score=self.format_score)
+        kwargs = {"data_sources": decoded.data_sources, "solution_strs": decoded.response_strs,
+                  "ground_truths": decoded.ground_truths, "extra_infos": decoded.extra_infos}
+        [outcome] = self.pool.run([(fn, kwargs)])
+        outcomes = _split(outcome, len(decoded.data_sources))
+        scored = unpack_outcomes(outcomes)
+        log_examples(decoded, scored.scores, self.num_examine)
+        output = reward_output(data, decoded, scored, scored.scores)
+        return output if return_dict else output["reward_tensor"]
+
+    def close(self) -> None:
+        """Stop the scorer processes."""
+        self.pool.close()
+
+
+def _split(outcome: ScoreOutcome, batch_size: int) -> list[ScoreOutcome]:
+    """One batch outcome -> per-sample outcomes (a failed or malformed batch fails every sample)."""
+    if outcome.status != "ok":
+        return [outcome] * batch_size
+    values = outcome.value
+    if not isinstance(values, (list, tuple)) or len(values) != batch_size:
+        message = f"batched compute_score must return a list of {batch_size} scores, got {type(values).__name__}"
+        logger.warning("%s; every sample scores 0 (counted in reward/errors)", message)
+        return [ScoreOutcome("error", message=message)] * batch_size
+    return [ScoreOutcome("ok", value) for value in values]

@@ -1,0 +1,103 @@
+"""The `dapo` reward manager: per-sample rule scores plus DAPO's soft overlong penalty.
+
+DAPO (Yu et al. 2025, section 3.4, "overlong reward shaping"): with `L_max = max_resp_len` and a buffer
+of `L_cache = overlong_buffer.len` tokens, a response of length `|y|` gets an extra reward of
+`min(0, -(|y| - (L_max - L_cache)) / L_cache * penalty_factor)`: 0 up to `L_max - L_cache` tokens,
+then falling linearly to `-penalty_factor` at `L_max`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards.manager.base import REWARD_MANAGERS, decode_batch, log_examples, reward_output
+from hybridflow.rewards.manager.naive import score_each
+from hybridflow.rewards.pool import ScorerPool, ScoringConfig
+
+__all__ = ["DAPORewardManager", "OverlongBufferConfig", "compute_overlong_penalty"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlongBufferConfig:
+    """verl's `reward_model.overlong_buffer`."""
+
+    enable: bool = False
+    """Add the soft overlong penalty."""
+
+    len: int = 0
+    """Buffer length in tokens before `max_resp_len` over which the penalty ramps up."""
+
+    penalty_factor: float = 1.0
+    """The penalty at `max_resp_len` (the ramp's depth)."""
+
+    log: bool = False
+    """Also return per-sample `overlong_reward` and `overlong` in reward_extra_info."""
+
+
+def compute_overlong_penalty(response_lengths: Sequence[int], max_resp_len: int, buffer_len: int,
+                             penalty_factor: float) -> list[float]:
+    """response_lengths: (bs,) valid tokens -> (bs,) penalties <= 0 (see the module docstring)."""
+    expected_len = max_resp_len - buffer_len
+    return [min(-(length - expected_len) / buffer_len * penalty_factor, 0.0) for length in response_lengths]
+
+
+@REWARD_MANAGERS.register("dapo")
+class DAPORewardManager:
+    """`NaiveRewardManager` scoring plus the overlong penalty.
+
+    Args: as `NaiveRewardManager`, plus
+        max_resp_len: the rollout's maximum response length in tokens (needed when the buffer is enabled).
+        overlong_buffer_cfg: `OverlongBufferConfig`; None disables the penalty.
+
+    Raises:
+        ValueError: the buffer is enabled without `max_resp_len`, or is not shorter than it.
+    """
+
+    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
+                 reward_fn_key: str = "data_source", *, max_resp_len: int | None = None,
+                 overlong_buffer_cfg: OverlongBufferConfig | None = None, format_score: float = 0.0,
+                 scoring: ScoringConfig = ScoringConfig()) -> None:
+        self.overlong = overlong_buffer_cfg or OverlongBufferConfig()
+        if self.overlong.enable:
+            if max_resp_len is None:
+                raise ValueError("reward_model.overlong_buffer.enable=True needs max_resp_len "
+                                 "(set it to data.max_response_length)")
+            if not 0 < self.overlong.len < max_resp_len:
+                raise ValueError(f"reward_model.overlong_buffer.len={self.overlong.len} must be in 1..max_resp_len-1 "
+                                 f"(max_resp_len={max_resp_len})")
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score
+        self.reward_fn_key = reward_fn_key
+        self.max_resp_len = max_resp_len
+        self.format_score = format_score
+        self.pool = ScorerPool(scoring)
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        """Same inputs and outputs as `NaiveRewardManager.__call__`; the reward is score + penalty, while
+        reward_extra_info['score'] keeps the scorer's score."""
+        if "rm_scores" in data.batch.keys():
+            tensor = data.batch["rm_scores"]
+            return {"reward_tensor": tensor, "reward_extra_info": {}, "reward_metrics": {}} if return_dict else tensor
+        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+        scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
+        rewards = list(scored.scores)
+        extra: dict[str, list[Any]] = {}
+        if self.overlong.enable:
+            penalties = compute_overlong_penalty(decoded.valid_response_lengths, self.max_resp_len,
+                                                 self.overlong.len, self.overlong.penalty_factor)
+            rewards = [r + p for r, p in zip(rewards, penalties)]
+            if self.overlong.log:
+                extra = {"overlong_reward": penalties, "overlong": [p < 0 for p in penalties]}
+        log_examples(decoded, rewards, self.num_examine)
+        output = reward_output(data, decoded, scored, rewards, extra)
+        return output if return_dict else output["reward_tensor"]
+
+    def close(self) -> None:
+        """Stop the scorer processes."""
+        self.pool.close()

@@ -1,0 +1,195 @@
+"""Running scorers in worker processes with a per-call timeout, so a raising or hung scorer costs one sample.
+
+`ScorerPool.run(calls)` submits every call at once to a persistent `multiprocessing.Pool` and collects
+the results in order. A call that raises gives an `error` outcome (its traceback is logged once per pool).
+Timeouts have two layers:
+- in the worker, a SIGALRM timer interrupts a call after `timeout_s` (a Python-level hang such as a
+  `while True` loop): `timeout` outcome, and the worker goes on with the next call;
+- in the driver, a backstop for hangs the alarm cannot break (C code, a scorer that masks the signal): a
+  call still unfinished `2 * timeout_s + 0.5` s after every call before it finished gives a `timeout`
+  outcome, the pool is terminated (killing the stuck worker) and the unfinished calls go to a fresh pool.
+  Work is queued in submission order, so when the driver starts waiting on a call it is already running;
+  waiting from then never cuts a call short.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.pool
+import pickle
+import signal
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
+
+logger = logging.getLogger(__name__)
+
+# Modules the forkserver imports once, so its workers start with the scorers loaded.
+_FORKSERVER_PRELOAD = ["hybridflow.rewards.score"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoringConfig:
+    """Where and how long reward scorers run."""
+
+    timeout_s: float = 10.0
+    """Seconds one scorer call may run; past that it scores 0 and counts in `reward/timeouts`."""
+
+    num_workers: int = 1
+    """Scorer processes. 0 runs scorers in the calling process: no isolation and no timeout (debugging)."""
+
+    mp_context: Literal["fork", "forkserver", "spawn"] = "fork"
+    """How worker processes start. 'fork' (default) starts in milliseconds and sees every function and
+    scorer registered in the driver; workers only run pure-Python scorers, never torch or Ray code.
+    'forkserver'/'spawn' start clean interpreters, which re-import the driver's main module: its code
+    must sit under `if __name__ == "__main__":` (else every worker start re-runs the script)."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"reward scoring timeout_s must be > 0 seconds, got {self.timeout_s}")
+        if self.num_workers < 0:
+            raise ValueError(f"reward scoring num_workers must be >= 0, got {self.num_workers}")
+        if self.mp_context not in ("forkserver", "spawn", "fork"):
+            raise ValueError(f"reward scoring mp_context must be 'fork', 'forkserver' or 'spawn', "
+                             f"got {self.mp_context!r}")
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    """One call's result: status 'ok' with `value`, or 'error'/'timeout' with a `message`."""
+
+    status: Literal["ok", "error", "timeout"]
+    value: Any = None
+    message: str = ""
+
+
+class _ScorerTimeout(BaseException):
+    """Raised inside a scorer by the worker's alarm; a BaseException so `except Exception` cannot swallow it."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _ScorerTimeout
+
+
+def _call(fn: Callable[..., Any], kwargs: dict[str, Any], alarm_s: float | None) -> ScoreOutcome:
+    """Runs in a worker: the scorer's result, its traceback (a failing scorer must not kill the batch), or a
+    timeout after `alarm_s` seconds (None: no alarm, for calls in the driver process)."""
+    if alarm_s is not None:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, alarm_s)
+    try:
+        return ScoreOutcome("ok", fn(**kwargs))
+    except _ScorerTimeout:
+        return ScoreOutcome("timeout", message=f"scorer ran past {alarm_s} s")
+    except (Exception, SystemExit):  # any scorer failure is reported to the driver and counted there
+        return ScoreOutcome("error", message=traceback.format_exc())
+    finally:
+        if alarm_s is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+class ScorerPool:
+    """A persistent pool of scorer processes; see the module docstring for the timeout rule.
+
+    Picklable (the pool itself is not sent), so a reward manager holding one can be shipped to Ray tasks.
+    """
+
+    def __init__(self, config: ScoringConfig) -> None:
+        self.config = config
+        self._pool: multiprocessing.pool.Pool | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._logged_error = False
+        self._logged_timeout = False
+        if config.num_workers == 0:
+            logger.warning("reward scorers run in the driver process (num_workers=0): no timeout, no isolation")
+
+    def run(self, calls: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> list[ScoreOutcome]:
+        """`[fn(**kwargs) for fn, kwargs in calls]` as outcomes, in order; never raises for a scorer's fault.
+
+        Raises:
+            TypeError: a function cannot be pickled to the worker processes (checked before any work).
+        """
+        if self.config.num_workers == 0:
+            return self._log_first([_call(fn, kwargs, None) for fn, kwargs in calls])
+        for fn in {id(fn): fn for fn, _ in calls}.values():
+            _check_picklable(fn)
+        outcomes: list[ScoreOutcome | None] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:
+            pool = self._ensure_pool()
+            handles = [(i, pool.apply_async(_call, (*calls[i], self.config.timeout_s))) for i in pending]
+            pending = []
+            for position, (i, handle) in enumerate(handles):
+                try:
+                    outcomes[i] = handle.get(timeout=2 * self.config.timeout_s + 0.5)
+                except multiprocessing.TimeoutError:
+                    outcomes[i] = ScoreOutcome("timeout", message=f"scorer stuck past {self.config.timeout_s} s")
+                    for j, later in handles[position + 1:]:
+                        if later.ready():
+                            outcomes[j] = _get_ready(later)
+                        else:
+                            pending.append(j)
+                    self._terminate()  # kills the stuck worker; the unfinished calls go to a fresh pool
+                    break
+                except Exception as err:  # a result the pool could not pickle, or a pickling failure
+                    outcomes[i] = ScoreOutcome("error", message=f"{type(err).__name__}: {err}")
+        return self._log_first(outcomes)
+
+    def _log_first(self, outcomes: list[ScoreOutcome]) -> list[ScoreOutcome]:
+        for outcome in outcomes:
+            if outcome.status == "error" and not self._logged_error:
+                self._logged_error = True
+                logger.warning("a reward scorer raised; it scores 0 (counted in reward/errors). First error:\n%s",
+                               outcome.message)
+            if outcome.status == "timeout" and not self._logged_timeout:
+                self._logged_timeout = True
+                logger.warning("a reward scorer ran past %s s; it scores 0 (counted in reward/timeouts)",
+                               self.config.timeout_s)
+        return outcomes
+
+    def _ensure_pool(self) -> multiprocessing.pool.Pool:
+        if self._pool is None:
+            context = multiprocessing.get_context(self.config.mp_context)
+            if self.config.mp_context == "forkserver":
+                context.set_forkserver_preload(_FORKSERVER_PRELOAD)
+            self._pool = context.Pool(processes=self.config.num_workers)
+            self._finalizer = weakref.finalize(self, self._pool.terminate)
+        return self._pool
+
+    def _terminate(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()  # runs pool.terminate() once
+        self._pool = None
+        self._finalizer = None
+
+    def close(self) -> None:
+        """Stop the worker processes (a later `run` starts new ones)."""
+        self._terminate()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"])
+
+
+def _get_ready(handle: multiprocessing.pool.AsyncResult) -> ScoreOutcome:
+    try:
+        return handle.get(timeout=0)
+    except Exception as err:  # see ScorerPool.run: reported as this call's error
+        return ScoreOutcome("error", message=f"{type(err).__name__}: {err}")
+
+
+def _check_picklable(fn: Callable[..., Any]) -> None:
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        raise TypeError(
+            f"reward function {fn!r} cannot be sent to scorer processes ({err}); use a module-level function, "
+            "functools.partial of one, or hybridflow.rewards.load_custom_reward_fn(path, name)"
+        ) from err

@@ -1,0 +1,89 @@
+"""Rule-based scorers, dispatched on a row's `data_source` through the `SCORERS` registry.
+
+A scorer is `fn(data_source, solution_str, ground_truth, extra_info, *, format_score) -> float | dict`
+(a dict holds at least 'score'); it may carry a `preload()` attribute that imports what it needs.
+`resolve_scorer(data_source)` finds it: the exact data source first, then its family, the part before
+the first '/' ('reasoning_gym/countdown' -> 'reasoning_gym'). Add a data source with
+`SCORERS.register("my/source", fn)` before the reward manager's first call; reward managers resolve the
+scorer in the driver and send it to the scorer processes by reference (module + name), so `fn` must be
+a module-level function.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hybridflow.rewards.score import countdown, gsm8k, math, reasoning_gym
+from hybridflow.utils.registry import Registry
+
+__all__ = ["SCORERS", "default_compute_score", "default_compute_score_batched", "resolve_scorer"]
+
+SCORERS: Registry[Callable[..., float | dict]] = Registry("reward scorer")
+
+
+def _score_gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                 format_score: float = 0.0) -> float:
+    return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=format_score)
+
+
+def _score_math(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                format_score: float = 0.0) -> float:
+    return math.compute_score(solution_str, ground_truth, format_score=format_score)
+
+
+def _score_countdown(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                     format_score: float = 0.0) -> float:
+    return countdown.compute_score(solution_str, ground_truth, format_score=format_score)
+
+
+def _score_reasoning_gym(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                         format_score: float = 0.0) -> float:
+    return reasoning_gym.compute_score(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
+
+
+# Heavy imports a scorer needs, run by `resolve_scorer` in the driver so that forked workers inherit them.
+_score_reasoning_gym.preload = reasoning_gym.preload  # type: ignore[attr-defined]
+
+for _name in ("openai/gsm8k", "gsm8k"):
+    SCORERS.register(_name, _score_gsm8k)
+for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"):
+    SCORERS.register(_name, _score_math)
+SCORERS.register("countdown", _score_countdown)
+SCORERS.register("reasoning_gym", _score_reasoning_gym)
+
+
+def resolve_scorer(data_source: str) -> Callable[..., float | dict]:
+    """The scorer for `data_source` (exact name, else the family before '/'); ValueError listing known ones."""
+    name = data_source
+    if name not in SCORERS and "/" in name:
+        name = name.split("/", 1)[0]
+    if name in SCORERS:
+        scorer = SCORERS.get(name)
+        if hasattr(scorer, "preload"):
+            scorer.preload()
+        return scorer
+    raise ValueError(
+        f"no reward scorer for data_source {data_source!r}; known: {SCORERS.names()} "
+        "(families match '<family>/...'); register one in hybridflow.rewards.score.SCORERS "
+        "or set custom_reward_function.path/name"
+    )
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+                          *, format_score: float = 0.0) -> float | dict:
+    """Score one response with the scorer registered for its data source (verl's `default_compute_score`).
+
+    Returns the scorer's float (1.0 right, `format_score` well-formed but wrong, 0.0 unreadable) or dict.
+    """
+    return resolve_scorer(data_source)(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
+
+
+def default_compute_score_batched(data_sources: Sequence[str], solution_strs: Sequence[str],
+                                  ground_truths: Sequence[Any], extra_infos: Sequence[dict | None], *,
+                                  format_score: float = 0.0) -> list[float | dict]:
+    """`default_compute_score` over a batch (the `batch` reward manager's calling convention)."""
+    score = functools.partial(default_compute_score, format_score=format_score)
+    rows = zip(data_sources, solution_strs, ground_truths, extra_infos)
+    return [score(ds, sol, gt, info) for ds, sol, gt, info in rows]

@@ -1,0 +1,45 @@
+"""Driver-side glue from a `DataProto` to the pure advantage and KL functions in `hybridflow.algorithms`."""
+
+from __future__ import annotations
+
+from hybridflow.algorithms import apply_kl_penalty, compute_advantage_by_name
+from hybridflow.algorithms.kl import KLController
+from hybridflow.protocol import DataProto
+
+
+def compute_advantage(
+    data: DataProto,
+    adv_estimator: str,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> DataProto:
+    """Add `advantages` and `returns` (bs, response_len) computed by the registered `adv_estimator`.
+
+    Reads `token_level_rewards`, `response_mask`, `values` (if present) and the `uid` group ids.
+    """
+    batch = data.batch
+    advantages, returns = compute_advantage_by_name(
+        adv_estimator,
+        token_level_rewards=batch["token_level_rewards"],
+        response_mask=batch["response_mask"],
+        index=data.non_tensor_batch.get("uid"),
+        values=batch["values"] if "values" in batch.keys() else None,
+        reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch.keys() else None,
+        gamma=gamma,
+        lam=lam,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return data
+
+
+def apply_kl_in_reward(data: DataProto, kl_ctrl: KLController, kl_penalty: str) -> dict[str, float]:
+    """Set `token_level_rewards` = scores - beta * KL(old || ref) and update the controller; return metrics."""
+    batch = data.batch
+    rewards, metrics = apply_kl_penalty(
+        batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"], kl_ctrl, kl_penalty
+    )
+    batch["token_level_rewards"] = rewards
+    return metrics

@@ -1,0 +1,224 @@
+"""Checks that span config components, run before Ray starts or weights load; and the derived batch numbers.
+
+Every error names the key, the value and the fix. `derive_batch_sizes` explains verl's batch-size
+arithmetic (prompts vs samples, global vs per-rank) in one table that `--dry-run` prints.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hybridflow.trainer.config.schema import PPOConfig
+
+# Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
+GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg")
+# Estimators this trainer cannot feed yet (remax needs a greedy baseline rollout per prompt).
+UNSUPPORTED_BY_TRAINER = {"remax": "it needs a greedy baseline generation per prompt, not wired into the trainer yet"}
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """verl's batch-size arithmetic for one update (actor or critic), in samples unless named prompts."""
+
+    world_size: int
+    prompts_per_step: int
+    samples_per_step: int
+    mini_batch_prompts: int
+    mini_batch_samples: int
+    mini_batch_samples_per_rank: int
+    micro_batch_per_rank: int
+    grad_accum_steps: int
+    optimizer_steps_per_step: int
+
+    def table(self, name: str) -> str:
+        """The numbers as aligned text lines."""
+        rows = [
+            ("ranks (nnodes x n_gpus_per_node)", self.world_size),
+            ("prompts per step (data.train_batch_size)", self.prompts_per_step),
+            ("samples per step (x rollout.n)", self.samples_per_step),
+            ("mini-batch prompts (ppo_mini_batch_size)", self.mini_batch_prompts),
+            ("mini-batch samples (x rollout.n)", self.mini_batch_samples),
+            ("mini-batch samples per rank", self.mini_batch_samples_per_rank),
+            ("micro-batch per rank (ppo_micro_batch_size_per_gpu)", self.micro_batch_per_rank),
+            ("gradient accumulation steps", self.grad_accum_steps),
+            ("optimizer steps per training step (x ppo_epochs)", self.optimizer_steps_per_step),
+        ]
+        width = max(len(label) for label, _ in rows)
+        return "\n".join([f"[{name}]"] + [f"  {label:<{width}}  {value}" for label, value in rows])
+
+
+def derive_batch_sizes(
+    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int, epochs: int
+) -> BatchSizes:
+    """Check and derive the batch numbers of one updated model (`prefix` names its config keys)."""
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    prompts = cfg.data.train_batch_size
+    n = cfg.actor_rollout_ref.rollout.n
+    if mini_batch > prompts:
+        raise ValueError(
+            f"{prefix}.ppo_mini_batch_size={mini_batch} is larger than data.train_batch_size={prompts}; "
+            f"set it to a divisor of {prompts}"
+        )
+    if prompts % mini_batch:
+        raise ValueError(
+            f"data.train_batch_size={prompts} is not divisible by {prefix}.ppo_mini_batch_size={mini_batch}; "
+            f"use a divisor of {prompts} such as {_largest_divisor_at_most(prompts, mini_batch)}"
+        )
+    mini_samples = mini_batch * n
+    if mini_samples % world:
+        raise ValueError(
+            f"{prefix}.ppo_mini_batch_size={mini_batch} x rollout.n={n} = {mini_samples} samples cannot be split "
+            f"over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {world}"
+        )
+    per_rank = mini_samples // world
+    if per_rank % micro_batch:
+        raise ValueError(
+            f"{prefix}.ppo_micro_batch_size_per_gpu={micro_batch} does not divide the {per_rank} mini-batch samples "
+            f"per rank ({mini_batch} prompts x n={n} / {world} ranks); use a divisor of {per_rank} such as "
+            f"{_largest_divisor_at_most(per_rank, micro_batch)}"
+        )
+    return BatchSizes(
+        world_size=world,
+        prompts_per_step=prompts,
+        samples_per_step=prompts * n,
+        mini_batch_prompts=mini_batch,
+        mini_batch_samples=mini_samples,
+        mini_batch_samples_per_rank=per_rank,
+        micro_batch_per_rank=micro_batch,
+        grad_accum_steps=per_rank // micro_batch,
+        optimizer_steps_per_step=(prompts // mini_batch) * epochs,
+    )
+
+
+def _largest_divisor_at_most(number: int, limit: int) -> int:
+    return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)
+
+
+def critic_enabled(cfg: PPOConfig) -> bool:
+    """Whether a critic is trained: explicit `critic.enable`, else exactly when the estimator is gae."""
+    if cfg.critic.enable is None:
+        return cfg.algorithm.adv_estimator == "gae"
+    return cfg.critic.enable
+
+
+def uses_reference(cfg: PPOConfig) -> bool:
+    """Whether reference log-probs are needed (KL loss or KL-in-reward)."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
+    """Run every cross-component check; return the derived batch sizes per updated model."""
+    _check_names(cfg)
+    _check_algorithm(cfg)
+    _check_files(cfg)
+    _check_lengths(cfg)
+    _check_environment(cfg)
+    actor = cfg.actor_rollout_ref.actor
+    sizes = {
+        "actor": derive_batch_sizes(
+            cfg, "actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu, actor.ppo_epochs
+        )
+    }
+    if critic_enabled(cfg):
+        critic = cfg.critic
+        sizes["critic"] = derive_batch_sizes(
+            cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs
+        )
+    return sizes
+
+
+def _check_names(cfg: PPOConfig) -> None:
+    from hybridflow.algorithms import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES, POLICY_LOSSES
+    from hybridflow.engines.rollout import ROLLOUTS
+    from hybridflow.rewards.manager.base import REWARD_MANAGERS
+
+    actor = cfg.actor_rollout_ref.actor
+    named = [
+        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names()),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES.names()),
+        ("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, list(LOSS_AGG_MODES)),
+        ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, list(LOSS_AGG_MODES)),
+        ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, list(KL_PENALTY_TYPES)),
+        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, list(KL_PENALTY_TYPES)),
+        ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ROLLOUTS.names()),
+        ("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS.names()),
+    ]
+    for key, value, known in named:
+        if value not in known:
+            raise ValueError(f"{key}={value!r} is unknown; known: {sorted(known)}")
+    # A backend that is registered but cannot import (e.g. vllm not installed) fails here, not after Ray starts.
+    ROLLOUTS.get(cfg.actor_rollout_ref.rollout.name)
+
+
+def _check_algorithm(cfg: PPOConfig) -> None:
+    estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if estimator in UNSUPPORTED_BY_TRAINER:
+        raise ValueError(f"algorithm.adv_estimator={estimator!r} is not supported by the trainer: {UNSUPPORTED_BY_TRAINER[estimator]}")
+    if estimator in GROUP_ESTIMATORS and n < 2:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator!r} needs actor_rollout_ref.rollout.n >= 2 (it compares samples "
+            f"of the same prompt), got {n}; set actor_rollout_ref.rollout.n=4 or more"
+        )
+    if estimator == "gae" and cfg.critic.enable is False:
+        raise ValueError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False; enable it or use grpo")
+    if cfg.actor_rollout_ref.rollout.do_sample is False and n > 1:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.n={n} with do_sample=False gives {n} identical responses per prompt; "
+            "set do_sample=True or n=1"
+        )
+
+
+def _check_files(cfg: PPOConfig) -> None:
+    if not cfg.data.train_files:
+        raise ValueError("data.train_files is empty; give parquet files, e.g. data.train_files=[data/train.parquet]")
+    for key, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        for path in paths:
+            if not Path(path).is_file():
+                raise ValueError(f"{key} entry {path!r} does not exist; write it with hybridflow/data/preprocess/")
+    custom = cfg.custom_reward_function
+    if custom.path is not None and not Path(custom.path).is_file():
+        raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
+
+
+def model_context_length(model_path: str) -> int | None:
+    """max_position_embeddings from a model directory's config.json (catalogue models once converted), else None."""
+    from hybridflow.models.catalogue import MODEL_CATALOGUE, catalogue_gguf_path
+
+    from hybridflow import env
+
+    directory = Path(model_path)
+    if model_path in MODEL_CATALOGUE:
+        catalogue_gguf_path(model_path)  # raises with the install command if the package is missing
+        directory = env.cache_dir() / "models" / model_path
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        if not directory.exists() and not model_path.endswith(".gguf") and model_path not in MODEL_CATALOGUE:
+            raise ValueError(f"actor_rollout_ref.model.path={model_path!r} is not a catalogue name, directory or .gguf file")
+        return None
+    return json.loads(config_file.read_text()).get("max_position_embeddings")
+
+
+def _check_lengths(cfg: PPOConfig) -> None:
+    total = cfg.data.max_prompt_length + cfg.data.max_response_length
+    context = model_context_length(cfg.actor_rollout_ref.model.path)
+    if context is not None and total > context:
+        raise ValueError(
+            f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of {context} "
+            f"tokens ({cfg.actor_rollout_ref.model.path}); lower one of them"
+        )
+
+
+def _check_environment(cfg: PPOConfig) -> None:
+    for name in cfg.trainer.logger:
+        package = LOGGER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise ValueError(f"trainer.logger includes {name!r} but {package} is not installed; pip install {package}")
+    if cfg.trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("trainer.device='cuda' but no CUDA device is visible; use trainer.device=auto or cpu")

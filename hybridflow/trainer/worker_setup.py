@@ -1,0 +1,82 @@
+"""Build the role worker groups of a run: colocated in one Ray resource pool (or in-process in local mode)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.single_controller.local import LocalWorkerGroup
+from hybridflow.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    create_colocated_worker_cls,
+)
+from hybridflow.trainer.config import PPOConfig, critic_enabled, uses_reference
+from hybridflow.utils.device import device_count
+from hybridflow.workers import ActorRolloutRefWorker, CriticWorker
+from hybridflow.workers.config import WorkerRuntimeConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerGroups:
+    """The groups the driver calls; `critic` is None when no critic is trained."""
+
+    actor_rollout: Any
+    critic: Any | None
+    owner: Any  # the fused group (Ray) whose actors host every role
+    pool_manager: ResourcePoolManager | None
+
+    def shutdown(self) -> None:
+        """Kill the worker processes and release their placement groups."""
+        if isinstance(self.owner, RayWorkerGroup):
+            self.owner.shutdown()
+        if self.pool_manager is not None:
+            for pool in self.pool_manager.pools.values():
+                pool.release()
+
+
+def runtime_config(config: PPOConfig, total_training_steps: int) -> WorkerRuntimeConfig:
+    """What each worker needs beyond its role config."""
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    threads = config.trainer.num_threads_per_worker
+    if threads == 0 and device_count() == 0:
+        threads = max(1, (os.cpu_count() or 1) // world)  # share the cores among the CPU workers
+    return WorkerRuntimeConfig(
+        prompt_length=config.data.max_prompt_length,
+        response_length=config.data.max_response_length,
+        total_training_steps=total_training_steps,
+        seed=config.trainer.seed,
+        num_threads=threads,
+    )
+
+
+def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerGroups:
+    """Start one process per rank hosting actor+rollout(+ref)(+critic), and split it into role groups."""
+    runtime = runtime_config(config, total_training_steps)
+    role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
+    classes = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role, runtime)}
+    if critic_enabled(config):
+        classes["critic"] = RayClassWithInitArgs(CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, runtime)
+    fused = create_colocated_worker_cls(classes)
+    if config.trainer.local_mode:
+        owner = LocalWorkerGroup(fused, world_size=1)
+        manager = None
+    else:
+        use_gpu = device_count() > 0 and config.trainer.device != "cpu"
+        manager = ResourcePoolManager(
+            {"global_pool": [config.trainer.n_gpus_per_node] * config.trainer.nnodes},
+            {"actor_rollout": "global_pool", "critic": "global_pool"},
+            use_gpu=use_gpu,
+        )
+        owner = RayWorkerGroup(manager.get_resource_pool("actor_rollout"), fused, name_prefix="hybridflow")
+    groups = owner.spawn(list(classes))
+    critic = groups.get("critic")
+    if critic is not None:
+        critic.init_model()
+    groups["actor_rollout"].init_model()
+    return WorkerGroups(actor_rollout=groups["actor_rollout"], critic=critic, owner=owner, pool_manager=manager)

@@ -1,0 +1,189 @@
+"""`ActorRolloutRefWorker`: the hybrid-engine worker hosting the actor (training), rollout and reference.
+
+One instance per rank. With role `actor_rollout_ref` the three share a process: before each generation
+the rollout engine receives the actor's current weights, gathered from the FSDP shards one tensor at a
+time (`timing_s/update_weights`); on a single rank the rollout uses the actor's own module, so there is
+no hand-over and no second copy of the weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
+from hybridflow.engines.training import build_fsdp_engine
+from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig, build_engine_config, setup_threads
+from hybridflow.workers.ppo_update import make_actor_loss_fn, mean_metrics, run_update
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor / rollout / reference roles of one rank; methods are called on the whole group by the driver."""
+
+    def __init__(self, config: ActorRolloutRefConfig, role: str, runtime: WorkerRuntimeConfig) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"role={role!r} is not one of {list(ROLES)}")
+        self.config, self.role, self.runtime = config, role, runtime
+        self.is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self.is_ref = role in ("ref", "actor_rollout_ref")
+        self.actor_engine = self.ref_engine = self.rollout = None
+        self._rollout_weights_stale = False
+        self._update_count = 0
+
+    # ------------------------------------------------------------------ setup
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the models of this role (collective when the group has several ranks)."""
+        setup_threads(self.runtime.num_threads)
+        torch.manual_seed(self.runtime.seed)
+        if self.world_size > 1:
+            self.init_distributed()
+        model_path = resolve_model_path(self.config.model.path)
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path or model_path)
+        actor = self.config.actor
+        if self.is_actor:
+            engine_config = build_engine_config(
+                actor.optim, actor.fsdp_config, self.config.model, actor.ppo_micro_batch_size_per_gpu, actor.grad_clip,
+                self.runtime.total_training_steps,
+            )
+            self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
+        if self.is_ref:
+            ref = self.config.ref
+            ref_config = build_engine_config(
+                actor.optim, ref.fsdp_config, self.config.model, ref.log_prob_micro_batch_size_per_gpu, actor.grad_clip, -1
+            )
+            self.ref_engine = build_fsdp_engine(model_path, ref_config, tokenizer=self.tokenizer)
+        if self.is_rollout:
+            self._build_rollout(model_path)
+
+    def _build_rollout(self, model_path: str) -> None:
+        rollout = self.config.rollout
+        shares_module = self.actor_engine is not None and not self.actor_engine.is_sharded
+        # One rank: generate with the actor's own module (no copy, no hand-over). Sharded: a full copy.
+        model = self.actor_engine.module if shares_module else build_causal_lm(model_path, dtype="float32")
+        self._rollout_weights_stale = self.actor_engine is not None and not shares_module
+        val = rollout.val_kwargs
+        self.rollout = ROLLOUTS.get(rollout.name)(
+            model,
+            self.tokenizer,
+            self._sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.do_sample),
+            val_sampling_params=self._sampling(val.temperature, val.top_p, val.top_k, val.do_sample),
+        )
+
+    def _sampling(self, temperature: float, top_p: float, top_k: int, do_sample: bool) -> SamplingParams:
+        greedy = not do_sample or temperature == 0
+        return SamplingParams(
+            temperature=1.0 if greedy else temperature,
+            top_p=top_p,
+            top_k=top_k,
+            n=1,  # the trainer repeats prompts itself (uids per prompt), as verl does
+            max_new_tokens=self.runtime.response_length,
+            do_sample=not greedy,
+        )
+
+    # ------------------------------------------------------------------ generation
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses for this rank's prompts; hands the actor's weights to the rollout first if they changed."""
+        if self.rollout is None:
+            raise RuntimeError(f"generate_sequences called on a worker with role {self.role!r} (no rollout)")
+        update_weights_s = self._sync_rollout_weights()
+        start = time.perf_counter()
+        self.rollout.wake_up()
+        output = self.rollout.generate_sequences(prompts)
+        if self.config.rollout.free_cache_engine:
+            self.rollout.sleep()
+        output.meta_info["metrics"] = {
+            "timing_s/update_weights": update_weights_s,
+            "timing_s/generate_sequences": time.perf_counter() - start,
+        }
+        return output
+
+    def _sync_rollout_weights(self) -> float:
+        """Gather the actor's full weights tensor by tensor into the rollout engine (collective); seconds taken."""
+        if not self._rollout_weights_stale:
+            return 0.0
+        start = time.perf_counter()
+        self.rollout.update_weights(self.actor_engine.named_full_params())
+        self._rollout_weights_stale = False
+        return time.perf_counter() - start
+
+    # ------------------------------------------------------------------ log-probs
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """`old_log_probs` and `entropys` (bs, response_len) under the current actor, at the rollout temperature."""
+        start = time.perf_counter()
+        log_probs, entropy = self.actor_engine.compute_log_prob(
+            data,
+            temperature=self._temperature(data),
+            calculate_entropy=True,
+            micro_batch_size=self.config.rollout.log_prob_micro_batch_size_per_gpu,
+        )
+        metrics = {"timing_s/compute_log_prob": time.perf_counter() - start}
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy}, meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`ref_log_prob` (bs, response_len) under the frozen reference policy."""
+        if self.ref_engine is None:
+            raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no ref)")
+        log_probs, _ = self.ref_engine.compute_log_prob(
+            data, temperature=self._temperature(data), micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu
+        )
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    def _temperature(self, data: DataProto) -> float:
+        return float(data.meta_info.get("temperature", self.config.rollout.temperature) or 1.0)
+
+    # ------------------------------------------------------------------ training
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO epochs over this rank's shard; returns `actor/*` metrics in meta_info['metrics']."""
+        actor = self.config.actor
+        start = time.perf_counter()
+        mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.world_size
+        metrics = run_update(
+            self.actor_engine,
+            data,
+            mini_batch_size_per_rank=mini_per_rank,
+            micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
+            epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle,
+            seed=self.runtime.seed + self._update_count,
+            make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts),
+            temperature=self._temperature(data),
+            calculate_entropy=actor.entropy_coeff != 0,
+            metric_prefix="actor",
+        )
+        self._update_count += 1
+        lr = self.actor_engine.lr_scheduler_step()
+        self._rollout_weights_stale = self.rollout is not None and self.actor_engine.is_sharded
+        result = mean_metrics(metrics)
+        result["actor/lr"] = lr
+        result["timing_s/update_actor_worker"] = time.perf_counter() - start
+        return DataProto.from_dict({}, meta_info={"metrics": result})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hf_path: str | None = None) -> None:
+        """Sharded model/optimizer/scheduler/RNG of the actor (collective); optionally a full HF directory."""
+        self.actor_engine.save_checkpoint(local_path)
+        if hf_path is not None:
+            self.actor_engine.save_hf_model(hf_path, self.tokenizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        """Restore what `save_checkpoint` wrote (same world size); the rollout gets the weights before generating."""
+        self.actor_engine.load_checkpoint(local_path)
+        self._rollout_weights_stale = self.rollout is not None and self.actor_engine.is_sharded

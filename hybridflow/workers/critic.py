@@ -1,0 +1,76 @@
+"""`CriticWorker`: the value model used by GAE (token-level values from a causal-LM backbone + value head)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hybridflow.engines.training import build_fsdp_engine
+from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig, build_engine_config, setup_threads
+from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
+
+
+class CriticWorker(Worker):
+    """Computes and trains values; one instance per rank."""
+
+    def __init__(self, config: CriticConfig, rollout_n: int, runtime: WorkerRuntimeConfig) -> None:
+        super().__init__()
+        self.config, self.rollout_n, self.runtime = config, rollout_n, runtime
+        self._update_count = 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the backbone with a fresh value head (collective when sharded)."""
+        setup_threads(self.runtime.num_threads)
+        torch.manual_seed(self.runtime.seed)
+        if self.world_size > 1:
+            self.init_distributed()
+        model_path = resolve_model_path(self.config.model.path)
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path or model_path)
+        critic = self.config
+        engine_config = build_engine_config(
+            critic.optim, critic.fsdp_config, critic.model, critic.ppo_micro_batch_size_per_gpu, critic.grad_clip,
+            self.runtime.total_training_steps,
+        )
+        self.engine = build_fsdp_engine(model_path, engine_config, model_kind="value", tokenizer=self.tokenizer)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """`values` (bs, response_len): the value predicted for each response token."""
+        values = self.engine.compute_values(data, micro_batch_size=self.config.forward_micro_batch_size_per_gpu)
+        return DataProto.from_dict({"values": values})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """PPO epochs of clipped value regression onto `returns`; `critic/*` metrics in meta_info."""
+        start = time.perf_counter()
+        metrics = run_update(
+            self.engine,
+            data,
+            mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.world_size,
+            micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
+            epochs=self.config.ppo_epochs,
+            shuffle=False,
+            seed=self.runtime.seed + self._update_count,
+            make_loss_fn=lambda counts: make_critic_loss_fn(self.config, counts),
+            metric_prefix="critic",
+        )
+        self._update_count += 1
+        result = mean_metrics(metrics)
+        result["critic/lr"] = self.engine.lr_scheduler_step()
+        result["timing_s/update_critic_worker"] = time.perf_counter() - start
+        return DataProto.from_dict({}, meta_info={"metrics": result})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str) -> None:
+        """Sharded critic state (collective)."""
+        self.engine.save_checkpoint(local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        """Restore the critic from `save_checkpoint`'s directory."""
+        self.engine.load_checkpoint(local_path)

@@ -1,0 +1,161 @@
+"""PPO update loops of the actor and the critic on one rank: mini-batches, micro-batches, losses, metrics.
+
+Losses are normalised by counts over the whole mini-batch on all ranks (`agg_loss` with global counts),
+so the gradient does not depend on the micro-batch size or the number of data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.algorithms import agg_loss, compute_value_loss, kl_penalty, masked_mean
+from hybridflow.algorithms.policy_loss_registry import PolicyLossConfig, compute_policy_loss_from_config
+from hybridflow.protocol import DataProto
+from hybridflow.workers.config import ActorConfig, CriticConfig
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """Valid tokens and non-empty sequences of one mini-batch summed over all data-parallel ranks."""
+
+    num_tokens: float
+    num_seqs: float
+    dp_size: int
+
+
+def compute_global_counts(response_mask: torch.Tensor) -> GlobalCounts:
+    """Sum this rank's counts over the process group (collective when one exists)."""
+    counts = torch.tensor(
+        [float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())], dtype=torch.float64
+    )
+    dp_size = 1
+    if dist.is_available() and dist.is_initialized():
+        dp_size = dist.get_world_size()
+        dist.all_reduce(counts)
+    return GlobalCounts(num_tokens=max(counts[0].item(), 1.0), num_seqs=max(counts[1].item(), 1.0), dp_size=dp_size)
+
+
+def policy_loss_config(actor: ActorConfig) -> PolicyLossConfig:
+    """The algorithms layer's loss hyper-parameters from the actor config."""
+    return PolicyLossConfig(
+        loss_mode=actor.policy_loss.loss_mode,
+        loss_agg_mode=actor.loss_agg_mode,
+        clip_ratio=actor.clip_ratio,
+        clip_ratio_low=actor.clip_ratio_low,
+        clip_ratio_high=actor.clip_ratio_high,
+        clip_ratio_c=actor.clip_ratio_c,
+    )
+
+
+def make_actor_loss_fn(
+    actor: ActorConfig, counts: GlobalCounts
+) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]:
+    """`loss_fn(outputs, micro_batch)` for the training engine: policy loss - entropy bonus + KL loss."""
+    loss_config = policy_loss_config(actor)
+    agg = dict(dp_size=counts.dp_size, batch_num_tokens=counts.num_tokens, global_batch_size=counts.num_seqs)
+
+    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = micro_batch.batch
+        mask = batch["response_mask"].to(outputs["log_probs"].device).float()
+        log_prob = outputs["log_probs"]
+        pg_loss, metrics = compute_policy_loss_from_config(
+            loss_config,
+            old_log_prob=batch["old_log_probs"].to(log_prob.device),
+            log_prob=log_prob,
+            advantages=batch["advantages"].to(log_prob.device),
+            response_mask=mask,
+            rollout_is_weights=batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None,
+            **agg,
+        )
+        loss = pg_loss
+        metrics = {**metrics, "actor/pg_loss": float(pg_loss.detach())}
+        if "entropy" in outputs:
+            entropy = agg_loss(outputs["entropy"], mask, actor.loss_agg_mode, **agg)
+            loss = loss - actor.entropy_coeff * entropy
+            metrics["actor/entropy"] = float(masked_mean(outputs["entropy"].detach(), mask))
+        if actor.use_kl_loss:
+            kl = kl_penalty(log_prob, batch["ref_log_prob"].to(log_prob.device), actor.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, actor.loss_agg_mode, **agg)
+            loss = loss + actor.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = float(masked_mean(kl.detach(), mask))
+            metrics["actor/kl_coef"] = actor.kl_loss_coef
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_critic_loss_fn(
+    critic: CriticConfig, counts: GlobalCounts
+) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]:
+    """`loss_fn(outputs, micro_batch)` for the critic: clipped value loss against the returns."""
+
+    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = micro_batch.batch
+        vpreds = outputs["values"]
+        mask = batch["response_mask"].to(vpreds.device).float()
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds,
+            batch["returns"].to(vpreds.device),
+            batch["values"].to(vpreds.device),
+            mask,
+            critic.cliprange_value,
+            critic.loss_agg_mode,
+            dp_size=counts.dp_size,
+            batch_num_tokens=counts.num_tokens,
+            global_batch_size=counts.num_seqs,
+        )
+        metrics = {
+            "critic/vf_loss": float(vf_loss.detach()),
+            "critic/vf_clipfrac": float(vf_clipfrac),
+            "critic/vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+        }
+        return vf_loss, metrics
+
+    return loss_fn
+
+
+def iterate_mini_batches(data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int):
+    """This rank's mini-batches for `epochs` passes (seeded shuffle between passes when asked)."""
+    size = min(mini_batch_size, len(data))
+    return data.make_iterator(size, epochs=epochs, seed=seed if shuffle else None)
+
+
+def run_update(
+    engine,
+    data: DataProto,
+    *,
+    mini_batch_size_per_rank: int,
+    micro_batch_size: int,
+    epochs: int,
+    shuffle: bool,
+    seed: int,
+    make_loss_fn: Callable[[GlobalCounts], Callable],
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    metric_prefix: str,
+) -> dict[str, list[float]]:
+    """Optimizer steps over `data` (this rank's shard); returns per-step metric lists (verl's reporting)."""
+    metrics: dict[str, list[float]] = defaultdict(list)
+    for mini_batch in iterate_mini_batches(data, mini_batch_size_per_rank, epochs, shuffle, seed):
+        counts = compute_global_counts(mini_batch.batch["response_mask"])
+        step = engine.train_batch(
+            mini_batch.split(micro_batch_size),
+            make_loss_fn(counts),
+            temperature=temperature,
+            calculate_entropy=calculate_entropy,
+            scale_by_rows=False,
+        )
+        for key, value in step.items():
+            name = key if "/" in key else f"{metric_prefix}/{key}"
+            metrics[name].append(float(value))
+    return dict(metrics)
+
+
+def mean_metrics(metrics: Mapping[str, list[float]]) -> dict[str, float]:
+    """Average each metric list (for logging one number per key)."""
+    return {key: sum(values) / len(values) for key, values in metrics.items() if values}

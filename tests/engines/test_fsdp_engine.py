@@ -1,0 +1,151 @@
+"""The training engine in a single process (no process group): accumulation, skips, packing, values, state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.models import build_causal_lm, load_tokenizer
+from tests.engines.helpers import make_batch, seq_mean_nll
+
+CONFIG = FSDPEngineConfig(micro_batch_size_per_gpu=8, optim=OptimConfig(lr=1e-2, grad_clip=1.0))
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_llama_dir):
+    return make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=8, seed=3)
+
+
+def _params(engine) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in engine.named_full_params()}
+
+
+def test_grad_accumulation_over_4_micro_batches_equals_one_big_batch(tiny_llama_dir, batch):
+    big = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    small = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, micro_batch_size_per_gpu=2))
+    big_metrics = big.train_batch(batch, seq_mean_nll)
+    small_metrics = small.train_batch(batch, seq_mean_nll)
+    assert small_metrics["loss"] == pytest.approx(big_metrics["loss"], abs=1e-6)
+    assert small_metrics["grad_norm"] == pytest.approx(big_metrics["grad_norm"], abs=1e-6)
+    a, b = _params(big), _params(small)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0)
+    assert set(small_metrics) >= {"loss", "grad_norm", "lr", "num_skipped_steps", "nll"}
+
+
+def test_gradient_checkpointing_gives_the_same_step(tiny_llama_dir, batch):
+    plain = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    checkpointed = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, gradient_checkpointing=True))
+    assert checkpointed.module.is_activation_checkpointing
+    a = plain.train_batch(batch, seq_mean_nll)
+    b = checkpointed.train_batch(batch, seq_mean_nll)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], abs=1e-6)
+
+
+def test_list_of_micro_batches_and_dict_batches(tiny_llama_dir, batch):
+    engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    as_dicts = [{key: part.batch[key] for key in part.batch.keys()} for part in batch.split(4)]
+    log_probs_dict, _ = engine.compute_log_prob(as_dicts[0])
+    log_probs_proto, _ = engine.compute_log_prob(batch.split(4)[0])
+    torch.testing.assert_close(log_probs_dict, log_probs_proto)
+
+    def loss_fn(outputs, micro_batch):
+        return seq_mean_nll(outputs, _Proto(micro_batch))
+
+    assert engine.train_batch(as_dicts, loss_fn)["num_skipped_steps"] == 0
+
+
+class _Proto:
+    """Adapter so seq_mean_nll can read a dict micro-batch."""
+
+    def __init__(self, tensors):
+        self.batch = tensors
+
+
+def test_non_finite_grad_norm_skips_the_step(tiny_llama_dir, batch):
+    engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    before = _params(engine)
+
+    def nan_loss(outputs, micro_batch):
+        loss, metrics = seq_mean_nll(outputs, micro_batch)
+        return loss * float("nan"), metrics
+
+    metrics = engine.train_batch(batch, nan_loss)
+    assert metrics["num_skipped_steps"] == 1
+    for name, tensor in _params(engine).items():
+        assert torch.equal(tensor, before[name])
+    assert engine.train_batch(batch, seq_mean_nll)["num_skipped_steps"] == 0
+
+
+def test_remove_padding_matches_padded_forward(tiny_llama_dir, batch):
+    padded = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    packed = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, use_remove_padding=True))
+    mask = batch.batch["response_mask"].bool()
+    lp_a, ent_a = padded.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
+    lp_b, ent_b = packed.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
+    torch.testing.assert_close(lp_a[mask], lp_b[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_a[mask], ent_b[mask], atol=1e-5, rtol=0)
+    loss_a = padded.train_batch(batch, seq_mean_nll)["loss"]
+    loss_b = packed.train_batch(batch, seq_mean_nll)["loss"]
+    assert loss_a == pytest.approx(loss_b, abs=1e-5)
+
+
+def test_value_engine_values_and_training(tiny_llama_dir, batch):
+    padded = build_fsdp_engine(tiny_llama_dir, CONFIG, model_kind="value")
+    packed = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, use_remove_padding=True), model_kind="value")
+    values = padded.compute_values(batch, micro_batch_size=3)
+    assert values.shape == batch.batch["responses"].shape
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(values[mask], packed.compute_values(batch)[mask], atol=1e-5, rtol=0)
+    with pytest.raises(TypeError, match="causal LM"):
+        padded.compute_log_prob(batch)
+
+    def value_loss(outputs, micro_batch):
+        m = micro_batch.batch["response_mask"].float()
+        loss = ((outputs["values"] - 1.0) ** 2 * m).sum() / m.sum()
+        return loss, {}
+
+    first = padded.train_batch(batch, value_loss)["loss"]
+    for _ in range(3):
+        last = padded.train_batch(batch, value_loss)["loss"]
+    assert last < first
+
+
+def test_checkpoint_resume_and_hf_export(tiny_llama_dir, batch, tmp_path):
+    config = dataclasses.replace(
+        CONFIG,
+        optim=OptimConfig(lr=1e-2, lr_warmup_steps=1, lr_scheduler_type="cosine", total_training_steps=5),
+    )
+    engine = build_fsdp_engine(tiny_llama_dir, config, tokenizer=load_tokenizer(tiny_llama_dir))
+    engine.train_batch(batch, seq_mean_nll)
+    engine.lr_scheduler_step()
+    engine.save_checkpoint(tmp_path / "ckpt")
+    torch.manual_seed(7)
+    expected_rng = torch.rand(3)
+    lr_before = engine.train_batch(batch, seq_mean_nll)["lr"]
+    expected = _params(engine)
+
+    resumed = build_fsdp_engine(tiny_llama_dir, config)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(3), expected_rng)
+    assert resumed.train_batch(batch, seq_mean_nll)["lr"] == lr_before
+    for name, tensor in _params(resumed).items():
+        assert torch.equal(tensor, expected[name]), name
+
+    resumed.save_hf_model(tmp_path / "hf", tokenizer=load_tokenizer(tiny_llama_dir))
+    reloaded = build_causal_lm(tmp_path / "hf")
+    ids = batch.batch["input_ids"][:2]
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, resumed.module(input_ids=ids).logits)
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    assert (tmp_path / "ckpt" / "huggingface" / "config.json").is_file()
+
+
+def test_load_checkpoint_with_missing_files_names_the_problem(tiny_llama_dir, tmp_path):
+    engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    with pytest.raises(FileNotFoundError, match="world size"):
+        engine.load_checkpoint(tmp_path)

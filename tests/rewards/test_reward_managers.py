@@ -1,0 +1,198 @@
+"""Reward managers: the score lands on each response's last valid token; failures score 0 and are counted."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards import (
+    BatchRewardManager, DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, ScoringConfig,
+    compute_overlong_penalty, get_reward_manager_cls, load_custom_reward_fn)
+
+PAD, EOS = 0, 1
+PROMPT_LEN, RESPONSE_LEN = 4, 8
+FAST = ScoringConfig(timeout_s=1.0, num_workers=2)
+
+
+class CharTokenizer:
+    """One token per character (id = code point); 0 is padding and 1 is eos, both special."""
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["".join(chr(t) for t in seq if not (skip_special_tokens and t in (PAD, EOS))) for seq in sequences]
+
+
+def make_batch(samples: list[tuple[str, str, str, Any]]) -> DataProto:
+    """samples: (prompt, response, data_source, ground_truth). Prompts left-padded, responses right-padded
+    (a response gets eos after it when there is room, as a rollout would)."""
+    prompts = torch.full((len(samples), PROMPT_LEN), PAD)
+    responses = torch.full((len(samples), RESPONSE_LEN), PAD)
+    mask = torch.zeros(len(samples), PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
+    for i, (prompt, response, _, _) in enumerate(samples):
+        prompts[i, PROMPT_LEN - len(prompt):] = torch.tensor([ord(c) for c in prompt])
+        tokens = [ord(c) for c in response] + ([EOS] if len(response) < RESPONSE_LEN else [])
+        responses[i, :len(tokens)] = torch.tensor(tokens)
+        mask[i, PROMPT_LEN - len(prompt):PROMPT_LEN] = 1
+        mask[i, PROMPT_LEN:PROMPT_LEN + len(tokens)] = 1
+    return DataProto.from_dict(
+        tensors={"prompts": prompts, "responses": responses, "attention_mask": mask},
+        non_tensors={
+            "data_source": [s[2] for s in samples],
+            "reward_model": [{"style": "rule", "ground_truth": s[3]} for s in samples],
+            "extra_info": [{"index": i} for i in range(len(samples))],
+        },
+    )
+
+
+@pytest.fixture
+def managers() -> Iterator[list]:
+    created: list = []
+    yield created
+    for manager in created:
+        manager.close()
+
+
+SAMPLES = [
+    ("q1", "#### 42", "openai/gsm8k", "42"),              # 7 chars + eos -> last valid index 7
+    ("q22", "#### 7", "openai/gsm8k", "8"),               # wrong: format score at index 6
+    ("q", "\\boxed 1", "math", "1"),                       # 8 chars, no room for eos -> index 7
+    ("qq", "(3+5)*2", "countdown", {"target": 16, "numbers": [2, 3, 5]}),
+]
+
+
+def test_naive_puts_scores_on_the_last_valid_token(managers: list) -> None:
+    manager = NaiveRewardManager(CharTokenizer(), num_examine=1, format_score=0.1, scoring=FAST)
+    managers.append(manager)
+    result = manager(make_batch(SAMPLES), return_dict=True)
+    rewards = result["reward_tensor"]
+    assert rewards.shape == (4, RESPONSE_LEN) and rewards.dtype == torch.float32
+    expected = torch.zeros(4, RESPONSE_LEN)
+    expected[0, 7], expected[1, 6], expected[2, 7], expected[3, 7] = 1.0, 0.1, 1.0, 1.0
+    torch.testing.assert_close(rewards, expected)
+    assert result["reward_extra_info"]["score"] == pytest.approx([1.0, 0.1, 1.0, 1.0])
+    assert result["reward_extra_info"]["acc"] == [1.0, 0.0, 1.0, 1.0]
+    assert result["reward_metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    torch.testing.assert_close(manager(make_batch(SAMPLES)), expected)  # return_dict=False: the tensor
+
+
+def test_full_length_response_and_empty_response(managers: list) -> None:
+    manager = NaiveRewardManager(CharTokenizer(), scoring=FAST)
+    managers.append(manager)
+    batch = make_batch([("q", "#### 123", "openai/gsm8k", "123"), ("q", "", "openai/gsm8k", "1")])
+    batch.batch["attention_mask"][1, PROMPT_LEN:] = 0  # no response token at all
+    rewards = manager(batch)
+    assert rewards[0].tolist() == [0.0] * 7 + [1.0]  # 8 tokens, no eos: the reward is on index 7
+    assert rewards[1].abs().sum() == 0
+
+
+SCORER_FILE = '''
+def score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str.startswith("hang"):
+        while True:
+            pass
+    if solution_str.startswith("boom"):
+        raise ValueError("bad scorer")
+    return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth, "pred": solution_str}
+'''
+
+
+def test_errors_and_timeouts_score_zero_and_are_counted(tmp_path: Path, managers: list,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "reward.py"
+    path.write_text(SCORER_FILE)
+    manager = NaiveRewardManager(CharTokenizer(), compute_score=load_custom_reward_fn(path, "score"), scoring=FAST)
+    managers.append(manager)
+    samples = [("q", "yes", "any", "yes"), ("q", "boom1", "any", "x"), ("q", "hang", "any", "x"),
+               ("q", "boom2", "any", "x"), ("q", "no", "any", "yes")]
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.pool"):
+        result = manager(make_batch(samples), return_dict=True)
+    assert time.monotonic() - start < 6.0
+    assert result["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert result["reward_metrics"] == {"reward/errors": 2.0, "reward/timeouts": 1.0}
+    info = result["reward_extra_info"]
+    assert info["pred"] == ["yes", None, None, None, "no"]
+    assert info["acc"] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    tracebacks = [r for r in caplog.records if "First error" in r.getMessage()]
+    assert len(tracebacks) == 1 and "ValueError: bad scorer" in tracebacks[0].getMessage()
+
+
+def test_unknown_data_source_fails_in_the_driver(managers: list) -> None:
+    manager = NaiveRewardManager(CharTokenizer(), scoring=FAST)
+    managers.append(manager)
+    with pytest.raises(ValueError, match="no reward scorer for data_source 'mystery'"):
+        manager(make_batch([("q", "1", "mystery", "1")]))
+
+
+def test_batch_manager(tmp_path: Path, managers: list) -> None:
+    manager = BatchRewardManager(CharTokenizer(), scoring=FAST)
+    managers.append(manager)
+    rewards = manager(make_batch(SAMPLES))
+    assert rewards.sum(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert rewards[0, 7] == 1.0
+
+    path = tmp_path / "batched.py"
+    path.write_text("def score(data_sources, solution_strs, ground_truths, extra_infos):\n"
+                    "    if len(solution_strs) > 3:\n        raise RuntimeError('too many')\n"
+                    "    return [len(s) / 10 for s in solution_strs]\n")
+    custom = BatchRewardManager(CharTokenizer(), compute_score=load_custom_reward_fn(path, "score"), scoring=FAST)
+    managers.append(custom)
+    result = custom(make_batch(SAMPLES[:2]), return_dict=True)
+    assert result["reward_tensor"][0, 7].item() == pytest.approx(0.7)
+    assert result["reward_tensor"][1, 6].item() == pytest.approx(0.6)
+    failed = custom(make_batch(SAMPLES), return_dict=True)
+    assert failed["reward_tensor"].abs().sum() == 0
+    assert failed["reward_metrics"]["reward/errors"] == 4.0
+
+
+def test_overlong_penalty_values() -> None:
+    # max 8, buffer 4: no penalty up to 4 tokens, then -0.25 per token (factor 1.0)
+    assert compute_overlong_penalty([3, 4, 5, 7, 8], max_resp_len=8, buffer_len=4, penalty_factor=1.0) == \
+        [0.0, 0.0, -0.25, -0.75, -1.0]
+
+
+def test_dapo_adds_the_overlong_penalty(managers: list) -> None:
+    config = OverlongBufferConfig(enable=True, len=4, penalty_factor=1.0, log=True)
+    manager = DAPORewardManager(CharTokenizer(), max_resp_len=RESPONSE_LEN, overlong_buffer_cfg=config, scoring=FAST)
+    managers.append(manager)
+    batch = make_batch([("q", "#### 42", "openai/gsm8k", "42"), ("q", "#### 4", "openai/gsm8k", "4"),
+                        ("q", "####", "openai/gsm8k", "4")])
+    result = manager(batch, return_dict=True)
+    # valid lengths (with eos) 8, 7, 5 -> penalties -1.0, -0.75, -0.25
+    rewards = result["reward_tensor"]
+    assert rewards[0, 7].item() == pytest.approx(0.0)
+    assert rewards[1, 6].item() == pytest.approx(0.25)
+    assert rewards[2, 4].item() == pytest.approx(-0.25)
+    info = result["reward_extra_info"]
+    assert info["score"] == [1.0, 1.0, 0.0]
+    assert info["overlong_reward"] == pytest.approx([-1.0, -0.75, -0.25])
+    assert info["overlong"] == [True, True, True]
+
+
+def test_dapo_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="needs max_resp_len"):
+        DAPORewardManager(CharTokenizer(), overlong_buffer_cfg=OverlongBufferConfig(enable=True, len=4))
+    with pytest.raises(ValueError, match="overlong_buffer.len=8 must be in 1..max_resp_len-1"):
+        DAPORewardManager(CharTokenizer(), max_resp_len=8, overlong_buffer_cfg=OverlongBufferConfig(enable=True, len=8))
+
+
+def test_precomputed_rm_scores_pass_through(managers: list) -> None:
+    manager = NaiveRewardManager(CharTokenizer(), scoring=FAST)
+    managers.append(manager)
+    batch = make_batch(SAMPLES[:1])
+    batch.batch["rm_scores"] = torch.full((1, RESPONSE_LEN), 0.5)
+    assert manager(batch).eq(0.5).all()
+
+
+def test_registry() -> None:
+    assert get_reward_manager_cls("naive") is NaiveRewardManager
+    assert get_reward_manager_cls("batch") is BatchRewardManager
+    assert get_reward_manager_cls("dapo") is DAPORewardManager
+    with pytest.raises(KeyError, match=r"unknown reward manager 'prime'; known: \['batch', 'dapo', 'naive'\]"):
+        get_reward_manager_cls("prime")

@@ -1,0 +1,101 @@
+"""ScorerPool: a raising or hung scorer gives an error/timeout outcome in bounded time; the rest still score."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from hybridflow.rewards import ScorerPool, ScoringConfig, load_custom_reward_fn
+
+SCORERS_FILE = '''
+import signal
+
+
+def score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "hang":
+        while True:
+            pass
+    if solution_str == "stuck":  # a hang the worker's alarm cannot break: only killing the worker helps
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        while True:
+            pass
+    if solution_str == "raise":
+        raise RuntimeError("scorer bug")
+    return float(solution_str == ground_truth)
+'''
+
+
+@pytest.fixture
+def scorer(tmp_path: Path):
+    path = tmp_path / "scorers.py"
+    path.write_text(SCORERS_FILE)
+    return load_custom_reward_fn(path, "score")
+
+
+def call(fn, response: str) -> tuple:
+    return fn, {"data_source": "x", "solution_str": response, "ground_truth": "ok", "extra_info": {}}
+
+
+def test_raising_and_hanging_scorers_are_contained(scorer) -> None:
+    pool = ScorerPool(ScoringConfig(timeout_s=0.5, num_workers=2))
+    try:
+        responses = ["ok", "hang", "raise", "no", "hang", "ok"]
+        start = time.monotonic()
+        outcomes = pool.run([call(scorer, r) for r in responses])
+        elapsed = time.monotonic() - start
+        assert [o.status for o in outcomes] == ["ok", "timeout", "error", "ok", "timeout", "ok"]
+        assert [o.value for o in outcomes] == [1.0, None, None, 0.0, None, 1.0]
+        assert "RuntimeError: scorer bug" in outcomes[2].message
+        assert elapsed < 3.0  # the two hangs are interrupted in parallel by the workers' alarms
+        workers = pool._pool
+        assert [o.value for o in pool.run([call(scorer, "ok")] * 20)] == [1.0] * 20
+        assert pool._pool is workers  # no restart was needed
+    finally:
+        pool.close()
+
+
+def test_a_hang_the_alarm_cannot_break_kills_the_worker(scorer) -> None:
+    pool = ScorerPool(ScoringConfig(timeout_s=0.5, num_workers=2))
+    try:
+        start = time.monotonic()
+        outcomes = pool.run([call(scorer, r) for r in ["ok", "stuck", "no", "ok"]])
+        elapsed = time.monotonic() - start
+        assert [o.status for o in outcomes] == ["ok", "timeout", "ok", "ok"]
+        assert [o.value for o in outcomes] == [1.0, None, 0.0, 1.0]
+        assert elapsed < 2 * 0.5 + 0.5 + 2.0  # the driver's backstop, then a fresh pool
+        assert [o.value for o in pool.run([call(scorer, "ok")] * 20)] == [1.0] * 20
+    finally:
+        pool.close()
+
+
+def test_in_process_mode(scorer) -> None:
+    pool = ScorerPool(ScoringConfig(num_workers=0))
+    outcomes = pool.run([call(scorer, "ok"), call(scorer, "raise")])
+    assert [o.status for o in outcomes] == ["ok", "error"]
+
+
+def test_unpicklable_function_fails_before_any_work() -> None:
+    pool = ScorerPool(ScoringConfig())
+    with pytest.raises(TypeError, match="cannot be sent to scorer processes"):
+        pool.run([(lambda **kwargs: 1.0, {})])
+    pool.close()
+
+
+def test_pool_pickles_without_its_processes(scorer) -> None:
+    pool = ScorerPool(ScoringConfig(timeout_s=2.0))
+    pool.run([call(scorer, "ok")])
+    clone = pickle.loads(pickle.dumps(pool))
+    assert clone.config == pool.config
+    assert clone.run([call(scorer, "ok")])[0].value == 1.0
+    pool.close()
+    clone.close()
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        ScoringConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="mp_context"):
+        ScoringConfig(mp_context="thread")  # type: ignore[arg-type]

@@ -1,0 +1,123 @@
+"""Bad input fails fast, before Ray or weights, with a message naming the key (or file/row) and the fix."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hybridflow.trainer.config import load_config, validate_config
+from hybridflow.trainer.main_ppo import main as train_main
+
+
+@pytest.fixture()
+def train_file(tmp_path):
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"")  # existence is what config validation checks; rows are checked by the dataset
+    return str(path)
+
+
+def good(train_file: str) -> list[str]:
+    """A valid small GRPO config on 2 workers."""
+    return [
+        f"data.train_files=[{train_file}]",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=64",
+        "data.max_response_length=32",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "trainer.n_gpus_per_node=2",
+    ]
+
+
+def check(overrides: list[str]) -> None:
+    validate_config(load_config(overrides))
+
+
+def test_the_good_config_passes_and_derives_batch_numbers(train_file):
+    sizes = validate_config(load_config(good(train_file)))
+    actor = sizes["actor"]
+    assert (actor.samples_per_step, actor.mini_batch_samples, actor.mini_batch_samples_per_rank) == (32, 16, 8)
+    assert (actor.grad_accum_steps, actor.optimizer_steps_per_step) == (4, 2)
+    assert "critic" not in sizes  # grpo trains no critic
+
+
+CASES = [
+    # (override, words the message must contain)
+    ("trainer.bogus_key=1", ["bogus_key", "unknown key"]),
+    ("data.train_batch_size=abc", ["data.train_batch_size", "abc"]),
+    ("data.train_batch_size=0", ["data.train_batch_size", "> 0"]),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=3", ["data.train_batch_size=8", "ppo_mini_batch_size=3", "divisor"]),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=16", ["ppo_mini_batch_size=16", "larger than data.train_batch_size"]),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", ["ppo_micro_batch_size_per_gpu=3", "8 mini-batch samples"]),
+    ("trainer.n_gpus_per_node=3", ["cannot be split over 3 ranks", "multiple of 3"]),
+    ("algorithm.adv_estimator=grpoo", ["algorithm.adv_estimator='grpoo'", "grpo", "rloo"]),
+    ("actor_rollout_ref.rollout.n=1", ["rollout.n >= 2", "got 1"]),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=ppo2", ["policy_loss.loss_mode='ppo2'", "vanilla"]),
+    ("actor_rollout_ref.actor.loss_agg_mode=mean", ["loss_agg_mode='mean'", "token-mean"]),
+    ("actor_rollout_ref.actor.kl_loss_type=k9", ["kl_loss_type='k9'", "low_var_kl"]),
+    ("actor_rollout_ref.rollout.name=sglang", ["rollout.name='sglang'", "hf"]),
+    ("reward_model.reward_manager=fancy", ["reward_manager='fancy'", "naive"]),
+    ("data.train_files=[/nonexistent/train.parquet]", ["data.train_files", "/nonexistent/train.parquet", "does not exist"]),
+    ("data.val_files=[/nonexistent/val.parquet]", ["data.val_files", "does not exist"]),
+    ("custom_reward_function.path=/nonexistent/reward.py", ["custom_reward_function.path", "does not exist"]),
+    ("trainer.logger=[console,printer]", ["trainer.logger", "printer", "tensorboard"]),
+    ("trainer.resume_mode=resume_path", ["resume_from_path"]),
+    ("trainer.resume_mode=sometimes", ["trainer.resume_mode='sometimes'", "auto"]),
+    ("actor_rollout_ref.rollout.top_p=0", ["rollout.top_p", "(0, 1]"]),
+    ("algorithm.kl_ctrl.type=pid", ["algorithm.kl_ctrl.type='pid'", "adaptive"]),
+    ("data.truncation=sideways", ["data.truncation='sideways'", "left"]),
+    ("actor_rollout_ref.model.path=/nonexistent/model", ["actor_rollout_ref.model.path", "/nonexistent/model"]),
+    ("trainer.local_mode=True", ["trainer.local_mode", "n_gpus_per_node=1"]),
+    ("critic.enable=False algorithm.adv_estimator=gae", ["gae", "critic.enable=False"]),
+]
+
+
+@pytest.mark.parametrize(("override", "words"), CASES, ids=[case[0] for case in CASES])
+def test_bad_value_is_named_in_the_error(train_file, override, words):
+    overrides = good(train_file) + override.split(" ")
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        check(overrides)
+    assert time.perf_counter() - start < 1.0, "config errors must come in under a second"
+    for word in words:
+        assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+def test_missing_train_files_names_the_key():
+    with pytest.raises(ValueError, match=r"data.train_files is empty"):
+        check(["algorithm.adv_estimator=gae"])
+
+
+def test_context_overflow_names_both_lengths(tmp_path, train_file):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"max_position_embeddings": 64}')
+    overrides = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
+    with pytest.raises(ValueError, match=r"max_prompt_length \+ data.max_response_length = 96 exceeds .* 64"):
+        check(overrides)
+
+
+def test_cli_prints_one_line_and_exits_2(train_file, capsys):
+    code = train_main(good(train_file) + ["actor_rollout_ref.rollout.n=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("hybridflow: config error:") and "rollout.n >= 2" in err
+
+
+def test_dry_run_prints_config_and_batch_table_without_ray(train_file, capsys, monkeypatch):
+    import ray
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("--dry-run must not start Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    assert train_main(["--dry-run", *good(train_file)]) == 0
+    out = capsys.readouterr().out
+    assert "adv_estimator: grpo" in out and "gradient accumulation steps" in out and "[actor]" in out
+
+
+def test_cfg_job_prints_composed_config(train_file, capsys):
+    assert train_main(["--cfg", "job", *good(train_file)]) == 0
+    assert "ppo_mini_batch_size: 4" in capsys.readouterr().out
