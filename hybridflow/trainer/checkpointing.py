@@ -22,7 +22,7 @@ DRIVER_STATE = "driver_state.pt"
 def save(trainer: Any) -> Path:
     """Checkpoint step `trainer.global_steps`; returns its directory."""
     cfg = trainer.config.trainer
-    root = Path(cfg.default_local_dir)
+    root = Path(cfg.default_local_dir).resolve()  # workers may run in another directory
     staging = checkpoint_dirs.staging_dir(root, trainer.global_steps)
     contents = trainer.config.actor_rollout_ref.actor.checkpoint.save_contents
     hf_path = str(staging / "actor" / "huggingface_full") if "hf_model" in contents else None
@@ -46,13 +46,14 @@ def find_resume_dir(trainer: Any) -> Path | None:
     if cfg.resume_mode == "disable":
         return None
     if cfg.resume_mode == "resume_path":
-        path = Path(cfg.resume_from_path)
+        path = Path(cfg.resume_from_path).resolve()
         checkpoint_dirs.step_of(path)
         if not (path / DRIVER_STATE).is_file():
             raise FileNotFoundError(f"trainer.resume_from_path={path} holds no {DRIVER_STATE}: not a complete checkpoint")
         return path
-    step = checkpoint_dirs.latest_step(cfg.default_local_dir)
-    return None if step is None else checkpoint_dirs.step_dir(cfg.default_local_dir, step)
+    root = Path(cfg.default_local_dir).resolve()
+    step = checkpoint_dirs.latest_step(root)
+    return None if step is None else checkpoint_dirs.step_dir(root, step)
 
 
 def maybe_resume(trainer: Any) -> int:

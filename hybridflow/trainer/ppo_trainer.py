@@ -69,6 +69,7 @@ class RayPPOTrainer:
         total = steps_per_epoch * config.trainer.total_epochs
         self.total_training_steps = min(total, config.trainer.total_training_steps or total)
         self.global_steps = 0
+        self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
 
     def init_workers(self) -> None:
@@ -83,6 +84,7 @@ class RayPPOTrainer:
         val_metrics: dict[str, float] = {}
         if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
             val_metrics = self._validate()
+            self.initial_val_metrics = dict(val_metrics)
             self.tracking.log(val_metrics, step=0)
         progress = _progress(self.total_training_steps, self.global_steps)
         for batch_dict in self._batches():

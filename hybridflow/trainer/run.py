@@ -113,7 +113,9 @@ def run_ppo(config: PPOConfig, batch_sizes: dict[str, BatchSizes]) -> dict[str, 
     trainer = RayPPOTrainer(config, train_loader, val_loader, reward_fn, val_reward_fn, tracking)
     try:
         trainer.init_workers()
-        return trainer.fit()
+        final_val_metrics = trainer.fit()
+        logger.info("%s", summarize_validation(trainer.initial_val_metrics, final_val_metrics))
+        return final_val_metrics
     finally:
         if trainer.workers is not None:
             trainer.workers.shutdown()
@@ -123,3 +125,17 @@ def run_ppo(config: PPOConfig, batch_sizes: dict[str, BatchSizes]) -> dict[str, 
         if "file" in config.trainer.logger:
             for path in plot_run(run_dir):
                 logger.info("wrote %s", path)
+
+
+def summarize_validation(before: dict[str, float], after: dict[str, float]) -> str:
+    """A small table of the core validation metrics before and after training."""
+    keys = sorted(key for key in {*before, *after} if key.startswith("val-core/"))
+    if not keys:
+        return "no validation metrics (set data.val_files)"
+    width = max(len(key) for key in keys)
+    lines = [f"{'validation metric':<{width}}  before   after"]
+    for key in keys:
+        old = f"{before[key]:.4f}" if key in before else "   -  "
+        new = f"{after[key]:.4f}" if key in after else "   -  "
+        lines.append(f"{key:<{width}}  {old}  {new}")
+    return "\n".join(lines)

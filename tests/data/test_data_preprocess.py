@@ -126,3 +126,18 @@ def test_hub_download_without_datasets_explains(tmp_path: Path) -> None:
         pytest.skip("`datasets` is installed")
     with pytest.raises(ImportError, match="--hf needs the `datasets` package"):
         gsm8k_script.main(["--hf", "--local_dir", str(tmp_path)])
+
+
+def test_answer_extraction_mode_travels_with_the_rows_to_the_scorer():
+    from hybridflow.data.preprocess.reasoning_gym import PRESETS, build_rows
+    from hybridflow.rewards.score.reasoning_gym import compute_score
+
+    task, config, extraction = PRESETS["smollm2_easy"]
+    assert extraction == "flexible"
+    rows = {mode: build_rows(task, config, 2, 1, seed=3, answer_extraction=mode)["train"][0] for mode in ("strict", "flexible")}
+    for mode, row in rows.items():
+        truth = row["reward_model"]["ground_truth"]
+        prose = f"Let me compute it. The result is {truth}."
+        score = compute_score(row["data_source"], prose, truth, row["extra_info"])
+        assert score == (1.0 if mode == "flexible" else 0.0), mode
+        assert compute_score(row["data_source"], f"Answer: {truth}", truth, row["extra_info"]) == 1.0

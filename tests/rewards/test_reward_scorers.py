@@ -138,3 +138,12 @@ def test_unknown_data_source_lists_the_known_ones() -> None:
     assert resolve_scorer("reasoning_gym/anything") is SCORERS.get("reasoning_gym")
     with pytest.raises(ValueError, match="already registered"):
         SCORERS.register("countdown", lambda **kw: 0.0)
+
+
+def test_reasoning_gym_flexible_extraction_falls_back_to_the_last_number():
+    from hybridflow.rewards.score.reasoning_gym import extract_answer_flexible
+
+    assert extract_answer_flexible("So, 88 - 58 = 30.") == "30"
+    assert extract_answer_flexible("It is 1,234 in total") == "1234"
+    assert extract_answer_flexible("7 apples. Answer: 12") == "12"  # an Answer: line wins
+    assert extract_answer_flexible("no digits here") is None

@@ -26,13 +26,14 @@ logger = logging.getLogger(__name__)
 
 ANSWER_INSTRUCTION = "End with: Answer: <answer>"
 
-# Named task settings. smollm2_easy: SmolLM2-135M-Instruct answers ~44% of these greedily with this
-# prompt (measured, see PLATFORM.md), a good starting accuracy for RL.
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+# Named task settings: (task, task config, answer extraction). smollm2_easy: two-term 1-2 digit +/-;
+# SmolLM2-135M-Instruct rarely writes the "Answer:" line but often states the result in prose, so its
+# rows are scored with flexible extraction (the last number when no "Answer:" line is present).
+PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
     "smollm2_easy": ("basic_arithmetic", {
         "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"],
         "allow_parentheses": False, "allow_negation": False,
-    }),
+    }, "flexible"),
 }
 
 
@@ -57,8 +58,10 @@ def _json_safe(value: Any, where: str) -> Any:
 
 
 def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_size: int,
-               seed: int) -> dict[str, list[dict[str, Any]]]:
-    """{'train': rows, 'test': rows}: distinct questions from one seeded reasoning-gym dataset."""
+               seed: int, answer_extraction: str = "strict") -> dict[str, list[dict[str, Any]]]:
+    """{'train': rows, 'test': rows}: distinct questions from one seeded reasoning-gym dataset.
+
+    `answer_extraction` ('strict' or 'flexible') is stored per row for the scorer (see its module)."""
     import reasoning_gym  # the optional `data` extra; imported only when this script runs
 
     needed = train_size + test_size
@@ -85,6 +88,7 @@ def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_siz
                 "task_config": config_json,
                 "question": entry["question"],
                 "metadata": json.dumps(_json_safe(entry["metadata"], "metadata"), sort_keys=True),
+                "answer_extraction": answer_extraction,
             },
         ))
         if len(rows) == needed:
@@ -103,6 +107,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--train_size", type=int, default=1000)
     parser.add_argument("--test_size", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--answer_extraction", choices=["strict", "flexible"], default=None,
+                        help="strict: only the text after 'Answer:'; flexible: else the last number "
+                             "(default: the preset's, or strict)")
     add_output_args(parser)
     return parser.parse_args(argv)
 
@@ -110,9 +117,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point; see the module docstring."""
     args = _parse_args(argv)
-    task, config = None, {}
+    task, config, extraction = None, {}, "strict"
     if args.preset:
-        task, preset_config = PRESETS[args.preset]
+        task, preset_config, extraction = PRESETS[args.preset]
         config = dict(preset_config)
         if args.task and args.task != task:
             raise ValueError(f"--preset {args.preset} is task {task!r}, but --task {args.task!r} was given")
@@ -128,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          f"got {args.train_size} and {args.test_size}")
     split_names = [name for name, size in (("train", args.train_size), ("test", args.test_size)) if size > 0]
     check_outputs_free(args.local_dir, split_names, args.overwrite)
-    splits = build_rows(task, config, args.train_size, args.test_size, args.seed)
+    splits = build_rows(task, config, args.train_size, args.test_size, args.seed, args.answer_extraction or extraction)
     write_splits(args.local_dir, {name: rows for name, rows in splits.items() if rows}, args.overwrite)
 
 

@@ -1,5 +1,7 @@
 """reasoning-gym scorer: the text after the last 'Answer:' is checked by the task's own `score_answer`.
 
+Rows may set `extra_info['answer_extraction']='flexible'`: with no 'Answer:' line, the last number counts.
+
 Rows come from `hybridflow.data.preprocess.reasoning_gym`: data_source `reasoning_gym/<task>`,
 `reward_model.ground_truth` the oracle answer, and `extra_info` holding `task`, `task_config` (JSON) and
 `metadata` (JSON, the entry's metadata) and `question`, which rebuild the entry the verifier expects.
@@ -12,7 +14,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["compute_score", "extract_answer", "preload", "task_from_data_source"]
+__all__ = ["compute_score", "extract_answer", "extract_answer_flexible", "preload", "task_from_data_source"]
 
 _ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -37,6 +39,18 @@ def extract_answer(solution_str: str) -> str | None:
     if "\n" not in text and text.endswith("."):
         text = text[:-1].rstrip()
     return text or None
+
+
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer_flexible(solution_str: str) -> str | None:
+    """`extract_answer`, else the last number in the text (commas removed), as verl's gsm8k 'flexible' mode."""
+    answer = extract_answer(solution_str)
+    if answer is not None:
+        return answer
+    numbers = _LAST_NUMBER.findall(solution_str)
+    return numbers[-1].replace(",", "") if numbers else None
 
 
 def task_from_data_source(data_source: str) -> str:
@@ -80,7 +94,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     extra_info = extra_info or {}
     config = _json_field(extra_info, "task_config")
     metadata = _json_field(extra_info, "metadata")
-    answer = extract_answer(solution_str)
+    mode = extra_info.get("answer_extraction", "strict")
+    if mode not in ("strict", "flexible"):
+        raise ValueError(f"extra_info['answer_extraction'] must be 'strict' or 'flexible', got {mode!r}")
+    answer = extract_answer(solution_str) if mode == "strict" else extract_answer_flexible(solution_str)
     if answer is None:
         return 0.0
     entry = {"question": extra_info.get("question") or "", "answer": str(ground_truth), "metadata": metadata}

@@ -6,15 +6,29 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+try:  # Ray is needed only to start actors; local mode (LocalWorkerGroup) runs without it
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError as _ray_import_error:
+    ray = None
+    _RAY_ERROR: ImportError | None = _ray_import_error
+else:
+    _RAY_ERROR = None
 
 from hybridflow.protocol import DataProtoFuture
 from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup
 
 # How long an actor may take to come up (Ray starts a process, imports torch): generous, but bounded.
 ACTOR_START_TIMEOUT_S = 300.0
+
+
+def require_ray() -> None:
+    """Raise a clear ImportError when Ray is not installed (local mode does not need it)."""
+    if ray is None:
+        raise ImportError(
+            "this needs Ray (pip install ray==2.60.0); to run without Ray use trainer.local_mode=True"
+        ) from _RAY_ERROR
 
 
 class RayResourcePool:
@@ -33,6 +47,7 @@ class RayResourcePool:
         name_prefix: str = "hybridflow",
         strategy: str = "STRICT_PACK",
     ) -> None:
+        require_ray()
         if not process_on_nodes or any(count <= 0 for count in process_on_nodes):
             raise ValueError(f"process_on_nodes must be positive counts, got {process_on_nodes}")
         if max_colocate_count < 1:
@@ -132,6 +147,7 @@ class RayWorkerGroup(WorkerGroup):
         method_prefix: str = "",
         worker_cls: type | None = None,
     ) -> None:
+        require_ray()
         if worker_handles is not None:
             if worker_cls is None:
                 raise ValueError("worker_cls is needed when attaching to existing worker_handles")
