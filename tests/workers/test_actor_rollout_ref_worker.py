@@ -1,0 +1,87 @@
+"""ActorRolloutRefWorker through Ray with 2 ranks: generate -> log-probs -> update -> hand-over -> generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from hybridflow.workers import ActorRolloutRefWorker
+from hybridflow.workers.config import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    ModelConfig,
+    OptimConfig,
+    RolloutConfig,
+    WorkerRuntimeConfig,
+)
+
+PROMPT_LEN, RESPONSE_LEN, BATCH = 8, 6, 4
+
+
+@pytest.fixture(scope="module")
+def group(ray_cluster, tmp_path_factory):
+    from hybridflow.models import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", num_layers=2, hidden=64, seed=0)
+    config = ActorRolloutRefConfig(
+        model=ModelConfig(path=str(model_dir)),
+        actor=ActorConfig(
+            ppo_mini_batch_size=BATCH, ppo_micro_batch_size_per_gpu=1, optim=OptimConfig(lr=1e-2), use_kl_loss=True
+        ),
+        rollout=RolloutConfig(temperature=0.8),
+    )
+    runtime = WorkerRuntimeConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, seed=0, num_threads=1)
+    pool = RayResourcePool([2])
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout_ref", runtime))
+    wg.init_model()
+    yield wg
+    wg.shutdown()
+    pool.release()
+
+
+def prompts() -> DataProto:
+    ids = torch.randint(5, 200, (BATCH, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # one left-padded prompt
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids})
+
+
+def masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a - b).abs() * mask).max())
+
+
+def test_generate_logprob_update_and_weight_handover(group):
+    batch = group.generate_sequences(prompts())
+    assert batch.batch["responses"].shape == (BATCH, RESPONSE_LEN)
+    assert batch.batch["input_ids"].shape == (BATCH, PROMPT_LEN + RESPONSE_LEN)
+    mask = batch.batch["response_mask"].float()
+    assert mask[:, 0].all(), "every response has at least one token"
+    batch.meta_info = {"temperature": 0.8}
+
+    # Training engine and rollout agree on the sampled tokens' log-probs (same weights, same temperature).
+    old = group.compute_log_prob(batch)
+    assert masked_max_diff(old.batch["old_log_probs"], batch.batch["rollout_log_probs"], mask) < 1e-4
+    ref = group.compute_ref_log_prob(batch)
+    assert masked_max_diff(ref.batch["ref_log_prob"], old.batch["old_log_probs"], mask) < 1e-6
+
+    old.batch.pop("entropys")
+    batch = batch.union(old).union(ref)
+    batch.batch["advantages"] = torch.linspace(-1, 1, BATCH)[:, None].expand(-1, RESPONSE_LEN).contiguous()
+    metrics = group.update_actor(batch).meta_info["metrics"]
+    assert len(metrics["actor/grad_norm"]) == 2 and metrics["actor/grad_norm"][0] > 0
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/lr"):
+        assert key in metrics, key
+
+    # The next generation first receives the updated weights from the FSDP shards (hand-over is timed)...
+    second = group.generate_sequences(prompts())
+    assert min(second.meta_info["metrics"]["timing_s/update_weights"]) > 0
+    second.meta_info = {"temperature": 0.8}
+    # ...so the rollout's log-probs match the updated actor, which no longer matches the reference.
+    new_old = group.compute_log_prob(second)
+    new_mask = second.batch["response_mask"].float()
+    assert masked_max_diff(new_old.batch["old_log_probs"], second.batch["rollout_log_probs"], new_mask) < 1e-4
+    new_ref = group.compute_ref_log_prob(second)
+    assert masked_max_diff(new_ref.batch["ref_log_prob"], new_old.batch["old_log_probs"], new_mask) > 1e-3
