@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 # sub-command -> ("module:function", help). Each function takes the remaining argv.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridflow.trainer.main_ppo:main", "run PPO/GRPO (Hydra overrides with verl's keys; --dry-run checks)"),
+    "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),
+    "merge": ("hybridflow.trainer.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
     "plot": ("hybridflow.trainer.plot:main", "write PNG plots of a run's metrics (RUN_DIR/metrics.jsonl)"),
     "doctor": ("hybridflow.doctor:main", "print versions, devices, Ray status and whether the demo model is installed"),
 }

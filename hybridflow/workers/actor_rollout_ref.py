@@ -8,17 +8,21 @@ no hand-over and no second copy of the weights.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
-import torch
-
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.training import build_fsdp_engine
-from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
+from hybridflow.models import build_causal_lm
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
-from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig, build_engine_config, setup_threads
+from hybridflow.workers.config import (
+    ActorRolloutRefConfig,
+    WorkerRuntimeConfig,
+    build_engine_config,
+    prepare_worker_process,
+)
 from hybridflow.workers.ppo_update import make_actor_loss_fn, mean_metrics, run_update
 
 logger = logging.getLogger(__name__)
@@ -45,12 +49,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the models of this role (collective when the group has several ranks)."""
-        setup_threads(self.runtime.num_threads)
-        torch.manual_seed(self.runtime.seed)
-        if self.world_size > 1:
-            self.init_distributed()
-        model_path = resolve_model_path(self.config.model.path)
-        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path or model_path)
+        model_path, self.tokenizer = prepare_worker_process(self, self.runtime, self.config.model)
         actor = self.config.actor
         if self.is_actor:
             engine_config = build_engine_config(
@@ -58,11 +57,14 @@ class ActorRolloutRefWorker(Worker):
                 self.runtime.total_training_steps,
             )
             self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
-        if self.is_ref:
+        # LoRA: the reference is the actor's own model with the adapter disabled (no second model in memory).
+        if self.is_ref and not (self.actor_engine is not None and self.actor_engine.lora_scaling is not None):
             ref = self.config.ref
             ref_config = build_engine_config(
                 actor.optim, ref.fsdp_config, self.config.model, ref.log_prob_micro_batch_size_per_gpu, actor.grad_clip, -1
             )
+            # A separate reference is the base model: never wrapped in (or loaded with) LoRA adapters.
+            ref_config = dataclasses.replace(ref_config, lora_rank=0, lora_adapter_path=None)
             self.ref_engine = build_fsdp_engine(model_path, ref_config, tokenizer=self.tokenizer)
         if self.is_rollout:
             self._build_rollout(model_path)
@@ -71,7 +73,7 @@ class ActorRolloutRefWorker(Worker):
         rollout = self.config.rollout
         shares_module = self.actor_engine is not None and not self.actor_engine.is_sharded
         # One rank: generate with the actor's own module (no copy, no hand-over). Sharded: a full copy.
-        model = self.actor_engine.module if shares_module else build_causal_lm(model_path, dtype="float32")
+        model = self._actor_hf_module() if shares_module else build_causal_lm(model_path, dtype="float32")
         self._rollout_weights_stale = self.actor_engine is not None and not shares_module
         val = rollout.val_kwargs
         self.rollout = ROLLOUTS.get(rollout.name)(
@@ -80,6 +82,11 @@ class ActorRolloutRefWorker(Worker):
             self._sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.do_sample),
             val_sampling_params=self._sampling(val.temperature, val.top_p, val.top_k, val.do_sample),
         )
+
+    def _actor_hf_module(self):
+        """The actor's HF model; for LoRA the model inside the peft wrapper, its adapters active."""
+        module = self.actor_engine.module
+        return module.get_base_model() if self.actor_engine.lora_scaling is not None else module
 
     def _sampling(self, temperature: float, top_p: float, top_k: int, do_sample: bool) -> SamplingParams:
         greedy = not do_sample or temperature == 0
@@ -135,11 +142,15 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """`ref_log_prob` (bs, response_len) under the frozen reference policy."""
-        if self.ref_engine is None:
+        """`ref_log_prob` (bs, response_len) under the frozen reference policy (LoRA: the adapter-free base)."""
+        use_base = self.is_ref and self.ref_engine is None and self.actor_engine is not None
+        if self.ref_engine is None and not use_base:
             raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no ref)")
-        log_probs, _ = self.ref_engine.compute_log_prob(
-            data, temperature=self._temperature(data), micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu
+        log_probs, _ = (self.actor_engine if use_base else self.ref_engine).compute_log_prob(
+            data,
+            temperature=self._temperature(data),
+            micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu,
+            disable_adapter=use_base,
         )
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
@@ -152,6 +163,9 @@ class ActorRolloutRefWorker(Worker):
         """PPO epochs over this rank's shard; returns `actor/*` metrics in meta_info['metrics']."""
         actor = self.config.actor
         start = time.perf_counter()
+        offload = actor.fsdp_config.optimizer_offload  # optimizer state stays off the accelerator between updates
+        if offload:
+            self.actor_engine.load_to_device(model=False, optimizer=True)
         mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.world_size
         metrics = run_update(
             self.actor_engine,
@@ -167,6 +181,8 @@ class ActorRolloutRefWorker(Worker):
             metric_prefix="actor",
         )
         self._update_count += 1
+        if offload:
+            self.actor_engine.offload_to_cpu(model=False, optimizer=True)
         lr = self.actor_engine.lr_scheduler_step()
         self._rollout_weights_stale = self.rollout is not None and self.actor_engine.is_sharded
         result = mean_metrics(metrics)

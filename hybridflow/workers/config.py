@@ -44,7 +44,9 @@ class ModelConfig:
     lora_alpha: int = 16
     """LoRA scaling numerator."""
     target_modules: str = "all-linear"
-    """Modules that get LoRA adapters."""
+    """Modules that get LoRA adapters: all-linear, or comma-separated module names (q_proj,v_proj)."""
+    lora_adapter_path: Optional[str] = None
+    """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to start LoRA training from."""
     trust_remote_code: bool = False
     """Allow model code from the checkpoint directory."""
 
@@ -334,12 +336,33 @@ def build_engine_config(
         optimizer_offload=fsdp.optimizer_offload,
         reshard_after_forward=fsdp.reshard_after_forward,
         use_remove_padding=model.use_remove_padding,
+        lora_rank=model.lora_rank,
+        lora_alpha=model.lora_alpha,
+        target_modules=lora_target_modules(model.target_modules),
+        lora_adapter_path=model.lora_adapter_path,
     )
 
 
-def setup_threads(num_threads: int) -> None:
-    """Give torch `num_threads` intra-op threads (Ray sets OMP_NUM_THREADS=1 for 1-CPU actors)."""
-    if num_threads > 0:
-        import torch
+def lora_target_modules(value: str) -> str | tuple[str, ...]:
+    """'all-linear' stays as is; 'q_proj,v_proj' becomes ('q_proj', 'v_proj')."""
+    if value == "all-linear":
+        return value
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
-        torch.set_num_threads(num_threads)
+
+def prepare_worker_process(worker, runtime: WorkerRuntimeConfig, model: ModelConfig):
+    """Threads, seed and process group of a role worker's process; returns (resolved model path, tokenizer).
+
+    Threads: Ray gives 1-CPU actors OMP_NUM_THREADS=1, so torch's count is set deliberately.
+    """
+    import torch
+
+    from hybridflow.models import load_tokenizer, resolve_model_path
+
+    if runtime.num_threads > 0:
+        torch.set_num_threads(runtime.num_threads)
+    torch.manual_seed(runtime.seed)
+    if worker.world_size > 1:
+        worker.init_distributed()
+    model_path = resolve_model_path(model.path)
+    return model_path, load_tokenizer(model.tokenizer_path or model_path)

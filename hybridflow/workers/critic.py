@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from hybridflow.engines.training import build_fsdp_engine
-from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
-from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig, build_engine_config, setup_threads
+from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig, build_engine_config, prepare_worker_process
 from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
 
 
@@ -25,12 +22,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the backbone with a fresh value head (collective when sharded)."""
-        setup_threads(self.runtime.num_threads)
-        torch.manual_seed(self.runtime.seed)
-        if self.world_size > 1:
-            self.init_distributed()
-        model_path = resolve_model_path(self.config.model.path)
-        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path or model_path)
+        model_path, self.tokenizer = prepare_worker_process(self, self.runtime, self.config.model)
         critic = self.config
         engine_config = build_engine_config(
             critic.optim, critic.fsdp_config, critic.model, critic.ppo_micro_batch_size_per_gpu, critic.grad_clip,

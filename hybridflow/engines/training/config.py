@@ -90,7 +90,23 @@ class FSDPEngineConfig:
     """Pack the non-pad tokens of a micro-batch into one row (position ids restart per sequence)."""
     attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
     """Attention kernel used by the model."""
+    lora_rank: int = 0
+    """LoRA adapter rank (peft); 0 trains all weights. With LoRA only the adapters train and the base weights
+    stay frozen (the reference policy is the same model with the adapter disabled)."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator (update = lora_alpha / lora_rank * B @ A)."""
+    target_modules: str | tuple[str, ...] = "all-linear"
+    """Modules that get adapters: 'all-linear' (every linear layer but the output head) or module names."""
+    lora_adapter_path: str | None = None
+    """A peft adapter directory to continue training (its adapter_config.json sets rank and alpha)."""
 
     def __post_init__(self) -> None:
         if self.micro_batch_size_per_gpu < 1:
             raise ValueError(f"micro_batch_size_per_gpu must be >= 1, got {self.micro_batch_size_per_gpu}")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0 (0 disables LoRA), got {self.lora_rank}")
+
+    @property
+    def use_lora(self) -> bool:
+        """True when the engine trains LoRA adapters instead of all weights."""
+        return self.lora_rank > 0 or self.lora_adapter_path is not None

@@ -44,6 +44,14 @@ from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, to_torch_dtype
+from hybridflow.models.lora import (
+    apply_lora,
+    is_lora_model,
+    lora_scaling_of,
+    merge_lora_named_tensors,
+    save_hf_model_from_state_dict,
+    save_lora_adapter,
+)
 from hybridflow.models.value_head import build_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
@@ -97,6 +105,7 @@ def build_fsdp_engine(
     """Load a model (catalogue name, directory or `.gguf`) in float32 on every rank and wrap it in an engine.
 
     `model_kind='value'` loads a token-level value model (`build_value_model`) for critics and reward models.
+    With `config.use_lora` the causal LM is wrapped in LoRA adapters (`apply_lora`) before sharding.
     """
     if model_kind == "causal_lm":
         module = build_causal_lm(model_path, dtype="float32", attn_implementation=config.attn_implementation)
@@ -104,6 +113,13 @@ def build_fsdp_engine(
         module = build_value_model(model_path, dtype="float32", attn_implementation=config.attn_implementation)
     else:
         raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm' or 'value'")
+    if config.use_lora:
+        if model_kind != "causal_lm":
+            raise ValueError("LoRA (lora_rank > 0) is supported for causal LMs only, not value models")
+        module = apply_lora(
+            module, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
+            target_modules=config.target_modules, adapter_path=config.lora_adapter_path,
+        )
     return FSDPEngine(module, config, model_kind=model_kind, tokenizer=tokenizer)
 
 
@@ -127,6 +143,7 @@ class FSDPEngine:
         self.world_size = dist.get_world_size() if self.is_sharded else 1
         self.device = get_torch_device(dist_local_rank())
         self.param_dtype = resolve_param_dtype(config.param_dtype, self.device)
+        self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
         if config.gradient_checkpointing:
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if not (self.is_sharded and config.param_offload):
@@ -267,19 +284,25 @@ class FSDPEngine:
         temperature: float = 1.0,
         calculate_entropy: bool = False,
         micro_batch_size: int | None = None,
+        disable_adapter: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens, on CPU.
 
         Returns `log_probs` (bs, response_len) float32 under softmax(logits / temperature), and `entropy`
         (bs, response_len) or None. Positions after the end of a response hold meaningless values: mask them.
+        `disable_adapter=True` (LoRA engines) computes them with the frozen base weights only: the reference
+        policy without a second model in memory.
         """
         if self.model_kind != "causal_lm":
             raise TypeError("compute_log_prob needs a causal LM engine; this one holds a value model")
+        if disable_adapter and self.lora_scaling is None:
+            raise ValueError("disable_adapter=True needs a LoRA engine (lora_rank > 0)")
         self.module.eval()
-        outs = [
-            self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy)
-            for mb in self._split(batch, micro_batch_size)
-        ]
+        with self.module.disable_adapter() if disable_adapter else contextlib.nullcontext():
+            outs = [
+                self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy)
+                for mb in self._split(batch, micro_batch_size)
+            ]
         log_probs = torch.cat([out["log_probs"] for out in outs]).cpu()
         entropy = torch.cat([out["entropy"] for out in outs]).cpu() if calculate_entropy else None
         return log_probs, entropy
@@ -306,8 +329,20 @@ class FSDPEngine:
 
         Names are the HF names (`model.layers.0.mlp.up_proj.weight`); tied weights appear once. Tensors are
         on the engine device in the master dtype (float32); do not keep references longer than needed.
+        LoRA engines yield the plain HF weights with the adapters merged (`W + scaling * B @ A`).
         """
+        if self.lora_scaling is None:
+            yield from self._named_module_params()
+        else:
+            yield from merge_lora_named_tensors(self._named_module_params(), self.lora_scaling)
+
+    def _named_module_params(
+        self, keep: Callable[[str], bool] = lambda name: True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full parameters under the module's own names (peft names for LoRA), gathered one at a time."""
         for name, param in self.module.named_parameters():
+            if not keep(name):
+                continue
             if isinstance(param, DTensor):
                 if param.device != self.device:  # CPU-offloaded shards are gathered on the compute device
                     param = param.to(self.device)
@@ -325,18 +360,27 @@ class FSDPEngine:
         return get_model_state_dict(self.module, options=options)
 
     def save_hf_model(self, path: str | os.PathLike, tokenizer: Any = None) -> None:
-        """Write a full HF model directory (config, safetensors, tokenizer) from rank 0 (collective)."""
+        """Write a full HF model directory (config, safetensors, tokenizer) from rank 0 (collective).
+
+        LoRA engines write the merged plain model (the base weights with the adapters folded in).
+        """
         state_dict = self.full_state_dict()
         if self.rank == 0:
             path = Path(path)
             path.mkdir(parents=True, exist_ok=True)
-            self.module.save_pretrained(path, state_dict=state_dict)
+            if self.lora_scaling is None:
+                self.module.save_pretrained(path, state_dict=state_dict)
+            else:
+                save_hf_model_from_state_dict(state_dict, self.module.config, path, scaling=self.lora_scaling)
             if (tokenizer or self.tokenizer) is not None:
                 (tokenizer or self.tokenizer).save_pretrained(path)
         self._barrier()
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Save this rank's model and optimizer shards, LR scheduler and RNG state (collective)."""
+        """Save this rank's model and optimizer shards, LR scheduler and RNG state (collective).
+
+        LoRA engines also write `lora_adapter/` (peft's adapter_config.json + adapter weights) from rank 0.
+        """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         rank, world = self.rank, self.world_size
@@ -348,6 +392,10 @@ class FSDPEngine:
             self.module.config.save_pretrained(path / "huggingface")
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(path / "huggingface")
+        if self.lora_scaling is not None:
+            adapter = {name: t.cpu() for name, t in self._named_module_params(lambda name: ".lora_" in name)}
+            if self.rank == 0:
+                save_lora_adapter(self.module, adapter, path / "lora_adapter")
         self._barrier()
 
     def load_checkpoint(self, path: str | os.PathLike, *, load_optimizer: bool = True) -> None:

@@ -1,0 +1,186 @@
+"""`hybridflow merge` / `python -m hybridflow.trainer.merge`: a sharded training checkpoint -> a plain HF directory.
+
+Reads what `FSDPEngine.save_checkpoint` wrote (RL actor `global_step_N/actor`, critic-free; or an SFT
+`global_step_N`): the per-rank model shards `model_world_size_{W}_rank_{r}.pt` (DTensor shards along dim 0,
+or whole tensors for one rank), `huggingface/` (config + tokenizer) and, for LoRA runs, `lora_adapter/`
+(whose adapters are merged into the base weights). Writes config, safetensors, generation config and tokenizer
+that `transformers.AutoModelForCausalLM.from_pretrained(target_dir)` loads. Optimizer shards are not read.
+
+    hybridflow merge --local_dir checkpoints/run/global_step_100/actor --target_dir exported/step100
+
+verl's spelling `python -m hybridflow.trainer.merge merge --backend fsdp --local_dir ... --target_dir ...`
+works as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from hybridflow.engines.training import checkpoint
+from hybridflow.models.lora import LoraScaling, has_lora_weights, load_adapter_config, save_hf_model_from_state_dict
+
+logger = logging.getLogger(__name__)
+
+HF_SUBDIR = "huggingface"
+ADAPTER_SUBDIR = "lora_adapter"
+_MODEL_SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def find_checkpoint_dir(local_dir: str | os.PathLike) -> Path:
+    """The directory holding the model shards: `local_dir` itself, or its `actor/` (an RL `global_step_N`)."""
+    local_dir = Path(local_dir)
+    for candidate in (local_dir, local_dir / "actor"):
+        if candidate.is_dir() and any(_MODEL_SHARD.match(entry.name) for entry in candidate.iterdir()):
+            return candidate
+    raise FileNotFoundError(
+        f"--local_dir {local_dir} holds no model_world_size_W_rank_R.pt shards (nor does {local_dir / 'actor'}); "
+        "point it at a checkpoint written by the trainer (e.g. global_step_N/actor)"
+    )
+
+
+def shard_world_size(ckpt_dir: Path) -> int:
+    """The world size the shards were written with; every rank's file must be present."""
+    found: dict[int, set[int]] = {}
+    for entry in ckpt_dir.iterdir():
+        match = _MODEL_SHARD.match(entry.name)
+        if match:
+            found.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    if len(found) != 1:
+        raise ValueError(f"{ckpt_dir} mixes shards of several world sizes {sorted(found)}; keep one set")
+    world_size, ranks = next(iter(found.items()))
+    missing = sorted(set(range(world_size)) - ranks)
+    if missing:
+        raise FileNotFoundError(f"{ckpt_dir}: model shards of ranks {missing} (of world size {world_size}) are missing")
+    return world_size
+
+
+def load_full_state_dict(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Full CPU tensors under the module's names, assembled from every rank's model shard."""
+    import torch.distributed.tensor  # noqa: F401  (registers DTensor for torch.load(weights_only=True))
+
+    ckpt_dir = Path(ckpt_dir)
+    world_size = shard_world_size(ckpt_dir)
+    files = [checkpoint.shard_file(ckpt_dir, "model", rank, world_size) for rank in range(world_size)]
+    shards = [checkpoint.load_shard(path) for path in files]
+    full = {}
+    for name in shards[0]:
+        full[name] = _assemble(name, [shard[name] for shard in shards])
+    return full
+
+
+def _assemble(name: str, pieces: list) -> torch.Tensor:
+    """One full tensor from each rank's piece: FSDP2 shards along dim 0 (torch.chunk sizes) or replicas."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    first = pieces[0]
+    if not isinstance(first, DTensor):
+        return first.detach()
+    placements = first.placements
+    if len(placements) != 1:
+        raise ValueError(f"{name}: {len(placements)}-D device mesh placements {placements} are not supported")
+    if isinstance(placements[0], Replicate):
+        return first.to_local().detach()
+    if not isinstance(placements[0], Shard):
+        raise ValueError(f"{name}: placement {placements[0]} is not supported (expected Shard or Replicate)")
+    full = torch.cat([piece.to_local() for piece in pieces], dim=placements[0].dim)
+    if tuple(full.shape) != tuple(first.shape):
+        raise ValueError(f"{name}: shards assemble to {tuple(full.shape)}, expected {tuple(first.shape)}")
+    return full.detach()
+
+
+def check_target_dir(target_dir: str | os.PathLike) -> Path:
+    """`target_dir` as a Path; raises if it exists and is not an empty directory."""
+    target = Path(target_dir)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(f"--target_dir {target} exists and is not empty; choose a new directory or empty it")
+    return target
+
+
+def merge_checkpoint(
+    local_dir: str | os.PathLike, target_dir: str | os.PathLike, *, dtype: str | None = None
+) -> Path:
+    """Export the checkpoint in `local_dir` to a plain HF model directory `target_dir` (see the module doc).
+
+    Args:
+        local_dir: the checkpoint directory (or an RL `global_step_N` holding `actor/`).
+        target_dir: a new or empty directory; written via a temporary sibling and renamed when complete.
+        dtype: 'float32' | 'bfloat16' | 'float16' to cast the weights; None keeps the training dtype.
+
+    Returns:
+        `target_dir` as a Path.
+    """
+    from transformers import AutoConfig
+
+    target = check_target_dir(target_dir)
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"--dtype={dtype!r} is not one of {sorted(_DTYPES)}")
+    ckpt_dir = find_checkpoint_dir(local_dir)
+    shard_world_size(ckpt_dir)  # every rank's shard is present
+    hf_dir = ckpt_dir / HF_SUBDIR
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir / 'config.json'} is missing: the checkpoint has no model config")
+    state_dict = load_full_state_dict(ckpt_dir)
+    scaling = None
+    if has_lora_weights(state_dict):
+        if not (ckpt_dir / ADAPTER_SUBDIR).is_dir():
+            raise FileNotFoundError(f"{ckpt_dir} holds LoRA weights but no {ADAPTER_SUBDIR}/adapter_config.json")
+        scaling = LoraScaling.from_adapter_config(load_adapter_config(ckpt_dir / ADAPTER_SUBDIR))
+    staging = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        config = AutoConfig.from_pretrained(hf_dir)
+        save_hf_model_from_state_dict(
+            state_dict, config, staging, scaling=scaling, dtype=_DTYPES[dtype] if dtype else None
+        )
+        for entry in hf_dir.iterdir():  # tokenizer files (the config was just written by save_pretrained)
+            if entry.is_file() and entry.name != "config.json":
+                shutil.copy2(entry, staging / entry.name)
+        if target.exists():
+            target.rmdir()  # empty (checked above); os.replace needs the name free or an empty directory
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    logger.info("wrote %s (%d tensors%s)", target, len(state_dict), ", LoRA merged" if scaling else "")
+    return target
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """`[merge] --local_dir DIR --target_dir DIR [--backend fsdp] [--dtype D]`."""
+    argv = list(argv)
+    if argv and argv[0] == "merge":  # verl's `model_merger merge ...` spelling
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="hybridflow merge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--local_dir", required=True, help="checkpoint directory (e.g. global_step_N/actor)")
+    parser.add_argument("--target_dir", required=True, help="new or empty output directory for the HF model")
+    parser.add_argument("--backend", default="fsdp", choices=["fsdp"], help="checkpoint format (verl compatible)")
+    parser.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="cast weights (default: keep)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the export; user errors print one line and exit with code 1."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        target = merge_checkpoint(args.local_dir, args.target_dir, dtype=args.dtype)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"hybridflow merge: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

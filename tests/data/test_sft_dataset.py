@@ -1,0 +1,126 @@
+"""SFTDataset: chat-templated samples, loss masks on assistant tokens only (hand-checked), truncation, padding."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hybridflow.data.sft_dataset import SFTDataset, SFTDatasetConfig, tokenize_conversation
+from hybridflow.models import build_local_tokenizer
+
+CONVERSATION = [
+    {"role": "user", "content": "What is 2+3?"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "x"},
+    {"role": "tool", "content": "T"},
+    {"role": "assistant", "content": "ok"},
+]
+
+
+@pytest.fixture(scope="module")
+def local_tokenizer():
+    return build_local_tokenizer()
+
+
+def write(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_multiturn_mask_hand_checked_on_smollm2(smollm2_tokenizer):
+    """SmolLM2's template adds its default system prompt (tokens 0-20). Rendered and tokenized:
+    21-32 `<|im_start|>user\\nWhat is 2+3?<|im_end|>\\n`, 33-36 `<|im_start|>assistant\\n`, 37 `5`, 38 `<|im_end|>`,
+    39 `\\n`, 40-45 user `x`, 46-51 tool `T`, 52-55 `<|im_start|>assistant\\n`, 56 `ok`, 57 `<|im_end|>`, 58 `\\n`.
+    Trained: exactly the assistant contents and their `<|im_end|>`; never the headers, the user or the tool turn."""
+    ids, mask = tokenize_conversation(smollm2_tokenizer, CONVERSATION)
+    assert len(ids) == len(mask) == 59
+    assert [i for i, m in enumerate(mask) if m] == [37, 38, 56, 57]
+    decode = smollm2_tokenizer.decode
+    assert [decode([ids[i]]) for i in (37, 38, 56, 57)] == ["5", "<|im_end|>", "ok", "<|im_end|>"]
+    assert decode(ids[33:37]) == "<|im_start|>assistant\n" and decode(ids[46:52]) == "<|im_start|>tool\nT<|im_end|>\n"
+    # Segment-wise tokenization equals tokenizing the whole rendered conversation.
+    text = smollm2_tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+    assert ids == smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_single_turn_rows_train_on_the_response_and_eos(local_tokenizer, tmp_path):
+    rows = [
+        {"prompt": "Calculate 5 - 33.", "response": "5 - 33 = -28. Answer: -28"},
+        {"prompt": "Add 1 and 2", "response": "3"},
+    ]
+    dataset = SFTDataset(write(tmp_path / "a.parquet", rows), local_tokenizer, SFTDatasetConfig())
+    item = dataset[0]
+    ids, mask = item["input_ids"], item["loss_mask"]
+    first = int(mask.nonzero()[0])
+    assert local_tokenizer.decode(ids[:first]) == "<|im_start|>user\nCalculate 5 - 33.<|im_end|>\n<|im_start|>assistant\n"
+    assert local_tokenizer.decode(ids[mask.bool()]) == "5 - 33 = -28. Answer: -28<|im_end|>"
+    assert mask[first:].tolist() == [1] * (len(ids) - first - 1) + [0]  # the template's trailing "\n" is not trained
+    assert item["attention_mask"].tolist() == [1] * len(ids)
+    assert item["position_ids"].tolist() == list(range(len(ids)))
+
+    # The same row with the prompt as RL-style chat messages, or nested in a dict column, gives the same sample.
+    as_messages = [{"prompt": [{"role": "user", "content": "Calculate 5 - 33."}], "response": rows[0]["response"]}]
+    nested = [{"extra_info": {"question": "Calculate 5 - 33.", "answer": rows[0]["response"]}}]
+    for data, config in (
+        (as_messages, SFTDatasetConfig()),
+        (nested, SFTDatasetConfig(prompt_key="extra_info", prompt_dict_keys=("question",),
+                                  response_key="extra_info", response_dict_keys=("answer",))),
+    ):
+        other = SFTDataset(write(tmp_path / "b.parquet", data), local_tokenizer, config)[0]
+        assert torch.equal(other["input_ids"], ids) and torch.equal(other["loss_mask"], mask)
+
+
+def test_multiturn_rows_and_collate_right_pads(local_tokenizer, tmp_path):
+    rows = [{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}]
+    dataset = SFTDataset(write(tmp_path / "m.parquet", rows), local_tokenizer, SFTDatasetConfig(multiturn=True))
+    long, short = dataset[0], dataset[1]
+    assert local_tokenizer.decode(long["input_ids"][long["loss_mask"].bool()]) == "5<|im_end|>ok<|im_end|>"
+    batch = dataset.collate([long, short])
+    length = long["input_ids"].size(0)
+    assert batch["input_ids"].shape == (2, length)
+    num = short["input_ids"].size(0)
+    assert batch["input_ids"][1, num:].eq(local_tokenizer.pad_token_id).all()
+    for key in ("attention_mask", "loss_mask", "position_ids"):
+        assert batch[key][1, num:].eq(0).all(), key
+    assert torch.equal(batch["loss_mask"][1, :num], short["loss_mask"])
+
+
+def test_truncation(local_tokenizer, tmp_path):
+    path = write(tmp_path / "t.parquet", [{"prompt": "Calculate 5 - 33.", "response": "5 - 33 = -28. Answer: -28"}])
+    full = SFTDataset(path, local_tokenizer, SFTDatasetConfig())[0]
+    limit = full["input_ids"].size(0) - 3
+    with pytest.raises(ValueError, match=r"t\.parquet: row 0: .* > data.max_length=" + str(limit)):
+        SFTDataset(path, local_tokenizer, SFTDatasetConfig(max_length=limit))
+    right = SFTDataset(path, local_tokenizer, SFTDatasetConfig(max_length=limit, truncation="right"))[0]
+    assert torch.equal(right["input_ids"], full["input_ids"][:limit])
+    left = SFTDataset(path, local_tokenizer, SFTDatasetConfig(max_length=limit, truncation="left"))[0]
+    assert torch.equal(left["input_ids"], full["input_ids"][-limit:])
+    assert left["loss_mask"][0] == 0 and torch.equal(left["loss_mask"][1:], full["loss_mask"][-limit + 1:])
+
+
+def test_bad_rows_name_the_file_row_and_field(local_tokenizer, tmp_path):
+    cases = [
+        ([{"prompt": "hi"}], SFTDatasetConfig(), "row 0: field 'response' is missing"),
+        ([{"prompt": "hi", "response": 3}], SFTDatasetConfig(), "field 'response' must be a str"),
+        ([{"messages": [{"role": "user", "content": "hi"}]}], SFTDatasetConfig(multiturn=True), "no assistant message"),
+        ([{"messages": "hi"}], SFTDatasetConfig(multiturn=True), "field 'messages' must be a non-empty list"),
+        ([{"q": {"a": 1}, "response": "x"}], SFTDatasetConfig(prompt_key="q", prompt_dict_keys=("b",)), "has no key 'b'"),
+    ]
+    for index, (rows, config, message) in enumerate(cases):
+        path = write(tmp_path / f"bad{index}.parquet", rows)
+        with pytest.raises(ValueError, match=message):
+            SFTDataset(path, local_tokenizer, config)
+    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+        SFTDataset(str(tmp_path / "missing.parquet"), local_tokenizer, SFTDatasetConfig())
+    with pytest.raises(ValueError, match="data.truncation"):
+        SFTDatasetConfig(truncation="middle")
+
+
+def test_templates_that_rewrite_earlier_turns_are_rejected(tmp_path):
+    tokenizer = build_local_tokenizer()
+    # Renders only the last message: the prefix of a conversation is not a prefix of its rendering.
+    tokenizer.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
+    with pytest.raises(ValueError, match="prefix-stable"):
+        tokenize_conversation(tokenizer, CONVERSATION[:2])

@@ -1,0 +1,256 @@
+"""LoRA: merging adapters (vs peft), LoRA training engines (only adapters move, reference = adapter disabled,
+merged weight hand-over), and the adapter directory a checkpoint writes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hybridflow.engines.training import FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.models import build_causal_lm, build_tiny_model, load_tokenizer, save_tiny_model
+from hybridflow.models.lora import (
+    LoraScaling,
+    merge_lora_named_tensors,
+    merge_lora_state_dict,
+    to_hf_name,
+)
+from tests.engines.helpers import make_batch, seq_mean_nll
+
+LORA = FSDPEngineConfig(lora_rank=8, lora_alpha=16, micro_batch_size_per_gpu=4, optim=OptimConfig(lr=1e-2))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, local_tokenizer):
+    return str(save_tiny_model(tmp_path_factory.mktemp("lora") / "tiny", tokenizer=local_tokenizer))
+
+
+@pytest.fixture(scope="module")
+def batch(model_dir):
+    return make_batch(len(load_tokenizer(model_dir)), batch_size=4, seed=3)
+
+
+def randomized_lora_model(local_tokenizer, **lora_config):
+    """A tiny peft model whose adapters are non-zero (fresh lora_B is all zeros)."""
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = build_tiny_model(tokenizer=local_tokenizer)
+    config = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", **lora_config}
+    model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **config))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return model
+
+
+def test_to_hf_name_strips_the_peft_wrapping():
+    peft_name = "base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"
+    assert to_hf_name(peft_name) == "model.layers.0.mlp.up_proj.weight"
+    assert to_hf_name("base_model.model.lm_head.weight") == "lm_head.weight"
+    assert to_hf_name("model.norm.weight") == "model.norm.weight"
+
+
+def test_merged_state_dict_equals_peft_merge_and_unload(local_tokenizer):
+    model = randomized_lora_model(local_tokenizer)
+    scaling = LoraScaling(lora_alpha=8)
+    merged = merge_lora_state_dict(model.state_dict(), scaling)
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert sorted(merged) == sorted(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=1e-7, msg=name)
+    # The streaming merge (weight hand-over) gives the same tensors from the parameter stream.
+    streamed = dict(merge_lora_named_tensors(model.named_parameters(), scaling))
+    assert set(streamed) <= set(merged) and "model.layers.0.self_attn.q_proj.weight" in streamed
+    for name, tensor in streamed.items():
+        assert torch.equal(tensor, merged[name]), name
+
+
+def test_rslora_scaling_matches_peft(local_tokenizer):
+    model = randomized_lora_model(local_tokenizer, use_rslora=True, target_modules=["q_proj", "v_proj"])
+    merged = merge_lora_state_dict(model.state_dict(), LoraScaling(lora_alpha=8, use_rslora=True))
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    for name in ("model.layers.1.self_attn.v_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+        torch.testing.assert_close(merged[name], expected[name], rtol=0, atol=1e-7, msg=name)
+
+
+def test_incomplete_lora_modules_are_an_error():
+    with pytest.raises(ValueError, match="incomplete LoRA modules"):
+        list(merge_lora_named_tensors([("a.q.base_layer.weight", torch.zeros(2, 2))], LoraScaling(lora_alpha=1)))
+    with pytest.raises(ValueError, match="unsupported adapter_config"):
+        LoraScaling.from_adapter_config({"lora_alpha": 16, "use_dora": True})
+
+
+def test_lora_step_trains_only_the_adapters_and_the_reference_is_the_base(model_dir, batch):
+    engine = build_fsdp_engine(model_dir, LORA)
+    before = {name: param.detach().clone() for name, param in engine.module.named_parameters()}
+    trainable = {name for name, param in engine.module.named_parameters() if param.requires_grad}
+    assert trainable and all(".lora_A." in name or ".lora_B." in name for name in trainable)
+    metrics = engine.train_batch(batch, seq_mean_nll)
+    assert metrics["grad_norm"] > 0
+    changed = {name for name, param in engine.module.named_parameters() if not torch.equal(param, before[name])}
+    assert changed and changed <= trainable, "base weights must stay frozen"
+    assert any(".lora_B." in name for name in changed)
+
+    base = FSDPEngine(build_causal_lm(model_dir), FSDPEngineConfig())
+    base_log_probs, _ = base.compute_log_prob(batch)
+    ref_log_probs, _ = engine.compute_log_prob(batch, disable_adapter=True)
+    policy_log_probs, _ = engine.compute_log_prob(batch)
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(ref_log_probs[mask], base_log_probs[mask], rtol=0, atol=1e-5)
+    assert (policy_log_probs - base_log_probs)[mask].abs().max() > 1e-3, "the adapter changed the policy"
+
+    # Hand-over: the merged plain weights reproduce the LoRA policy in a plain HF model.
+    plain = build_causal_lm(model_dir)
+    missing, unexpected = plain.load_state_dict(dict(engine.named_full_params()), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    merged_log_probs, _ = FSDPEngine(plain, FSDPEngineConfig()).compute_log_prob(batch)
+    torch.testing.assert_close(merged_log_probs[mask], policy_log_probs[mask], rtol=0, atol=1e-5)
+    assert engine.lora_scaling == LoraScaling(lora_alpha=16)
+
+
+def test_checkpoint_writes_a_peft_adapter_that_training_can_continue_from(model_dir, batch, tmp_path):
+    engine = build_fsdp_engine(model_dir, LORA)
+    engine.train_batch(batch, seq_mean_nll)
+    engine.save_checkpoint(tmp_path / "ckpt")
+    adapter_dir = tmp_path / "ckpt" / "lora_adapter"
+    assert (adapter_dir / "adapter_config.json").is_file() and (adapter_dir / "adapter_model.safetensors").is_file()
+    resumed = build_fsdp_engine(model_dir, FSDPEngineConfig(lora_adapter_path=str(adapter_dir)))
+    assert resumed.lora_scaling == engine.lora_scaling
+    trained = dict(engine.module.named_parameters())
+    for name, param in resumed.module.named_parameters():
+        assert torch.equal(param, trained[name]), name
+        assert param.requires_grad == trained[name].requires_grad, name
+    engine.save_hf_model(tmp_path / "hf")
+    exported = build_causal_lm(tmp_path / "hf").state_dict()
+    for name, tensor in engine.named_full_params():
+        assert torch.equal(exported[name], tensor), name
+
+
+def test_lora_misuse_is_refused(model_dir, batch):
+    with pytest.raises(ValueError, match="causal LMs only"):
+        build_fsdp_engine(model_dir, LORA, model_kind="value")
+    with pytest.raises(ValueError, match="needs a LoRA engine"):
+        FSDPEngine(build_causal_lm(model_dir), FSDPEngineConfig()).compute_log_prob(batch, disable_adapter=True)
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        build_fsdp_engine(model_dir, FSDPEngineConfig(lora_adapter_path=model_dir))
+
+
+# ----------------------------------------------------------------------------- LoRA RL
+def lora_worker_args(model_dir: str) -> tuple:
+    from hybridflow.workers import ActorRolloutRefWorker
+    from hybridflow.workers.config import (
+        ActorConfig,
+        ActorRolloutRefConfig,
+        ModelConfig,
+        RolloutConfig,
+        WorkerRuntimeConfig,
+    )
+    from hybridflow.workers.config import OptimConfig as WorkerOptimConfig
+
+    config = ActorRolloutRefConfig(
+        model=ModelConfig(path=model_dir, lora_rank=8, lora_alpha=16),
+        actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=WorkerOptimConfig(lr=5e-2)),
+        rollout=RolloutConfig(temperature=1.0),
+    )
+    runtime = WorkerRuntimeConfig(prompt_length=6, response_length=5, seed=0, num_threads=1)
+    return ActorRolloutRefWorker, config, "actor_rollout_ref", runtime
+
+
+def check_lora_rl_steps(group, model_dir: str, handed_over: bool) -> None:
+    """Two generate -> log-prob -> ref -> update rounds, checking the rollout and the reference each time."""
+    from hybridflow.protocol import DataProto
+
+    ids = torch.randint(5, 400, (4, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1})
+    base = FSDPEngine(build_causal_lm(model_dir), FSDPEngineConfig())
+    for step in range(2):
+        batch = group.generate_sequences(prompts)
+        update_s = min(batch.meta_info["metrics"]["timing_s/update_weights"])
+        assert (update_s > 0) if handed_over else (update_s == 0), update_s
+        batch.meta_info = {"temperature": 1.0}
+        response_mask = batch.batch["response_mask"].bool()
+        old = group.compute_log_prob(batch)
+        # The rollout generated with the policy (merged weights, or adapters active): same log-probs.
+        diff = (old.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[response_mask].abs().max()
+        assert diff < 1e-4, (step, float(diff))
+        ref = group.compute_ref_log_prob(batch).batch["ref_log_prob"]
+        base_log_probs, _ = base.compute_log_prob(batch)
+        assert (ref - base_log_probs)[response_mask].abs().max() < 1e-5, step
+        policy_vs_base = (old.batch["old_log_probs"] - base_log_probs)[response_mask].abs().max()
+        assert (policy_vs_base < 1e-5) if step == 0 else (policy_vs_base > 1e-3), (step, float(policy_vs_base))
+        old.batch.pop("entropys")
+        batch = batch.union(old)
+        batch.batch["ref_log_prob"] = ref
+        batch.batch["advantages"] = torch.linspace(-1, 1, 4)[:, None].expand(-1, 5).contiguous()
+        group.update_actor(batch)
+
+
+def test_lora_rl_worker_in_process_generates_with_the_adapter(model_dir):
+    """One rank: the rollout shares the actor's module (adapters active), no hand-over, no second model."""
+    from hybridflow.single_controller.local import LocalWorkerGroup
+    from hybridflow.single_controller.ray import RayClassWithInitArgs
+
+    cls, *args = lora_worker_args(model_dir)
+    group = LocalWorkerGroup(RayClassWithInitArgs(cls, *args), world_size=1)
+    group.init_model()
+    worker = group.workers[0]
+    assert worker.ref_engine is None, "the LoRA reference is the actor with its adapter disabled"
+    check_lora_rl_steps(group, model_dir, handed_over=False)
+
+
+def test_lora_rl_worker_on_two_ranks_hands_over_merged_weights(ray_cluster, model_dir):
+    """Reference = the actor with its adapter disabled (equals the base model); the rollout receives merged weights."""
+    from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    cls, *args = lora_worker_args(model_dir)
+    pool = RayResourcePool([2])
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(cls, *args))
+    try:
+        group.init_model()
+        check_lora_rl_steps(group, model_dir, handed_over=True)
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def test_lora_grpo_end_to_end_and_export(ray_cluster, tmp_path):
+    """GRPO through `run_ppo` with actor_rollout_ref.model.lora_rank=8 on 2 Ray workers, then `hybridflow merge`."""
+    import subprocess
+    import sys
+
+    from hybridflow.trainer.config import load_config, validate_config
+    from hybridflow.trainer.merge import merge_checkpoint
+    from hybridflow.trainer.run import run_ppo
+    from tests.trainer.test_e2e import GRPO, REWARD_FILE, by_step, overrides
+
+    subprocess.run(
+        [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
+         "--local_dir", str(tmp_path / "data"), "--train_size", "8", "--test_size", "4", "--seed", "0"],
+        check=True, capture_output=True,
+    )
+    save_tiny_model(tmp_path / "tiny", num_layers=2, hidden=64, seed=0)
+    (tmp_path / "reward.py").write_text(REWARD_FILE)
+    run_dir = tmp_path / "run"
+    lora = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=32",
+            "actor_rollout_ref.actor.optim.lr=5e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "trainer.total_training_steps=2", "trainer.val_before_train=False")
+    replaced = {item.split("=")[0] for item in lora}
+    args = [item for item in overrides(tmp_path, run_dir, *GRPO) if item.split("=")[0] not in replaced] + list(lora)
+    config = load_config(args)
+    run_ppo(config, validate_config(config))
+    import json
+
+    records = by_step([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()])
+    assert sorted(records) == [1, 2]
+    # One mini-batch per step: step 1 updates from the fresh adapter (lora_B = 0), which is the reference policy.
+    assert records[1]["actor/kl_loss"] < 1e-6
+    assert records[2]["actor/kl_loss"] > 0 and records[2]["actor/grad_norm"] > 0
+    assert (run_dir / "global_step_2" / "actor" / "lora_adapter" / "adapter_config.json").is_file()
+    target = merge_checkpoint(run_dir / "global_step_2", tmp_path / "hf")
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(target)

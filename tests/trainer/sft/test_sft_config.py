@@ -1,0 +1,49 @@
+"""`hybridflow sft` config: verl's SFT keys, --dry-run and --cfg job, one-line errors naming the key (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.cli import main as cli_main
+from hybridflow.trainer.sft.main import load_sft_config
+from tests.trainer.sft.conftest import sft_overrides
+
+
+def test_dry_run_prints_the_config_and_batch_arithmetic(sft_workspace, tmp_path, capsys):
+    args = sft_overrides(sft_workspace, tmp_path, "trainer.n_gpus_per_node=2", "model.lora_rank=8",
+                         "model.target_modules=[q_proj,v_proj]")
+    assert cli_main(["sft", "--dry-run", *args]) == 0
+    out = capsys.readouterr().out
+    assert "partial_pretrain:" in out and "lora_rank: 8" in out and "- q_proj" in out
+    assert "samples per rank                                 2" in out
+    assert "gradient accumulation steps                      1" in out
+    assert cli_main(["sft", "--cfg", "job", *args]) == 0
+    assert "multiturn:" in capsys.readouterr().out
+    _, cfg = load_sft_config(args)
+    assert cfg.model.target_modules_value == ("q_proj", "v_proj") and cfg.optim.lr_scheduler == "cosine"
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("model.lora_rnk=8", ["lora_rnk", "unknown key"]),
+        ("data.truncation=middle", ["data.truncation", "middle"]),
+        ("optim.lr_scheduler=step", ["optim.lr_scheduler", "step"]),
+        ("trainer.resume_mode=resume_path", ["trainer.resume_from_path"]),
+        ("trainer.n_gpus_per_node=3", ["data.train_batch_size=4", "3 ranks"]),
+        ("data.micro_batch_size_per_gpu=3", ["data.micro_batch_size_per_gpu=3", "divisor of 2"]),
+        ("data.val_files=[/nope.parquet]", ["data.val_files", "/nope.parquet"]),
+        ("model.partial_pretrain=/no/model", ["model.partial_pretrain", "/no/model"]),
+        ("model.lora_rank=-1", ["model.lora_rank", "-1"]),
+        ("trainer.local_mode=true", ["trainer.local_mode", "n_gpus_per_node=1"]),
+    ],
+)
+def test_config_errors_name_the_key(sft_workspace, tmp_path, capsys, override, words):
+    args = sft_overrides(sft_workspace, tmp_path, "trainer.n_gpus_per_node=2", override)
+    if override.startswith("trainer.n_gpus_per_node"):
+        args.remove("trainer.n_gpus_per_node=2")
+    assert cli_main(["sft", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hybridflow sft: config error:") and "\n" not in err
+    for word in words:
+        assert word in err, (word, err)
