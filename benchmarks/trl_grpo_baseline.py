@@ -3,12 +3,12 @@
 Runs in its own environment so TRL's pins never touch hybridflow's (see `benchmarks/README.md`):
 
     python3 -m venv benchmarks/.venv-trl
-    benchmarks/.venv-trl/bin/pip install torch==2.13.0 trl==1.16.0 reasoning-gym==0.1.25 pyarrow
+    benchmarks/.venv-trl/bin/pip install torch==2.13.0 trl==1.16.0 reasoning-gym==0.1.25 tensordict==0.15.3 pyarrow
     PYTHONPATH=. benchmarks/.venv-trl/bin/python benchmarks/trl_grpo_baseline.py \
         --model ~/.cache/hybridflow/models/smollm2-135m-instruct --data outputs/demo/data/train.parquet
 
-Same settings as `hybridflow/trainer/config/grpo_smollm2_demo.yaml`: 4 prompts x 8 samples per step,
-64 new tokens, temperature 0.7, lr 2e-5, no KL term, fp32 on CPU, and the same reasoning-gym scorer.
+Same settings as `hybridflow/trainer/config/grpo_smollm2_demo.yaml`: 8 prompts x 8 samples per step,
+48 new tokens, temperature 0.7, lr 1e-5, no KL term, fp32 on CPU, and the same reasoning-gym scorer.
 Prints a table of per-step wall times (the first step, which includes warm-up, is reported apart).
 """
 
@@ -54,9 +54,9 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="HF directory of SmolLM2-135M-Instruct (fp32)")
     parser.add_argument("--data", required=True, help="train.parquet from the demo's preprocess step")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--output-dir", default="outputs/trl_baseline")
     args = parser.parse_args()
 
@@ -77,7 +77,7 @@ def main() -> None:
         num_generations=args.n,
         max_completion_length=args.max_new_tokens,
         temperature=0.7,
-        learning_rate=2e-5,
+        learning_rate=1e-5,
         beta=0.0,
         max_steps=args.steps,
         logging_steps=1,

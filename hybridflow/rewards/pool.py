@@ -76,6 +76,14 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _ScorerTimeout
 
 
+def _reset_signal_handlers() -> None:
+    """Default SIGTERM/SIGINT in a worker: a forked worker inherits the driver's Python handlers (test runners,
+    Ray and torch install some), and one that swallows SIGTERM would make `Pool.terminate()` wait forever on a
+    stuck scorer."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any], alarm_s: float | None) -> ScoreOutcome:
     """Runs in a worker: the scorer's result, its traceback (a failing scorer must not kill the batch), or a
     timeout after `alarm_s` seconds (None: no alarm, for calls in the driver process)."""
@@ -157,7 +165,7 @@ class ScorerPool:
             context = multiprocessing.get_context(self.config.mp_context)
             if self.config.mp_context == "forkserver":
                 context.set_forkserver_preload(_FORKSERVER_PRELOAD)
-            self._pool = context.Pool(processes=self.config.num_workers)
+            self._pool = context.Pool(processes=self.config.num_workers, initializer=_reset_signal_handlers)
             self._finalizer = weakref.finalize(self, self._pool.terminate)
         return self._pool
 

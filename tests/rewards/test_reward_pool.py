@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import signal
 import time
 from pathlib import Path
 
@@ -71,6 +72,21 @@ def test_a_hang_the_alarm_cannot_break_kills_the_worker(scorer) -> None:
         assert [o.value for o in pool.run([call(scorer, "ok")] * 20)] == [1.0] * 20
     finally:
         pool.close()
+
+
+def test_a_stuck_worker_is_killed_even_if_the_driver_swallows_sigterm(scorer) -> None:
+    # Forked workers inherit the driver's Python signal handlers; one that ignores SIGTERM must not make
+    # the pool wait forever for its stuck worker (seen in the full suite, where another library set one).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    pool = ScorerPool(ScoringConfig(timeout_s=1.0, num_workers=1))
+    try:
+        start = time.monotonic()
+        outcomes = pool.run([call(scorer, r) for r in ["stuck", "ok"]])
+        assert [o.status for o in outcomes] == ["timeout", "ok"]
+        assert time.monotonic() - start < 30
+    finally:
+        pool.close()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_in_process_mode(scorer) -> None:
