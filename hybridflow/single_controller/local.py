@@ -6,6 +6,8 @@ Same API as `RayWorkerGroup`. Calls run rank after rank, so workers that use col
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hybridflow import env
@@ -59,3 +61,12 @@ class LocalWorkerGroup(WorkerGroup):
 
     def _resolve(self, handles: list[Any], method_name: str, ranks: list[int]) -> list[Any]:
         return handles
+
+    def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._workers[rank], method_name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            # A thread per call, as a threaded Ray actor would: blocking workers batch concurrent calls.
+            return await asyncio.to_thread(method, *args, **kwargs)
+
+        return call

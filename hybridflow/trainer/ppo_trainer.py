@@ -31,11 +31,16 @@ from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig, critic_enabled, uses_reference
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.trainer.validation import run_validation
-from hybridflow.trainer.worker_setup import WorkerGroups, build_worker_groups
+from hybridflow.trainer.worker_setup import (
+    PROMPT_KEYS,
+    WorkerGroups,
+    build_generator,
+    build_worker_groups,
+    rollout_inputs,
+)
 
 logger = logging.getLogger(__name__)
 
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 @contextlib.contextmanager
@@ -71,10 +76,12 @@ class RayPPOTrainer:
         self.global_steps = 0
         self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
+        self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
 
     def init_workers(self) -> None:
         """Start the worker processes and load the models (before the first step)."""
         self.workers = build_worker_groups(self.config, self.total_training_steps)
+        self.generator = build_generator(self.config, self.workers.actor_rollout, self.reward_fn.tokenizer)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -91,7 +98,7 @@ class RayPPOTrainer:
             self.global_steps += 1
             metrics, timing = {}, {}
             with timer("step", timing):
-                batch = self._generate(batch_dict, timing)
+                batch = self._generate(batch_dict, timing, metrics)
                 batch = self._compute_reward(batch, timing, metrics)
                 batch = self._prepare_experience(batch, timing, metrics)
                 self._train(batch, timing, metrics)
@@ -121,17 +128,18 @@ class RayPPOTrainer:
         return is_last or (freq > 0 and self.global_steps % freq == 0)
 
     # ------------------------------------------------------------------ stages
-    def _generate(self, batch_dict: dict, timing: dict[str, float]) -> DataProto:
+    def _generate(self, batch_dict: dict, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
         """Stage 1: `rollout.n` responses per prompt; each prompt's samples share a uid."""
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True)
-        prompts = batch.select(batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=[], meta_info_keys=[])
+        prompts = rollout_inputs(batch, self.config)
         with timer("gen", timing):
-            output = self.workers.actor_rollout.generate_sequences(prompts)
+            output = self.generator.generate_sequences(prompts)
         worker_timing = _mean_worker_metrics(output)
         output.meta_info.pop("metrics", None)
-        timing["update_weights"] = worker_timing.get("timing_s/update_weights", 0.0)
+        timing["update_weights"] = worker_timing.pop("timing_s/update_weights", 0.0)
+        metrics.update({key: value for key, value in worker_timing.items() if not key.startswith("timing_s/")})
         batch.pop(batch_keys=list(PROMPT_KEYS))
         return batch.union(output)
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from hybridflow.algorithms import flatten_validation_metrics, process_validation_metrics
 from hybridflow.protocol import DataProto
+from hybridflow.trainer.worker_setup import PROMPT_KEYS, rollout_inputs
 
 logger = logging.getLogger(__name__)
 
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 def run_validation(trainer: Any) -> dict[str, float]:
@@ -31,9 +31,9 @@ def run_validation(trainer: Any) -> dict[str, float]:
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(val.n, interleave=True)
-        prompts = batch.select(batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=[], meta_info_keys=[])
+        prompts = rollout_inputs(batch, trainer.config)
         prompts.meta_info = {"validate": True}
-        output = trainer.workers.actor_rollout.generate_sequences(prompts)
+        output = trainer.generator.generate_sequences(prompts)
         output.meta_info.pop("metrics", None)
         batch.pop(batch_keys=list(PROMPT_KEYS))
         batch = batch.union(output)

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.protocol import DataProto
 from hybridflow.single_controller.local import LocalWorkerGroup
 from hybridflow.single_controller.ray import (
     RayClassWithInitArgs,
@@ -62,6 +63,10 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
     classes = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role, runtime)}
     if critic_enabled(config):
         classes["critic"] = RayClassWithInitArgs(CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, runtime)
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.mode == "async":
+        # Each rank serves many concurrent generate_tokens calls (agent loops), batched by its server.
+        classes["actor_rollout"].update_options({"max_concurrency": rollout.agent.max_concurrent_requests_per_replica})
     fused = create_colocated_worker_cls(classes)
     if config.trainer.local_mode:
         owner = LocalWorkerGroup(fused, world_size=1)
@@ -80,3 +85,30 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
         critic.init_model()
     groups["actor_rollout"].init_model()
     return WorkerGroups(actor_rollout=groups["actor_rollout"], critic=critic, owner=owner, pool_manager=manager)
+
+
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+"""The tensors a rollout reads; the trainer pops them from the batch and takes the rollout's versions."""
+
+
+def rollout_inputs(batch: DataProto, config: PPOConfig) -> DataProto:
+    """The part of `batch` the generator reads: prompt tensors; agent loops also get every row field."""
+    keep_rows = config.actor_rollout_ref.rollout.mode == "async"
+    return batch.select(batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if keep_rows else [], meta_info_keys=[])
+
+
+def build_generator(config: PPOConfig, actor_rollout: Any, tokenizer: Any) -> Any:
+    """What the trainer calls `generate_sequences` on: the worker group (sync) or the agent-loop manager (async)."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.mode != "async":
+        return actor_rollout
+    from hybridflow.agents.interactions import load_interactions
+    from hybridflow.agents.manager import AgentLoopManager
+    from hybridflow.tools.loader import load_tools
+
+    multi_turn = rollout.multi_turn
+    tools = load_tools(multi_turn.tool_config_path) if multi_turn.tool_config_path else {}
+    interactions = load_interactions(multi_turn.interaction_config_path) if multi_turn.interaction_config_path else {}
+    return AgentLoopManager(
+        actor_rollout, rollout, tokenizer, config.data.max_response_length, tools=tools, interactions=interactions
+    )

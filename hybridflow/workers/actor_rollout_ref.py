@@ -12,7 +12,10 @@ import dataclasses
 import logging
 import time
 
+import torch
+
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
+from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.models import build_causal_lm
 from hybridflow.protocol import DataProto
@@ -43,6 +46,8 @@ class ActorRolloutRefWorker(Worker):
         self.is_ref = role in ("ref", "actor_rollout_ref")
         self.actor_engine = self.ref_engine = self.rollout = None
         self._rollout_weights_stale = False
+        self._rollout_shares_module = False
+        self._server: GenerationServer | None = None
         self._update_count = 0
 
     # ------------------------------------------------------------------ setup
@@ -71,12 +76,21 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_rollout(self, model_path: str) -> None:
         rollout = self.config.rollout
-        shares_module = self.actor_engine is not None and not self.actor_engine.is_sharded
-        # One rank: generate with the actor's own module (no copy, no hand-over). Sharded: a full copy.
-        model = self._actor_hf_module() if shares_module else build_causal_lm(model_path, dtype="float32")
-        self._rollout_weights_stale = self.actor_engine is not None and not shares_module
+        rollout_cls = ROLLOUTS.get(rollout.name)
+        # One rank: generate with the actor's own module (no copy, no hand-over). Sharded, LoRA with a backend
+        # that cannot run peft layers, or a backend holding its own weights (vllm): a full copy that receives
+        # the (merged) weights before generating.
+        self._rollout_shares_module = (
+            self.actor_engine is not None
+            and not self.actor_engine.is_sharded
+            and not rollout_cls.holds_own_weights
+            and (self.actor_engine.lora_scaling is None or rollout_cls.runs_peft_modules)
+        )
+        shares = self._rollout_shares_module
+        model = self._actor_hf_module() if shares else build_causal_lm(model_path, dtype="float32")
+        self._rollout_weights_stale = self.actor_engine is not None and not shares
         val = rollout.val_kwargs
-        self.rollout = ROLLOUTS.get(rollout.name)(
+        self.rollout = rollout_cls(
             model,
             self.tokenizer,
             self._sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.do_sample),
@@ -125,6 +139,41 @@ class ActorRolloutRefWorker(Worker):
         self.rollout.update_weights(self.actor_engine.named_full_params())
         self._rollout_weights_stale = False
         return time.perf_counter() - start
+
+    # ------------------------------------------------------------------ server mode (agent loops)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_up_rollout_server(self) -> dict[str, float]:
+        """Hand the actor's weights to the rollout and start this rank's generation server (collective)."""
+        if self.rollout is None:
+            raise RuntimeError(f"wake_up_rollout_server called on a worker with role {self.role!r} (no rollout)")
+        update_weights_s = self._sync_rollout_weights()
+        self.rollout.wake_up()
+        # Replicas get different requests in no fixed order, and a GRPO group's samples may land on several of
+        # them with equal batches: give each rank its own sampling stream (deterministic per rank and step).
+        torch.manual_seed(self.runtime.seed + 1_000_003 * (self.rank + 1) + self._update_count)
+        if self._server is None:
+            self._server = GenerationServer(self.rollout, self.tokenizer.pad_token_id)
+        self._server.start()
+        return {"timing_s/update_weights": update_weights_s}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep_rollout_server(self) -> dict[str, float]:
+        """Stop this rank's generation server (after its queued requests) and free the rollout's cache."""
+        stats = {}
+        if self._server is not None:
+            self._server.stop()
+            stats = {f"rollout_server/{key}": value for key, value in self._server.stats().items()}
+            self._server = None
+        if self.rollout is not None and self.config.rollout.free_cache_engine:
+            self.rollout.sleep()
+        return stats
+
+    @register(dispatch_mode=Dispatch.DIRECT_ROLLOUT_METHOD)
+    def generate_tokens(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+        """One token-in-token-out request to this rank's server; concurrent calls are batched together."""
+        if self._server is None or not self._server.running:
+            raise RuntimeError("generate_tokens needs a running server: call wake_up_rollout_server first")
+        return self._server.generate(request_id, prompt_ids, sampling_params)
 
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -184,7 +233,7 @@ class ActorRolloutRefWorker(Worker):
         if offload:
             self.actor_engine.offload_to_cpu(model=False, optimizer=True)
         lr = self.actor_engine.lr_scheduler_step()
-        self._rollout_weights_stale = self.rollout is not None and self.actor_engine.is_sharded
+        self._rollout_weights_stale = self.rollout is not None and not self._rollout_shares_module
         result = mean_metrics(metrics)
         result["actor/lr"] = lr
         result["timing_s/update_actor_worker"] = time.perf_counter() - start
@@ -202,4 +251,4 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, local_path: str) -> None:
         """Restore what `save_checkpoint` wrote (same world size); the rollout gets the weights before generating."""
         self.actor_engine.load_checkpoint(local_path)
-        self._rollout_weights_stale = self.rollout is not None and self.actor_engine.is_sharded
+        self._rollout_weights_stale = self.rollout is not None and not self._rollout_shares_module

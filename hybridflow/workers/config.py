@@ -190,6 +190,60 @@ class ValSamplingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MultiTurnConfig:
+    """Multi-turn generation with tools and interactions (`rollout.mode=async`, agent `tool_agent`)."""
+
+    enable: bool = False
+    """Use the tool agent loop for rows without an `agent_name`."""
+    max_assistant_turns: int = 5
+    """Model turns per trajectory."""
+    max_user_turns: int = 3
+    """Interaction (simulated user) turns per trajectory."""
+    max_tokens_per_turn: Optional[int] = None
+    """New tokens per model turn (None: whatever is left of data.max_response_length)."""
+    max_parallel_calls: int = 4
+    """Tool calls executed from one model turn; extra calls get an error message."""
+    max_tool_response_length: int = 256
+    """Characters of a tool's output kept in the conversation."""
+    tool_response_truncate_side: str = "middle"
+    """left | middle | right: which part of a long tool output is cut."""
+    tool_config_path: Optional[str] = None
+    """YAML file listing the tools (verl's format: `tools: [{class_name|name, config, tool_schema}]`)."""
+    interaction_config_path: Optional[str] = None
+    """YAML file listing interactions (`interaction: [{name, class_name, config}]`)."""
+    format: str = "hermes"
+    """Tool-call format parsed from model text."""
+
+    def __post_init__(self) -> None:
+        prefix = "actor_rollout_ref.rollout.multi_turn"
+        check_positive(f"{prefix}.max_assistant_turns", self.max_assistant_turns)
+        check_positive(f"{prefix}.max_parallel_calls", self.max_parallel_calls)
+        check_positive(f"{prefix}.max_tokens_per_turn", self.max_tokens_per_turn, allow_none=True)
+        check_positive(f"{prefix}.max_tool_response_length", self.max_tool_response_length)
+        if self.max_user_turns < 0:
+            raise ValueError(f"{prefix}.max_user_turns must be >= 0, got {self.max_user_turns}")
+        check_choice(f"{prefix}.tool_response_truncate_side", self.tool_response_truncate_side, ("left", "middle", "right"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentLoopConfig:
+    """How the driver runs agent loops against the rollout replicas' generation servers."""
+
+    default_agent_loop: str = "single_turn_agent"
+    """Loop for rows without an `agent_name` field (tool_agent when multi_turn.enable)."""
+    max_concurrent_loops: int = 64
+    """Agent loops in flight at once; their requests are batched by each replica's server."""
+    max_concurrent_requests_per_replica: int = 64
+    """Worker threads serving requests per rollout replica (the Ray actor's max_concurrency)."""
+
+    def __post_init__(self) -> None:
+        check_positive("actor_rollout_ref.rollout.agent.max_concurrent_loops", self.max_concurrent_loops)
+        check_positive(
+            "actor_rollout_ref.rollout.agent.max_concurrent_requests_per_replica", self.max_concurrent_requests_per_replica
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """Generation of responses."""
 
@@ -217,6 +271,10 @@ class RolloutConfig:
     """Free the rollout engine's KV cache after generation (hybrid engine)."""
     val_kwargs: ValSamplingConfig = field(default_factory=ValSamplingConfig)
     """Sampling for validation."""
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    """Agent loops (mode=async)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Tools, interactions and turn limits of the tool agent loop."""
 
     def __post_init__(self) -> None:
         check_choice("actor_rollout_ref.rollout.mode", self.mode, ("sync", "async"))

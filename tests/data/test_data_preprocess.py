@@ -141,3 +141,15 @@ def test_answer_extraction_mode_travels_with_the_rows_to_the_scorer():
         score = compute_score(row["data_source"], prose, truth, row["extra_info"])
         assert score == (1.0 if mode == "flexible" else 0.0), mode
         assert compute_score(row["data_source"], f"Answer: {truth}", truth, row["extra_info"]) == 1.0
+
+
+def test_tool_agent_rows_name_their_loop_and_hint_the_tool():
+    from hybridflow.data.preprocess.reasoning_gym import PRESETS, TOOL_INSTRUCTION, build_rows
+
+    task, config, extraction = PRESETS["smollm2_calculator"]
+    tool_row = build_rows(task, config, 2, 0, seed=0, answer_extraction=extraction, agent_name="tool_agent")["train"][0]
+    plain_row = build_rows(task, config, 2, 0, seed=0, answer_extraction=extraction)["train"][0]
+    assert tool_row["agent_name"] == "tool_agent" and "agent_name" not in plain_row
+    assert TOOL_INSTRUCTION in tool_row["prompt"][0]["content"]
+    assert TOOL_INSTRUCTION not in plain_row["prompt"][0]["content"]
+    assert tool_row["reward_model"] == plain_row["reward_model"]

@@ -139,7 +139,7 @@ def test_lora_misuse_is_refused(model_dir, batch):
 
 
 # ----------------------------------------------------------------------------- LoRA RL
-def lora_worker_args(model_dir: str) -> tuple:
+def lora_worker_args(model_dir: str, rollout_name: str = "hf") -> tuple:
     from hybridflow.workers import ActorRolloutRefWorker
     from hybridflow.workers.config import (
         ActorConfig,
@@ -153,7 +153,7 @@ def lora_worker_args(model_dir: str) -> tuple:
     config = ActorRolloutRefConfig(
         model=ModelConfig(path=model_dir, lora_rank=8, lora_alpha=16),
         actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=WorkerOptimConfig(lr=5e-2)),
-        rollout=RolloutConfig(temperature=1.0),
+        rollout=RolloutConfig(name=rollout_name, temperature=1.0),
     )
     runtime = WorkerRuntimeConfig(prompt_length=6, response_length=5, seed=0, num_threads=1)
     return ActorRolloutRefWorker, config, "actor_rollout_ref", runtime
@@ -200,6 +200,18 @@ def test_lora_rl_worker_in_process_generates_with_the_adapter(model_dir):
     worker = group.workers[0]
     assert worker.ref_engine is None, "the LoRA reference is the actor with its adapter disabled"
     check_lora_rl_steps(group, model_dir, handed_over=False)
+
+
+def test_lora_rl_worker_in_process_with_native_rollout_hands_over_merged_weights(model_dir):
+    """One rank, a backend that reads plain weights: it gets its own copy and the merged weights each step."""
+    from hybridflow.single_controller.local import LocalWorkerGroup
+    from hybridflow.single_controller.ray import RayClassWithInitArgs
+
+    cls, *args = lora_worker_args(model_dir, rollout_name="native")
+    group = LocalWorkerGroup(RayClassWithInitArgs(cls, *args), world_size=1)
+    group.init_model()
+    assert group.workers[0].rollout.model is not group.workers[0].actor_engine.module
+    check_lora_rl_steps(group, model_dir, handed_over=True)
 
 
 def test_lora_rl_worker_on_two_ranks_hands_over_merged_weights(ray_cluster, model_dir):

@@ -34,12 +34,21 @@ PRESETS: dict[str, tuple[str, dict[str, Any], str]] = {
         "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"],
         "allow_parentheses": False, "allow_negation": False,
     }, "flexible"),
+    # Three terms of up to three digits: hard to do in the head for a 135M model, easy with a calculator.
+    "smollm2_calculator": ("basic_arithmetic", {
+        "min_terms": 3, "max_terms": 3, "min_digits": 2, "max_digits": 3, "operators": ["+", "-", "*"],
+        "allow_parentheses": False, "allow_negation": False,
+    }, "flexible"),
 }
 
+TOOL_INSTRUCTION = "You can use the calculator tool to compute it."
+"""Appended to the question by `--agent_name tool_agent` (the tool's schema itself comes from the tool config)."""
 
-def build_prompt(question: str) -> str:
-    """The user message: the task's question, then the answer-format instruction the scorer relies on."""
-    return f"{question}\n\n{ANSWER_INSTRUCTION}"
+
+def build_prompt(question: str, tool_instruction: str | None = None) -> str:
+    """The user message: the task's question, an optional tool hint, then the answer-format instruction."""
+    hint = f" {tool_instruction}" if tool_instruction else ""
+    return f"{question}{hint}\n\n{ANSWER_INSTRUCTION}"
 
 
 def _json_safe(value: Any, where: str) -> Any:
@@ -58,10 +67,13 @@ def _json_safe(value: Any, where: str) -> Any:
 
 
 def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_size: int,
-               seed: int, answer_extraction: str = "strict") -> dict[str, list[dict[str, Any]]]:
+               seed: int, answer_extraction: str = "strict",
+               agent_name: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """{'train': rows, 'test': rows}: distinct questions from one seeded reasoning-gym dataset.
 
-    `answer_extraction` ('strict' or 'flexible') is stored per row for the scorer (see its module)."""
+    `answer_extraction` ('strict' or 'flexible') is stored per row for the scorer (see its module).
+    `agent_name` (e.g. 'tool_agent') is stored per row for `rollout.mode=async`; tool_agent rows also get
+    `TOOL_INSTRUCTION` in the prompt."""
     import reasoning_gym  # the optional `data` extra; imported only when this script runs
 
     needed = train_size + test_size
@@ -76,9 +88,9 @@ def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_siz
             continue
         seen.add(entry["question"])
         split = "train" if len(rows) < train_size else "test"
-        rows.append(make_row(
+        row = make_row(
             data_source=f"reasoning_gym/{task}",
-            content=build_prompt(entry["question"]),
+            content=build_prompt(entry["question"], TOOL_INSTRUCTION if agent_name == "tool_agent" else None),
             ability="reasoning",
             ground_truth=str(entry["answer"]),
             extra_info={
@@ -90,7 +102,10 @@ def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_siz
                 "metadata": json.dumps(_json_safe(entry["metadata"], "metadata"), sort_keys=True),
                 "answer_extraction": answer_extraction,
             },
-        ))
+        )
+        if agent_name is not None:
+            row["agent_name"] = agent_name
+        rows.append(row)
         if len(rows) == needed:
             return {"train": rows[:train_size], "test": rows[train_size:]}
     raise ValueError(
@@ -110,6 +125,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--answer_extraction", choices=["strict", "flexible"], default=None,
                         help="strict: only the text after 'Answer:'; flexible: else the last number "
                              "(default: the preset's, or strict)")
+    parser.add_argument("--agent_name", default=None,
+                        help="agent loop per row for rollout.mode=async (single_turn_agent, tool_agent)")
     add_output_args(parser)
     return parser.parse_args(argv)
 
@@ -135,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                          f"got {args.train_size} and {args.test_size}")
     split_names = [name for name, size in (("train", args.train_size), ("test", args.test_size)) if size > 0]
     check_outputs_free(args.local_dir, split_names, args.overwrite)
-    splits = build_rows(task, config, args.train_size, args.test_size, args.seed, args.answer_extraction or extraction)
+    splits = build_rows(task, config, args.train_size, args.test_size, args.seed, args.answer_extraction or extraction,
+                        args.agent_name)
     write_splits(args.local_dir, {name: rows for name, rows in splits.items() if rows}, args.overwrite)
 
 

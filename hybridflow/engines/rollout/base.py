@@ -16,13 +16,13 @@ import abc
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from hybridflow.protocol import DataProto
 
-OVERRIDABLE_KEYS = ("do_sample", "temperature", "top_p", "top_k", "n", "max_new_tokens")
+OVERRIDABLE_KEYS = ("do_sample", "temperature", "top_p", "top_k", "n", "max_new_tokens", "stop_token_ids")
 """Keys of `prompts.meta_info` that override the rollout's sampling parameters for one call."""
 
 
@@ -59,6 +59,10 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
+    def as_overrides(self) -> dict[str, Any]:
+        """These parameters as `meta_info` overrides: `base.with_overrides(p.as_overrides()) == p` for any base."""
+        return {key: getattr(self, key) for key in OVERRIDABLE_KEYS}
+
     def greedy(self) -> SamplingParams:
         """The same parameters with greedy decoding and one response per prompt (validation)."""
         return dataclasses.replace(self, do_sample=False, n=1)
@@ -66,6 +70,8 @@ class SamplingParams:
     def with_overrides(self, meta_info: Mapping[str, Any]) -> SamplingParams:
         """Apply the `OVERRIDABLE_KEYS` found in `meta_info` (other keys are ignored)."""
         changes = {key: meta_info[key] for key in OVERRIDABLE_KEYS if key in meta_info}
+        if "stop_token_ids" in changes:
+            changes["stop_token_ids"] = tuple(changes["stop_token_ids"])
         if changes.get("temperature") == 0:  # verl passes temperature 0 for greedy
             changes.setdefault("do_sample", False)
         return dataclasses.replace(self, **changes) if changes else self
@@ -78,6 +84,13 @@ class SamplingParams:
 
 class BaseRollout(abc.ABC):
     """A generation backend. Implementations register in `hybridflow.engines.rollout.ROLLOUTS`."""
+
+    holds_own_weights: ClassVar[bool] = False
+    """True if the backend copies the weights it is given (e.g. into another engine), so a module shared with
+    the trainer does not follow training: the actor then hands weights over before every generation."""
+    runs_peft_modules: ClassVar[bool] = False
+    """True if the backend generates with a peft-wrapped (LoRA) module as is, adapters active; otherwise a
+    LoRA actor hands it merged weights (`FSDPEngine.named_full_params`) instead of sharing its module."""
 
     @abc.abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -60,6 +60,8 @@ class SampledLogProbRecorder(LogitsProcessor):
 class HFRollout(BaseRollout):
     """Generation with an unsharded HF model held by this process (its own copy of the weights)."""
 
+    runs_peft_modules = True  # transformers' generate runs the peft layers
+
     def __init__(
         self,
         model: nn.Module | str | os.PathLike,

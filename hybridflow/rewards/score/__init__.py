@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hybridflow.rewards.score import countdown, gsm8k, math, reasoning_gym
+from hybridflow.rewards.score import code, countdown, gsm8k, math, reasoning_gym
 from hybridflow.utils.registry import Registry
 
 __all__ = ["SCORERS", "default_compute_score", "default_compute_score_batched", "resolve_scorer"]
@@ -38,6 +38,11 @@ def _score_countdown(data_source: str, solution_str: str, ground_truth: Any, ext
     return countdown.compute_score(solution_str, ground_truth, format_score=format_score)
 
 
+def _score_code(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                format_score: float = 0.0) -> dict:
+    return code.compute_score(solution_str, ground_truth, extra_info, format_score=format_score)
+
+
 def _score_reasoning_gym(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                          format_score: float = 0.0) -> float:
     return reasoning_gym.compute_score(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
@@ -51,6 +56,8 @@ for _name in ("openai/gsm8k", "gsm8k"):
 for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"):
     SCORERS.register(_name, _score_math)
 SCORERS.register("countdown", _score_countdown)
+for _name in ("openai_humaneval", "code"):  # 'code/<anything>' resolves to 'code'
+    SCORERS.register(_name, _score_code)
 SCORERS.register("reasoning_gym", _score_reasoning_gym)
 
 

@@ -29,6 +29,9 @@ class Dispatch:
     DP_COMPUTE_PROTO = "dp_compute_proto"
     DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"
     DP_COMPUTE_METRIC = "dp_compute_metric"
+    DIRECT_ROLLOUT_METHOD = "direct_rollout_method"
+    """Not a group call: each rank serves requests on its own (a generation server replica); the driver
+    calls it per rank through `WorkerGroup.direct_callers(name)`."""
 
 
 class Execute:
@@ -164,6 +167,16 @@ register_dispatch_mode(
     Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, _dp_compute_proto_with_func, _collect_proto, returns_proto=True
 )
 register_dispatch_mode(Dispatch.DP_COMPUTE_METRIC, _dp_compute_proto, _collect_list)
+
+
+def _refuse_group_call(group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+    raise TypeError(
+        "this method is registered with Dispatch.DIRECT_ROLLOUT_METHOD: call it on one rank through "
+        "`group.direct_callers(name)[rank]`, not on the whole group"
+    )
+
+
+register_dispatch_mode(Dispatch.DIRECT_ROLLOUT_METHOD, _refuse_group_call, _collect_list)
 
 
 # ---------------------------------------------------------------------------- mesh-aware mode

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,18 @@ class WorkerGroup(abc.ABC):
     @abc.abstractmethod
     def _resolve(self, handles: list[Any], method_name: str, ranks: list[int]) -> list[Any]:
         """Wait for `handles`; raise `WorkerError` naming the first rank that failed."""
+
+    @abc.abstractmethod
+    def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
+        """An async function calling `method_name` on `rank` alone (concurrent calls allowed)."""
+
+    def direct_callers(self, name: str) -> list[Callable[..., Awaitable[Any]]]:
+        """One async function per rank calling the worker method `name` on that rank only.
+
+        For `Dispatch.DIRECT_ROLLOUT_METHOD` methods (generation server replicas); awaiting many calls at
+        once runs them concurrently in the workers.
+        """
+        return [self._direct_caller(rank, self._method_prefix + name) for rank in range(self.world_size)]
 
     def _make_future(self, handles: list[Any], collect: Callable[[list[Any]], Any], returns_proto: bool) -> Any:
         """What a non-blocking call returns; the default resolves at once (no asynchrony)."""

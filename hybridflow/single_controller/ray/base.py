@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 try:  # Ray is needed only to start actors; local mode (LocalWorkerGroup) runs without it
@@ -220,6 +220,19 @@ class RayWorkerGroup(WorkerGroup):
                         method_name, ranks[position], f"its process died ({type(err).__name__}): {err}"
                     ) from err
         return results
+
+    def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
+        handle = self._workers[rank]
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await getattr(handle, method_name).remote(*args, **kwargs)
+            except ray.exceptions.RayTaskError as err:
+                raise WorkerError(method_name, rank, f"it raised:\n{err}") from err
+            except ray.exceptions.RayActorError as err:
+                raise WorkerError(method_name, rank, f"its process died ({type(err).__name__}): {err}") from err
+
+        return call
 
     def _make_future(self, handles: list[Any], collect: Callable[[list[Any]], Any], returns_proto: bool) -> Any:
         if returns_proto:

@@ -115,6 +115,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_names(cfg)
     _check_algorithm(cfg)
     _check_files(cfg)
+    _check_agent_loops(cfg)
     _check_lengths(cfg)
     _check_environment(cfg)
     actor = cfg.actor_rollout_ref.actor
@@ -150,8 +151,13 @@ def _check_names(cfg: PPOConfig) -> None:
     for key, value, known in named:
         if value not in known:
             raise ValueError(f"{key}={value!r} is unknown; known: {sorted(known)}")
-    # A backend that is registered but cannot import (e.g. vllm not installed) fails here, not after Ray starts.
-    ROLLOUTS.get(cfg.actor_rollout_ref.rollout.name)
+    # A backend that is registered but cannot import (e.g. vllm not installed) fails here, not after Ray starts;
+    # the import error carries the install command.
+    name = cfg.actor_rollout_ref.rollout.name
+    try:
+        ROLLOUTS.get(name)
+    except ImportError as err:
+        raise ValueError(f"actor_rollout_ref.rollout.name={name!r} cannot be used: {err}") from err
 
 
 def _check_algorithm(cfg: PPOConfig) -> None:
@@ -182,6 +188,38 @@ def _check_files(cfg: PPOConfig) -> None:
     custom = cfg.custom_reward_function
     if custom.path is not None and not Path(custom.path).is_file():
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
+
+
+def _check_agent_loops(cfg: PPOConfig) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    multi_turn = rollout.multi_turn
+    if rollout.mode != "async":
+        if multi_turn.enable:
+            raise ValueError(
+                "actor_rollout_ref.rollout.multi_turn.enable=True needs actor_rollout_ref.rollout.mode=async "
+                "(agent loops talk to the generation servers)"
+            )
+        return
+    if not cfg.data.return_raw_chat:
+        raise ValueError(
+            "actor_rollout_ref.rollout.mode=async runs agent loops on each row's chat messages: set data.return_raw_chat=True"
+        )
+    from hybridflow.agents.base import AGENT_LOOPS
+    from hybridflow.agents.manager import AgentLoopManager  # noqa: F401  (registers the built-in loops)
+
+    if rollout.agent.default_agent_loop not in AGENT_LOOPS:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop!r} is unknown; "
+            f"known: {sorted(AGENT_LOOPS.names())}"
+        )
+    for key in ("tool_config_path", "interaction_config_path"):
+        path = getattr(multi_turn, key)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.{key}={path!r} does not exist")
+    if multi_turn.tool_config_path is not None:
+        from hybridflow.tools.loader import load_tools
+
+        load_tools(multi_turn.tool_config_path)  # a malformed entry fails now, naming it
 
 
 def model_context_length(model_path: str) -> int | None:

@@ -1,0 +1,234 @@
+"""Continuous batching for the native rollout: admit prompts into free cache slots, decode all active
+slots one token per step, retire finished sequences and refill their slots from the waiting queue.
+
+Row layout: prompt `p` with `n` samples produces output rows `p * n + [0, n)`. A prompt is admitted only when
+`n` slots are free; its prefill runs once and its K/V and first-token logits are shared by the `n` samples.
+Admitted prompts are sorted by length and prefilled in chunks of at most `max_prefill_tokens` padded tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.native.kv_cache import KVCache
+from hybridflow.engines.rollout.native.model import LlamaFamilyForward
+from hybridflow.engines.rollout.native.sampler import sample_tokens
+
+logger = logging.getLogger(__name__)
+
+_ROWS_MULTIPLE = 8
+"""Decode steps run on a multiple of this many slots (idle slots fill the gap): on the 2-core AVX2 CPU a step
+of 15 or 63 rows took 1.35-1.6x longer than one of 16 or 64 rows (docs/performance.md)."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass
+class GenerationResult:
+    """Generated tokens per output row, right-padded."""
+
+    tokens: torch.Tensor
+    """(rows, max_new_tokens) int64, pad id after the last generated token."""
+    log_probs: torch.Tensor
+    """(rows, max_new_tokens) float32, 0 after the last generated token."""
+    num_generated: torch.Tensor
+    """(rows,) int64, tokens generated including the stop token."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """Wall times in seconds (`prefill_s`, `decode_s`, `first_token_s`) and `num_decode_steps`."""
+
+
+@dataclass
+class _SlotState:
+    """Per-slot decode state; slots `[0, num_active)` are in use."""
+
+    row: torch.Tensor  # output row of the sequence in the slot
+    length: torch.Tensor  # tokens in its cache (= cache position of the next token)
+    position: torch.Tensor  # rope position of the next token
+    count: torch.Tensor  # tokens generated so far
+    token: torch.Tensor  # last generated token (the next input)
+
+    @classmethod
+    def empty(cls, num_slots: int, device: torch.device) -> _SlotState:
+        return cls(*(torch.zeros(num_slots, dtype=torch.long, device=device) for _ in range(5)))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.row, self.length, self.position, self.count, self.token
+
+
+@dataclass
+class _Run:
+    """Everything one `generate` call works on."""
+
+    prompts: list[torch.Tensor]
+    positions: list[torch.Tensor]
+    params: SamplingParams
+    stop_ids: torch.Tensor
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    num_generated: torch.Tensor
+    slots: _SlotState
+    pad_id: int
+    capacity: int  # sequences decoded at once (<= the cache's slots, which include padding rows)
+    num_active: int = 0
+    span: int = 0  # 1 + the longest cached length among active slots: the attention width of the next step
+    start: float = field(default_factory=time.perf_counter)
+    stats: dict[str, float] = field(default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0})
+
+
+class ContinuousBatcher:
+    """Runs one generation request (a list of prompts) to completion over `max_num_seqs` cache slots."""
+
+    def __init__(
+        self, forward: LlamaFamilyForward, cache: KVCache, max_num_seqs: int, max_prefill_tokens: int
+    ) -> None:
+        self.forward = forward
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: list[torch.Tensor],
+        positions: list[torch.Tensor],
+        params: SamplingParams,
+        stop_ids: list[int],
+        pad_id: int,
+    ) -> GenerationResult:
+        """Generate `params.n` responses per prompt.
+
+        prompts, positions: per prompt, (prompt_len,) int64 token ids and rope positions (no padding).
+        """
+        n, max_new = params.n, params.max_new_tokens
+        if n > self.max_num_seqs:
+            raise ValueError(
+                f"n={n} > max_num_seqs={self.max_num_seqs}: the n samples of a prompt share one prefill and need n "
+                "slots at once; raise max_num_seqs"
+            )
+        device = self.cache.device
+        num_rows = len(prompts) * n
+        max_prompt_len = max(p.numel() for p in prompts)
+        max_position = max(int(pos[-1]) for pos in positions) + max_new + 1
+        capacity = min(self.max_num_seqs, num_rows)
+        self.cache.reserve(_round_up(capacity, _ROWS_MULTIPLE), max_prompt_len + max_new)
+        self.forward.bind(max_position)
+        run = _Run(
+            prompts=prompts,
+            positions=positions,
+            params=params,
+            stop_ids=torch.tensor(stop_ids, device=device),
+            tokens=torch.full((num_rows, max_new), pad_id, dtype=torch.long, device=device),
+            log_probs=torch.zeros((num_rows, max_new), dtype=torch.float32, device=device),
+            num_generated=torch.zeros(num_rows, dtype=torch.long, device=device),
+            slots=_SlotState.empty(self.cache.num_slots, device),
+            pad_id=pad_id,
+            capacity=capacity,
+        )
+        return self._loop(run, deque(range(len(prompts))))
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self, run: _Run, waiting: deque[int]) -> GenerationResult:
+        start = time.perf_counter()
+        while True:
+            while waiting and run.capacity - run.num_active >= run.params.n:
+                self._admit(run, waiting)
+                self._retire(run)
+            if run.num_active == 0:
+                break
+            step_start = time.perf_counter()
+            self._decode_step(run)
+            self._retire(run)
+            run.stats["decode_s"] += time.perf_counter() - step_start
+            run.stats["num_decode_steps"] += 1
+        run.stats["total_s"] = time.perf_counter() - start
+        logger.debug("native rollout: %s", run.stats)
+        return GenerationResult(run.tokens, run.log_probs, run.num_generated, dict(run.stats))
+
+    def _admit(self, run: _Run, waiting: deque[int]) -> None:
+        """Move as many waiting prompts as fit into free slots, prefilling them in length-sorted chunks."""
+        n = run.params.n
+        take = min(len(waiting), (run.capacity - run.num_active) // n)
+        chosen = sorted((waiting.popleft() for _ in range(take)), key=lambda p: run.prompts[p].numel())
+        chunk: list[int] = []
+        for prompt in chosen:
+            padded = (len(chunk) + 1) * run.prompts[prompt].numel()  # sorted: this prompt is the longest
+            if chunk and padded > self.max_prefill_tokens:
+                self._prefill(run, chunk)
+                chunk = []
+            chunk.append(prompt)
+        if chunk:
+            self._prefill(run, chunk)
+
+    def _prefill(self, run: _Run, chunk: list[int]) -> None:
+        n = run.params.n
+        start = time.perf_counter()
+        device = self.cache.device
+        sizes = [run.prompts[p].numel() for p in chunk]
+        lengths = torch.tensor(sizes, device=device)
+        ids = torch.full((len(chunk), max(sizes)), run.pad_id, dtype=torch.long, device=device)
+        pos = torch.zeros_like(ids)
+        for i, p in enumerate(chunk):  # right-pad: real tokens first
+            ids[i, : sizes[i]] = run.prompts[p]
+            pos[i, : sizes[i]] = run.positions[p]
+        first = run.num_active
+        logits = self.forward.prefill(ids, pos, lengths - 1, self.cache, first, n)
+        tokens, log_probs = sample_tokens(logits.repeat_interleave(n, dim=0) if n > 1 else logits, run.params)
+        slots = slice(first, first + len(chunk) * n)
+        rows = (torch.tensor(chunk, device=device)[:, None] * n + torch.arange(n, device=device)).reshape(-1)
+        last_positions = torch.stack([run.positions[p][-1] for p in chunk]).to(device)
+        run.slots.row[slots] = rows
+        run.slots.length[slots] = lengths.repeat_interleave(n)
+        run.slots.position[slots] = (last_positions + 1).repeat_interleave(n)
+        run.slots.count[slots] = 1
+        run.slots.token[slots] = tokens
+        run.tokens[rows, 0] = tokens
+        run.log_probs[rows, 0] = log_probs
+        run.num_active += len(chunk) * n
+        run.span = max(run.span, max(sizes) + 1)
+        run.stats["prefill_s"] += time.perf_counter() - start
+        run.stats.setdefault("first_token_s", time.perf_counter() - run.start)
+
+    def _decode_step(self, run: _Run) -> None:
+        s, active = run.slots, slice(0, run.num_active)
+        # Idle slots past the active ones pad the step (their state is zero: they write at cache position 0
+        # of a free slot, which admission overwrites); their logits are dropped.
+        padded = slice(0, min(_round_up(run.num_active, _ROWS_MULTIPLE), self.cache.num_slots))
+        logits = self.forward.decode(s.token[padded], s.position[padded], s.length[padded], run.span, self.cache)
+        tokens, log_probs = sample_tokens(logits[active], run.params)
+        rows, counts = s.row[active], s.count[active]
+        run.tokens[rows, counts] = tokens
+        run.log_probs[rows, counts] = log_probs
+        s.length[active] += 1
+        s.position[active] += 1
+        s.count[active] += 1
+        s.token[active] = tokens
+        run.span += 1
+
+    def _retire(self, run: _Run) -> None:
+        """Record finished sequences and compact the active slots into `[0, num_active)`."""
+        s, active = run.slots, slice(0, run.num_active)
+        done = torch.isin(s.token[active], run.stop_ids) | (s.count[active] >= run.params.max_new_tokens)
+        if not bool(done.any()):
+            return
+        run.num_generated[s.row[active][done]] = s.count[active][done]
+        kept = (~done).nonzero().squeeze(1)
+        num_kept = kept.numel()
+        holes = done[:num_kept].nonzero().squeeze(1)
+        movers = kept[kept >= num_kept]
+        if holes.numel():
+            self.cache.move_slots(movers, holes, int(s.length[movers].max()))
+            for tensor in s.tensors():
+                tensor[holes] = tensor[movers]
+        for tensor in s.tensors():
+            tensor[num_kept : run.num_active] = 0  # freed slots: valid padding rows for `_decode_step`
+        run.num_active = num_kept
+        run.span = int(s.length[:num_kept].max()) + 1 if num_kept else 0
+

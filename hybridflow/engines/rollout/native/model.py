@@ -1,0 +1,245 @@
+"""A compact inference forward for HF Llama-family causal LMs (Llama, Qwen2) over the native KV cache.
+
+It reads the HF module's own parameters (no copies, so in-place weight updates and a module shared with the
+training engine are seen at once) and replaces only the per-call machinery that costs time in a decode loop:
+no cache objects that grow by concatenation, no mask building, no repeated K/V heads. The math is the HF
+modeling code's: RMSNorm in float32, rotary embeddings from the model's own `rotary_emb` (so every static
+rope scaling type gives the same angles), `scaled_dot_product_attention` with the default 1/sqrt(head_dim) scale.
+
+Two entry points:
+- `prefill`: right-padded prompts, plain causal attention (padding sits after each prompt's real tokens, so
+  no real query ever sees it); writes K/V into cache slots and returns the logits of each prompt's last token.
+- `decode`: one token per active slot at per-slot positions; grouped-query heads are folded into the query
+  length (q: (slots, kv_heads, group, head_dim)), so K/V are read straight from the cache views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridflow.engines.rollout.native.kv_cache import KVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+_STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """References to one decoder layer's parameters (biases may be None)."""
+
+    input_norm: torch.Tensor
+    q: torch.Tensor
+    q_bias: torch.Tensor | None
+    k: torch.Tensor
+    k_bias: torch.Tensor | None
+    v: torch.Tensor
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate: torch.Tensor
+    gate_bias: torch.Tensor | None
+    up: torch.Tensor
+    up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    act: nn.Module
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError if `model` is not a causal LM this forward reproduces exactly."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"the native rollout supports model types {SUPPORTED_MODEL_TYPES}, got {config.model_type!r}; "
+            "use rollout name 'hf' for this model"
+        )
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError("the native rollout does not implement sliding-window attention; use rollout name 'hf'")
+    if any(hasattr(module, "lora_A") for module in model.modules()):
+        raise ValueError(
+            "the native rollout reads plain weights and would ignore LoRA adapters in this module; give it the "
+            "merged weights (a plain model updated from `named_full_params()`, as the actor worker does) or use "
+            "rollout name 'hf'"
+        )
+    rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
+    if rope_type not in _STATIC_ROPE_TYPES:
+        raise ValueError(
+            f"the native rollout supports rope types {_STATIC_ROPE_TYPES}, got {rope_type!r}; use rollout name 'hf'"
+        )
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # LlamaRMSNorm / Qwen2RMSNorm: normalise in float32, scale in the input dtype.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear` for a few rows (a decode step), computed as (weight @ x^T)^T.
+
+    Same product; MKL then splits the work over threads along the output features rather than the few rows,
+    measured 10-15% faster per decode step on a 2-core CPU (docs/performance.md). The result is a transposed
+    view, which is exactly the operand layout the next call wants. x: (rows, in) -> (rows, out).
+    """
+    out = torch.mm(weight, x.t()).t()
+    return out if bias is None else out + bias
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Attention of one query token per slot over that slot's cache; grouped query heads share K/V.
+
+    Two batched matmuls over strided cache views: for 3 queries per KV head this beats the CPU flash kernel.
+    q: (slots, kv_heads, group, head_dim), already scaled by 1/sqrt(head_dim); keys, values: (slots,
+    kv_heads, span, head_dim); bias: (slots, 1, 1, span) 0 or -inf -> (slots, kv_heads, group, head_dim).
+    """
+    scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)
+    return torch.matmul(torch.softmax(scores, dim=-1), values)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaFamilyForward:
+    """Prefill and decode for one HF Llama-family model, reading its weights on every call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        check_supported(model)
+        config = model.config
+        self.model = model
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.group = self.num_heads // self.num_kv_heads
+        self.eps = config.rms_norm_eps
+        self._cos = self._sin = None
+        self._layers: list[LayerWeights] = []
+
+    # ------------------------------------------------------------------ weights and rope tables
+    def bind(self, max_position: int) -> None:
+        """Read the current parameter references and make rope tables for positions `[0, max_position)`.
+
+        Called at the start of each generation, so replaced parameter objects are picked up too.
+        """
+        self._layers = [self._layer_weights(layer) for layer in self.model.model.layers]
+        if self._cos is None or self._cos.shape[0] < max_position:
+            rotary = self.model.model.rotary_emb
+            weight = self.model.model.embed_tokens.weight
+            positions = torch.arange(max_position, device=weight.device)[None]
+            cos, sin = rotary(weight[:1], positions)
+            self._cos, self._sin = cos[0], sin[0]  # (max_position, head_dim)
+
+    def release(self) -> None:
+        """Drop the rope tables and parameter references (rebuilt by `bind`)."""
+        self._cos = self._sin = None
+        self._layers = []
+
+    @staticmethod
+    def _layer_weights(layer: nn.Module) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        return LayerWeights(
+            input_norm=layer.input_layernorm.weight,
+            q=attn.q_proj.weight,
+            q_bias=attn.q_proj.bias,
+            k=attn.k_proj.weight,
+            k_bias=attn.k_proj.bias,
+            v=attn.v_proj.weight,
+            v_bias=attn.v_proj.bias,
+            o=attn.o_proj.weight,
+            o_bias=attn.o_proj.bias,
+            post_norm=layer.post_attention_layernorm.weight,
+            gate=mlp.gate_proj.weight,
+            gate_bias=mlp.gate_proj.bias,
+            up=mlp.up_proj.weight,
+            up_bias=mlp.up_proj.bias,
+            down=mlp.down_proj.weight,
+            down_bias=mlp.down_proj.bias,
+            act=mlp.act_fn,
+        )
+
+    # ------------------------------------------------------------------ shared pieces
+    def _mlp(self, x: torch.Tensor, w: LayerWeights, linear=F.linear) -> torch.Tensor:
+        h = _rms_norm(x, w.post_norm, self.eps)
+        gated = w.act(linear(h, w.gate, w.gate_bias)) * linear(h, w.up, w.up_bias)
+        return x + linear(gated, w.down, w.down_bias)
+
+    def _qkv(
+        self, x: torch.Tensor, w: LayerWeights, linear=F.linear
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (..., hidden) -> q (..., heads, head_dim), k and v (..., kv_heads, head_dim)."""
+        h = _rms_norm(x, w.input_norm, self.eps)
+        q = linear(h, w.q, w.q_bias).unflatten(-1, (self.num_heads, self.head_dim))
+        k = linear(h, w.k, w.k_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = linear(h, w.v, w.v_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        return q, k, v
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (rows, hidden) -> float32 logits (rows, vocab)."""
+        x = _rms_norm(x, self.model.model.norm.weight, self.eps)
+        head = self.model.lm_head
+        return F.linear(x, head.weight, head.bias).float()
+
+    # ------------------------------------------------------------------ entry points
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        last_index: torch.Tensor,
+        cache: KVCache,
+        start_slot: int,
+        repeats: int,
+    ) -> torch.Tensor:
+        """Run right-padded prompts and store their K/V, each prompt in `repeats` consecutive slots.
+
+        input_ids, position_ids: (num_prompts, prompt_len) int64, real tokens first in each row;
+        last_index: (num_prompts,) index of each prompt's last real token -> float32 logits (num_prompts, vocab).
+        """
+        num_prompts, prompt_len = input_ids.shape
+        x = self.model.model.embed_tokens.weight[input_ids]
+        cos, sin = self._cos[position_ids].unsqueeze(1), self._sin[position_ids].unsqueeze(1)
+        for index, w in enumerate(self._layers):
+            q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (P, heads, L, head_dim)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            cache.write_prompts(index, start_slot, k, v, repeats)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
+            attn = attn.transpose(1, 2).reshape(num_prompts, prompt_len, -1)
+            x = self._mlp(x + F.linear(attn, w.o, w.o_bias), w)
+        rows = torch.arange(num_prompts, device=x.device)
+        return self._logits(x[rows, last_index])
+
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, span: int, cache: KVCache
+    ) -> torch.Tensor:
+        """One decode step for the active slots `[0, num_active)`.
+
+        tokens: (num_active,) the last sampled tokens; positions: (num_active,) their rope positions;
+        lengths: (num_active,) tokens already cached per slot (the new token goes at that cache position);
+        span: 1 + max(lengths), the attention width -> float32 logits (num_active, vocab).
+        """
+        num_active = tokens.numel()
+        index = cache.decode_index(lengths)
+        visible = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
+        bias = torch.zeros(visible.shape, dtype=cache.dtype, device=tokens.device).masked_fill_(~visible, -torch.inf)
+        bias = bias[:, None, None, :]
+        cos, sin = self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # (A, 1, head_dim)
+        scale = self.head_dim**-0.5  # folded into the query rotation
+        q_cos, q_sin = cos * scale, sin * scale
+        x = self.model.model.embed_tokens.weight[tokens]
+        for layer, w in enumerate(self._layers):
+            q, k, v = self._qkv(x, w, _linear_rows)
+            q, k = _rotate(q, q_cos, q_sin), _rotate(k, cos, sin)
+            cache.append(layer, index, k, v)
+            keys, values = cache.active(layer, num_active, span)
+            q = q.reshape(num_active, self.num_kv_heads, self.group, self.head_dim)
+            attn = _decode_attention(q, keys, values, bias).reshape(num_active, -1)
+            x = self._mlp(x + _linear_rows(attn, w.o, w.o_bias), w, _linear_rows)
+        return self._logits(x)

@@ -1,0 +1,171 @@
+"""The `native` rollout: continuous batching over a preallocated KV cache with a compact Llama-family forward.
+
+Same constructor and output layout as the `hf` backend (the worker builds either by name), same log-prob
+definition (raw logits / temperature, before top-k/top-p). See `batcher.py` for the scheduling, `model.py`
+for the forward and `kv_cache.py` for the cache layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from hybridflow.engines.logprob import compute_response_position_ids
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult
+from hybridflow.engines.rollout.native.kv_cache import KVCache
+from hybridflow.engines.rollout.native.model import LlamaFamilyForward
+from hybridflow.env import dist_local_rank
+from hybridflow.models.loader import build_causal_lm, prepare_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.utils.device import get_torch_device
+
+logger = logging.getLogger(__name__)
+
+
+class NativeRollout(BaseRollout):
+    """Generation with hybridflow's own decode loop over an unsharded HF Llama/Qwen2 model in this process."""
+
+    def __init__(
+        self,
+        model: nn.Module | str | os.PathLike,
+        tokenizer,
+        sampling_params: SamplingParams,
+        *,
+        val_sampling_params: SamplingParams | None = None,
+        max_num_seqs: int = 64,
+        max_prefill_tokens: int = 4096,
+        num_threads: int | None = None,
+        dtype: str | torch.dtype = "float32",
+    ) -> None:
+        """
+        Args:
+            model: a Llama/Qwen2 causal LM (may be shared with the training engine), or a catalogue name /
+                directory / `.gguf` file to load in `dtype`.
+            tokenizer: gives the eos (response end) and pad ids.
+            sampling_params: used for training rollouts.
+            val_sampling_params: used when `prompts.meta_info['validate']` is true; default greedy.
+            max_num_seqs: KV-cache slots, i.e. sequences decoded together (continuous batching refills them).
+            max_prefill_tokens: padded prompt tokens per prefill forward.
+            num_threads: torch intra-op threads while generating; None keeps the process setting.
+        """
+        if max_num_seqs < 1 or max_prefill_tokens < 1:
+            raise ValueError(
+                f"max_num_seqs and max_prefill_tokens must be >= 1, got {max_num_seqs} and {max_prefill_tokens}"
+            )
+        if isinstance(model, (str, os.PathLike)):
+            model = build_causal_lm(model, dtype=dtype)
+        self.device = get_torch_device(dist_local_rank())
+        self.model = model.to(self.device).eval()
+        self.tokenizer = prepare_tokenizer(tokenizer)
+        self.sampling_params = sampling_params
+        self.val_sampling_params = val_sampling_params or sampling_params.greedy()
+        self.num_threads = num_threads
+        self.forward = LlamaFamilyForward(self.model)
+        dtype = next(self.model.parameters()).dtype
+        self.cache = KVCache(
+            self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device
+        )
+        self.batcher = ContinuousBatcher(self.forward, self.cache, max_num_seqs, max_prefill_tokens)
+        self.last_stats: dict[str, float] = {}
+        """Timings of the last `generate_sequences` call (see `GenerationResult.stats`)."""
+
+    # ------------------------------------------------------------------ generation
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """See `BaseRollout.generate_sequences`."""
+        base = self.val_sampling_params if prompts.meta_info.get("validate", False) else self.sampling_params
+        params = base.with_overrides(prompts.meta_info)
+        prompt_ids = prompts.batch["input_ids"].to(self.device)
+        prompt_mask = prompts.batch["attention_mask"].to(self.device)
+        prompt_pos = prompts.batch["position_ids"].to(self.device)
+        keep = prompt_mask.bool()
+        if not keep.any(dim=1).all():
+            empty = (~keep.any(dim=1)).nonzero().flatten().tolist()
+            raise ValueError(f"prompt rows {empty} have no tokens (attention_mask all 0); drop them before generating")
+        stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
+        with self._threads():
+            result = self.batcher.generate(
+                [ids[row] for ids, row in zip(prompt_ids, keep)],
+                [pos[row] for pos, row in zip(prompt_pos, keep)],
+                params,
+                stop_ids,
+                self.tokenizer.pad_token_id,
+            )
+        self.last_stats = result.stats
+        if params.n > 1:
+            prompts = prompts.repeat(params.n, interleave=True)
+            prompt_ids, prompt_mask, prompt_pos = (
+                t.repeat_interleave(params.n, 0) for t in (prompt_ids, prompt_mask, prompt_pos)
+            )
+        tensors = assemble_outputs(prompt_ids, prompt_mask, prompt_pos, result)
+        return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        previous = torch.get_num_threads()
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
+    # ------------------------------------------------------------------ weights and memory
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each `(name, tensor)` into the parameter or buffer of that HF name, in place."""
+        targets = self.model.state_dict(keep_vars=True)
+        num_loaded = 0
+        for name, tensor in named_tensors:
+            target = targets.get(name)
+            if target is None:
+                raise KeyError(f"rollout model has no parameter or buffer named {name!r}")
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"shape mismatch for {name!r}: rollout has {tuple(target.shape)}, got {tuple(tensor.shape)}"
+                )
+            target.data.copy_(tensor)
+            num_loaded += 1
+        self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
+        logger.debug("native rollout: updated %d tensors", num_loaded)
+
+    def sleep(self) -> None:
+        """Free the KV cache and rope tables; on accelerators also move the weights to CPU."""
+        self.cache.release()
+        self.forward.release()
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            torch.accelerator.empty_cache()
+
+    def wake_up(self) -> None:
+        """Reallocate the KV cache (same shape as before `sleep`) and move the weights back."""
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+        self.cache.restore()
+
+
+def assemble_outputs(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, prompt_pos: torch.Tensor, result: GenerationResult
+) -> dict[str, torch.Tensor]:
+    """The verl layout (see `hybridflow.engines.rollout.base`) on CPU.
+
+    prompt_ids, prompt_mask, prompt_pos: (rows, prompt_len); result tensors: (rows, max_new_tokens).
+    """
+    length = result.tokens.size(1)
+    steps = torch.arange(length, device=result.tokens.device)
+    response_mask = (steps[None, :] < result.num_generated[:, None]).long()
+    outputs = {
+        "prompts": prompt_ids,
+        "responses": result.tokens,
+        "input_ids": torch.cat([prompt_ids, result.tokens], dim=1),
+        "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
+        "position_ids": torch.cat([prompt_pos, compute_response_position_ids(prompt_pos, length)], dim=1),
+        "response_mask": response_mask,
+        "rollout_log_probs": result.log_probs * response_mask,
+    }
+    return {key: value.cpu() for key, value in outputs.items()}

@@ -1,0 +1,188 @@
+"""Token-in-token-out generation server over any rollout backend, for agent loops.
+
+Many agent loops (asyncio tasks in the driver) each send one request at a time: `generate(request_id,
+prompt_ids, sampling_params) -> TokenOutput`. The server queues requests from any thread and a single engine
+thread batches them: it takes the first waiting request, gathers whatever else arrives within
+`batch_wait_s` (up to `max_batch_size`), groups the requests by sampling parameters and runs each group as
+one `generate_sequences` call. While a batch runs, new requests queue up and form the next batch, so loops
+that are busy with tools do not hold back the others (dynamic batching at request granularity; requests do
+not join a batch that is already decoding).
+
+The server lives in the rollout worker's process (the hybrid engine: it generates with the weights the actor
+just handed over); `hybridflow.agents.server_manager` routes a conversation's requests to one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """One response: generated ids (including the stop token, if any) and their log-probs."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str
+    """'stop' (eos or a stop token ended it) or 'length' (max_new_tokens reached)."""
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future
+
+
+def build_prompt_batch(prompts: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:
+    """Left-padded `input_ids`, `attention_mask`, `position_ids` (bs, max_len) for token-id prompts."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("a generation request has an empty prompt; send at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+
+
+def split_token_outputs(output: DataProto, max_new_tokens: int) -> list[TokenOutput]:
+    """Per row of a rollout's output: the response tokens under `response_mask` and their log-probs."""
+    results = []
+    for tokens, mask, log_probs in zip(
+        output.batch["responses"], output.batch["response_mask"], output.batch["rollout_log_probs"]
+    ):
+        length = int(mask.sum())
+        reason = "length" if length >= max_new_tokens else "stop"
+        results.append(TokenOutput(tokens[:length].tolist(), log_probs[:length].tolist(), reason))
+    return results
+
+
+class GenerationServer:
+    """Batches concurrent token-level requests onto one rollout backend (see the module docstring)."""
+
+    def __init__(
+        self, rollout: BaseRollout, pad_token_id: int, *, max_batch_size: int = 64, batch_wait_s: float = 0.005
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.rollout = rollout
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.num_requests = 0
+        self.num_batches = 0
+        self.busy_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread (no-op if running)."""
+        if not self.running:
+            self._thread = threading.Thread(target=self._serve, name="generation-server", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the queued requests, then stop the engine thread."""
+        if self.running:
+            self._queue.put(None)
+            self._thread.join()
+        self._thread = None
+
+    def stats(self) -> dict[str, float]:
+        """Requests served, batches run, mean requests per batch, seconds the engine was busy."""
+        return {
+            "num_requests": self.num_requests,
+            "num_batches": self.num_batches,
+            "mean_batch_size": self.num_requests / max(self.num_batches, 1),
+            "busy_s": self.busy_s,
+        }
+
+    # ------------------------------------------------------------------ requests
+    def submit(
+        self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams
+    ) -> concurrent.futures.Future:
+        """Queue one request; the future resolves to a `TokenOutput` (or the engine's exception)."""
+        if sampling_params.n != 1:
+            raise ValueError(f"a token request returns one response: sampling_params.n must be 1, got {sampling_params.n}")
+        if not prompt_ids:
+            raise ValueError(f"request {request_id!r} has an empty prompt; send at least one token")
+        if not self.running:
+            raise RuntimeError("the generation server is not running: wake the rollout up first")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put(_Request(request_id, list(prompt_ids), sampling_params, future))
+        return future
+
+    def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        """Blocking `submit` (thread-safe: call it from many threads at once)."""
+        return self.submit(request_id, prompt_ids, sampling_params).result()
+
+    async def generate_async(
+        self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
+        """`submit` awaited from an event loop."""
+        return await asyncio.wrap_future(self.submit(request_id, prompt_ids, sampling_params))
+
+    # ------------------------------------------------------------------ the engine thread
+    def _serve(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = time.perf_counter() + self.batch_wait_s
+            while len(batch) < self.max_batch_size:
+                try:
+                    request = self._queue.get(timeout=max(deadline - time.perf_counter(), 0.0))
+                except queue.Empty:
+                    break
+                if request is None:
+                    stopping = True
+                    break
+                batch.append(request)
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Request]) -> None:
+        groups: dict[SamplingParams, list[_Request]] = {}
+        for request in batch:
+            groups.setdefault(request.params, []).append(request)
+        for params, requests in groups.items():
+            start = time.perf_counter()
+            try:
+                prompts = build_prompt_batch([r.prompt_ids for r in requests], self.pad_token_id)
+                prompts.meta_info.update(params.as_overrides())
+                outputs = split_token_outputs(self.rollout.generate_sequences(prompts), params.max_new_tokens)
+            except Exception as error:  # noqa: BLE001 - handed to every waiting caller, who re-raises it
+                logger.exception("generation batch of %d requests failed", len(requests))
+                for request in requests:
+                    request.future.set_exception(error)
+                continue
+            finally:
+                self.busy_s += time.perf_counter() - start
+            self.num_batches += 1
+            self.num_requests += len(requests)
+            for request, output in zip(requests, outputs, strict=True):
+                request.future.set_result(output)

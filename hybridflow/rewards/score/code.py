@@ -1,0 +1,131 @@
+"""Code scorer: run the response's program followed by the row's tests in the sandbox; 1.0 if all pass.
+
+Rows (see `hybridflow.data.preprocess.human_eval`, data_source `openai_humaneval`; any `code` or `code/...`
+data source works the same way):
+- `reward_model.ground_truth`: test code appended after the program (HumanEval: the `check` function and
+  `check(<entry_point>)`), or stdin/stdout cases `{"inputs": [...], "outputs": [...]}` (a dict or its JSON),
+  each run as a separate program, output compared token by token;
+- `extra_info['prompt_code']` (optional): the function stub given in the prompt. It goes before the response's
+  code, so a whole-function answer keeps the stub's imports and helper functions, and a completion-style
+  answer (the function body only, no `def <entry_point>`) continues the stub.
+
+The program is the last ```python (or ```py) block of the response, else the last ``` block, else the whole
+response. It runs in `hybridflow.sandbox` with `DEFAULT_LIMITS`, never in this process. After the tests the
+program prints a random token; the score is 1.0 only if the run ended 'ok' and the token was printed, so a
+program that exits early (`sys.exit(0)`, `os._exit(0)`) before the tests ran scores 0.
+
+Not caught: a program that reads the token from its own code object (frame introspection), and answers that
+return objects whose `__eq__` always says True (HumanEval's own harness has the same weakness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hybridflow.sandbox import SandboxLimits, SandboxResult, run_python
+
+__all__ = ["DEFAULT_LIMITS", "compute_score", "extract_program"]
+
+DEFAULT_LIMITS = SandboxLimits(cpu_time_s=4.0, wall_time_s=6.0, memory_mb=1024, output_bytes=16384)
+"""6 s of wall time in all per response (all stdin/stdout cases together): below the reward pool's default
+per-call timeout (`ScoringConfig.timeout_s`, 10 s), so the sandbox stops a slow program itself and reports
+status 'timeout', instead of the pool cutting the scorer off. Raise both together."""
+
+_PYTHON_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+_ANY_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_program(solution_str: str, prompt_code: str | None = None,
+                    entry_point: str | None = None) -> tuple[str, bool]:
+    """(program, fenced): the code to run and whether it came from a fenced block.
+
+    With `prompt_code` (the stub from the prompt), the program is the stub followed by the answer: after a
+    blank line if the answer defines `entry_point` (or no entry point is known), else directly (the
+    answer is the body of the stub's last function).
+    """
+    blocks = _PYTHON_BLOCK.findall(solution_str) or _ANY_BLOCK.findall(solution_str)
+    code = blocks[-1] if blocks else solution_str
+    if not prompt_code:
+        return code, bool(blocks)
+    defines = entry_point is None or re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(entry_point)}\b",
+                                               code, re.MULTILINE) is not None
+    return (f"{prompt_code.rstrip()}\n\n\n{code}" if defines else prompt_code + code), bool(blocks)
+
+
+def _io_cases(ground_truth: Any) -> tuple[list[str], list[str]] | None:
+    """stdin/stdout cases from a dict or its JSON, else None (the ground truth is test code)."""
+    if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("{"):
+        try:
+            ground_truth = json.loads(ground_truth)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(ground_truth, Mapping) and {"inputs", "outputs"} <= set(ground_truth):
+        inputs, outputs = list(ground_truth["inputs"]), list(ground_truth["outputs"])
+        if len(inputs) != len(outputs):
+            raise ValueError(f"code ground truth has {len(inputs)} inputs but {len(outputs)} outputs")
+        return [str(i) for i in inputs], [str(o) for o in outputs]
+    return None
+
+
+def _run_tests(program: str, tests: str, limits: SandboxLimits) -> tuple[bool, SandboxResult]:
+    token = f"hybridflow-tests-passed-{secrets.token_hex(16)}"
+    result = run_python(f"{program}\n\n\n{tests}\n\nprint({token!r})\n", limits=limits)
+    lines = result.stdout.rstrip("\n").rsplit("\n", 1)
+    return result.ok and lines[-1] == token, result
+
+
+def _run_io_cases(program: str, inputs: list[str], outputs: list[str],
+                  limits: SandboxLimits) -> tuple[bool, SandboxResult | None]:
+    deadline = time.monotonic() + limits.wall_time_s
+    result = None
+    for stdin, expected in zip(inputs, outputs):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False, result
+        result = run_python(program, stdin=stdin, limits=dataclasses.replace(limits, wall_time_s=remaining))
+        if not result.ok or result.stdout.split() != expected.split():
+            return False, result
+    return True, result
+
+
+def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None, *,
+                  format_score: float = 0.0, limits: SandboxLimits | None = None) -> dict[str, Any]:
+    """Run the response's program against the row's tests in the sandbox.
+
+    Args:
+        solution_str: the model's response.
+        ground_truth: test code to append, or stdin/stdout cases (see the module docstring).
+        extra_info: the row's extra_info; `prompt_code` and `entry_point` are used when present.
+        format_score: score of a wrong answer given in a fenced code block.
+        limits: sandbox limits; default `DEFAULT_LIMITS` (the wall time covers all cases together).
+
+    Returns:
+        {'score': 1.0 if every test passes, else `format_score` (fenced answer) or 0.0; 'acc': 1.0 or 0.0;
+        'status': the sandbox status of the (first failing) run, or 'no_code' (empty response),
+        'exited_before_tests' (exit 0 without running the tests), 'wrong_answer' (a case's output differs)}.
+    """
+    if not solution_str.strip():
+        return {"score": 0.0, "acc": 0.0, "status": "no_code"}
+    extra_info = extra_info or {}
+    program, fenced = extract_program(solution_str, extra_info.get("prompt_code"), extra_info.get("entry_point"))
+    limits = limits or DEFAULT_LIMITS
+    cases = _io_cases(ground_truth)
+    if cases is not None:
+        passed, result = _run_io_cases(program, *cases, limits)
+    elif isinstance(ground_truth, str):
+        passed, result = _run_tests(program, ground_truth, limits)
+    else:
+        raise ValueError(f"code ground truth must be test code (str) or {{'inputs', 'outputs'}}, "
+                         f"got {type(ground_truth).__name__}")
+    status = result.status if result is not None else ("ok" if passed else "timeout")
+    if not passed and status == "ok":
+        status = "wrong_answer" if cases is not None else "exited_before_tests"
+    if passed:
+        return {"score": 1.0, "acc": 1.0, "status": status}
+    return {"score": format_score if fenced else 0.0, "acc": 0.0, "status": status}

@@ -1,0 +1,210 @@
+"""Agent loops against a scripted generation server: token bookkeeping, masks, tools, interactions, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.agents.base import AgentLoopContext, AgentLoopOutput
+from hybridflow.agents.chat import ChatEncoder
+from hybridflow.agents.interactions import AnswerFeedbackInteraction, load_interactions
+from hybridflow.agents.manager import agent_metrics, build_output
+from hybridflow.agents.server_manager import AsyncLLMServerManager
+from hybridflow.agents.single_turn import SingleTurnAgentLoop
+from hybridflow.agents.tool_agent import ToolAgentLoop, truncate_text
+from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.server import TokenOutput
+from hybridflow.tools.calculator import CalculatorTool
+from hybridflow.workers.config import MultiTurnConfig
+
+PARAMS = SamplingParams(max_new_tokens=512)
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+class ScriptedServer:
+    """Answers each request with the next scripted text (+ eos), recording the prompts it was sent."""
+
+    def __init__(self, tokenizer, turns: list[str], eos: bool = True) -> None:
+        self.tokenizer, self.turns, self.eos = tokenizer, list(turns), eos
+        self.prompts: list[list[int]] = []
+        self.outputs: list[list[int]] = []
+
+    async def __call__(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> TokenOutput:
+        self.prompts.append(list(prompt_ids))
+        text = self.turns.pop(0) if self.turns else "I am done."
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = ids + [self.tokenizer.eos_token_id] if self.eos else ids
+        ids = ids[: params.max_new_tokens]
+        self.outputs.append(ids)
+        reason = "length" if len(ids) == params.max_new_tokens else "stop"
+        return TokenOutput(ids, [-0.5] * len(ids), reason)
+
+
+def context(tokenizer, server, response_length=512, tools=None, interactions=None, **multi_turn) -> AgentLoopContext:
+    return AgentLoopContext(
+        server=AsyncLLMServerManager([server]),
+        tokenizer=tokenizer,
+        response_length=response_length,
+        multi_turn=MultiTurnConfig(enable=True, **multi_turn),
+        tools=tools or {},
+        interactions=interactions or {},
+    )
+
+
+def segments(out: AgentLoopOutput) -> list[tuple[int, int]]:
+    """(mask value, run length) runs of the response mask."""
+    runs: list[tuple[int, int]] = []
+    for value in out.response_mask:
+        if runs and runs[-1][0] == value:
+            runs[-1] = (value, runs[-1][1] + 1)
+        else:
+            runs.append((value, 1))
+    return runs
+
+
+def test_incremental_encoding_equals_the_full_template(chat_tokenizer):
+    """prompt + generated ids + follow-up ids == the template's rendering of the whole conversation."""
+    encoder = ChatEncoder(chat_tokenizer)
+    prompt = encoder.encode_prompt(QUESTION)
+    answer = chat_tokenizer("Let me compute.", add_special_tokens=False)["input_ids"] + [chat_tokenizer.eos_token_id]
+    followup = encoder.encode_followup([{"role": "user", "content": "Are you sure?"}], chat_tokenizer.decode(answer))
+    conversation = [*QUESTION, {"role": "assistant", "content": "Let me compute."}, {"role": "user", "content": "Are you sure?"}]
+    expected = chat_tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    assert chat_tokenizer.decode(prompt + answer + followup) == expected
+    # A turn cut without eos gets the template's whole end-of-turn text in front of the next message.
+    cut = encoder.encode_followup([{"role": "tool", "content": "5"}], "partial")
+    assert chat_tokenizer.decode(cut).startswith("<|im_end|>\n<|im_start|>tool\n5")
+
+
+def test_tool_agent_trains_only_model_tokens_and_feeds_tool_output_back(chat_tokenizer):
+    server = ScriptedServer(chat_tokenizer, [call("calculator", expression="2 + 3"), "The answer is 5."])
+    ctx = context(chat_tokenizer, server, tools={"calculator": CalculatorTool()})
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r1"))
+    first, second = server.outputs
+    assert segments(out)[0] == (1, len(first)) and segments(out)[-1] == (1, len(second))
+    assert [value for value, _ in segments(out)] == [1, 0, 1]
+    # Token-in-token-out: the generated ids are in the response unchanged, and the second request's prompt is
+    # exactly prompt + everything so far (no re-tokenization of the model's text).
+    assert out.response_ids[: len(first)] == first and out.response_ids[-len(second):] == second
+    assert server.prompts[1] == out.prompt_ids + out.response_ids[: -len(second)]
+    tool_text = chat_tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert "<|im_start|>tool\n5<|im_end|>" in tool_text
+    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask) if m == 0)
+    assert out.num_turns == 3 and out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_latency_s/calculator"] >= 0 and not out.truncated
+    assert "<tools>" in chat_tokenizer.decode(out.prompt_ids)  # SmolLM2's template ignores tools: we add them
+
+
+@pytest.mark.parametrize("bad", ["<tool_call>{not json</tool_call>", call("no_such_tool", x=1),
+                                 call("calculator", expr="1+1"), call("calculator", expression="9**9**9")])
+def test_bad_tool_calls_become_error_messages(chat_tokenizer, bad):
+    server = ScriptedServer(chat_tokenizer, [bad, "Sorry."])
+    ctx = context(chat_tokenizer, server, tools={"calculator": CalculatorTool()})
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r"))
+    tool_text = chat_tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert "rror" in tool_text, tool_text
+    assert out.metrics["tool_errors"] == 1 and len(server.outputs) == 2
+
+
+def test_turn_and_length_limits(chat_tokenizer):
+    looping = [call("calculator", expression="1 + 1")] * 10
+    server = ScriptedServer(chat_tokenizer, looping)
+    ctx = context(chat_tokenizer, server, tools={"calculator": CalculatorTool()}, max_assistant_turns=3)
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r"))
+    assert len(server.outputs) == 3 and out.metrics["tool_calls"] == 3
+    budget = 60
+    short = context(chat_tokenizer, ScriptedServer(chat_tokenizer, looping), response_length=budget,
+                    tools={"calculator": CalculatorTool()})
+    out = asyncio.run(ToolAgentLoop(short).run(list(QUESTION), PARAMS, request_id="r"))
+    assert len(out.response_ids) == budget and out.truncated
+
+
+def test_parallel_call_limit(chat_tokenizer):
+    many = "".join(call("calculator", expression=f"{i} + 1") for i in range(3))
+    server = ScriptedServer(chat_tokenizer, [many, "ok"])
+    ctx = context(chat_tokenizer, server, tools={"calculator": CalculatorTool()}, max_parallel_calls=2)
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r"))
+    tool_text = chat_tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert "\n1<|im_end|>" in tool_text and "\n2<|im_end|>" in tool_text and "at most 2 tool calls" in tool_text
+    assert out.metrics["tool_calls"] == 2
+
+
+def test_interaction_gives_feedback_until_correct(chat_tokenizer, tmp_path):
+    config = tmp_path / "interaction.yaml"
+    config.write_text("interaction:\n  - name: feedback\n    type: answer_feedback\n")
+    interactions = load_interactions(config)
+    assert isinstance(interactions["feedback"], AnswerFeedbackInteraction)
+    server = ScriptedServer(chat_tokenizer, ["#### 4", "#### 5", "never asked"])
+    ctx = context(chat_tokenizer, server, interactions=interactions)
+    kwargs = {"name": "feedback", "data_source": "openai/gsm8k", "ground_truth": "5"}
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", interaction_kwargs=kwargs))
+    assert len(server.outputs) == 2 and out.reward_score == 1.0
+    assert [value for value, _ in segments(out)] == [1, 0, 1]
+    assert "incorrect" in chat_tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert out.metrics["user_turns"] == 1
+    with pytest.raises(ValueError, match="interaction_config_path"):
+        asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", interaction_kwargs={"name": "x"}))
+
+
+def test_single_turn_and_batch_layout(chat_tokenizer):
+    server = ScriptedServer(chat_tokenizer, ["Five.", "It is 5, because two plus three is five, as anyone who counts on their fingers will quickly see."])
+    ctx = context(chat_tokenizer, server, response_length=16)
+    outs = [asyncio.run(SingleTurnAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id=str(i))) for i in range(2)]
+    assert outs[1].truncated and not outs[0].truncated and len(outs[1].response_ids) == 16
+    tool_like = AgentLoopOutput(prompt_ids=[7, 8, 9], response_ids=[1, 2, 3, 4], response_mask=[1, 0, 0, 1],
+                                response_logprobs=[-1.0, 0.0, 0.0, -2.0], num_turns=3)
+    batch = build_output([*outs, tool_like], pad_token_id=0, response_length=16)
+    width = max(len(o.prompt_ids) for o in outs)
+    assert batch.batch["prompts"].shape == (3, width) and batch.batch["responses"].shape == (3, 16)
+    row = batch.batch
+    assert row["response_mask"][2, :5].tolist() == [1, 0, 0, 1, 0]
+    assert row["attention_mask"][2, width:width + 5].tolist() == [1, 1, 1, 1, 0]  # tool tokens are attended
+    assert row["prompts"][2, -3:].tolist() == [7, 8, 9] and (row["prompts"][2, :-3] == 0).all()
+    assert row["position_ids"][2, width - 3:width + 4].tolist() == list(range(7))
+    assert torch.equal(row["rollout_log_probs"][2, :4], torch.tensor([-1.0, 0.0, 0.0, -2.0]))
+    assert list(batch.non_tensor_batch["__num_turns__"]) == [1, 1, 3]
+    metrics = agent_metrics([*outs, tool_like])
+    assert metrics["num_turns/max"] == 3 and metrics["agent/truncated"] == pytest.approx(1 / 3)
+
+
+def test_server_manager_is_sticky_and_balances_new_requests():
+    seen: list[tuple[int, str]] = []
+
+    def replica(index: int):
+        async def serve(request_id, prompt_ids, params):
+            seen.append((index, request_id))
+            await asyncio.sleep(0.01)
+            return TokenOutput([1], [0.0], "stop")
+        return serve
+
+    manager = AsyncLLMServerManager([replica(0), replica(1)])
+
+    async def conversations():
+        async def talk(cid: str):
+            for _ in range(3):
+                await manager.generate(cid, [1], PARAMS)
+        await asyncio.gather(*(talk(f"c{i}") for i in range(4)))
+
+    asyncio.run(conversations())
+    by_conversation: dict[str, set[int]] = {}
+    for index, cid in seen:
+        by_conversation.setdefault(cid, set()).add(index)
+    assert all(len(replicas) == 1 for replicas in by_conversation.values())  # sticky
+    assert sorted(np.bincount([next(iter(r)) for r in by_conversation.values()])) == [2, 2]  # balanced
+
+
+def test_truncate_text_sides():
+    text = "abcdefghijklmnopqrstuvwxyz" * 4
+    assert truncate_text("short", 10, "middle") == "short"
+    for side in ("left", "middle", "right"):
+        cut = truncate_text(text, 40, side)
+        assert len(cut) == 40 and "(truncated)" in cut
+    assert truncate_text(text, 40, "right").startswith("abc") and truncate_text(text, 40, "left").endswith("xyz")

@@ -1,0 +1,174 @@
+"""Agent loops with a real tiny model: the generation server in the worker, masks in the update, GRPO end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hybridflow.agents.interactions import AnswerFeedbackInteraction
+from hybridflow.agents.manager import AgentLoopManager
+from hybridflow.engines.rollout import SamplingParams
+from hybridflow.protocol import DataProto
+
+
+def worker_group(model_dir: str):
+    from hybridflow.single_controller.local import LocalWorkerGroup
+    from hybridflow.single_controller.ray import RayClassWithInitArgs
+    from hybridflow.workers import ActorRolloutRefWorker
+    from hybridflow.workers.config import (
+        ActorConfig,
+        ActorRolloutRefConfig,
+        ModelConfig,
+        MultiTurnConfig,
+        RolloutConfig,
+        WorkerRuntimeConfig,
+    )
+    from hybridflow.workers.config import OptimConfig as WorkerOptimConfig
+
+    config = ActorRolloutRefConfig(
+        model=ModelConfig(path=model_dir),
+        actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=WorkerOptimConfig(lr=1e-2)),
+        rollout=RolloutConfig(name="native", mode="async", temperature=1.0, multi_turn=MultiTurnConfig(enable=True, max_tokens_per_turn=6)),
+    )
+    runtime = WorkerRuntimeConfig(prompt_length=64, response_length=24, seed=0, num_threads=1)
+    group = LocalWorkerGroup(RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout", runtime), world_size=1)
+    group.init_model()
+    return group, config
+
+
+def agent_prompts(n: int) -> DataProto:
+    messages = np.empty(n, dtype=object)
+    kwargs = np.empty(n, dtype=object)
+    for i in range(n):
+        messages[i] = [{"role": "user", "content": f"What is {i} + 1?"}]
+        kwargs[i] = {"name": "feedback", "data_source": "openai/gsm8k", "ground_truth": str(i + 1)}
+    ids = torch.ones((n, 2), dtype=torch.long)  # the loop renders raw_prompt itself; these are placeholders
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": ids, "position_ids": ids.cumsum(-1) - 1},
+        non_tensors={"raw_prompt": messages, "interaction_kwargs": kwargs},
+    )
+
+
+def test_mask_zero_tokens_do_not_change_the_update(tmp_path):
+    """Perturbing advantages and old log-probs at tool/user positions (mask 0) leaves the update identical."""
+    from hybridflow.models import load_tokenizer, save_tiny_model
+
+    model_dir = str(save_tiny_model(tmp_path / "tiny", num_layers=2, hidden=64, seed=0))
+    tokenizer = load_tokenizer(model_dir)
+    group_a, config = worker_group(model_dir)
+    group_b, _ = worker_group(model_dir)
+    interactions = {"feedback": AnswerFeedbackInteraction({"incorrect_message": "Wrong, try again."})}
+    manager = AgentLoopManager(group_a, config.rollout, tokenizer, 24, interactions=interactions)
+    with pytest.raises(TypeError, match="direct_callers"):  # a per-replica method, not a group call
+        group_a.generate_tokens("r", [1, 2], SamplingParams())
+    torch.manual_seed(0)
+    batch = manager.generate_sequences(agent_prompts(4))
+    mask = batch.batch["response_mask"]
+    attended = batch.batch["attention_mask"][:, -mask.size(1):]
+    assert ((attended == 1) & (mask == 0)).any(), "the user's feedback must be in the trajectories with mask 0"
+    assert batch.meta_info["metrics"]["num_turns/max"] >= 3
+    assert batch.meta_info["metrics"]["rollout_server/mean_batch_size"] > 1  # concurrent loops were batched
+    batch.meta_info = {"temperature": 1.0}
+    old = group_a.compute_log_prob(batch)
+    # The engine scores the whole trajectory: its log-probs of model tokens match what the server sampled.
+    diff = (old.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[mask.bool()].abs().max()
+    assert diff < 1e-4, float(diff)
+    batch.batch["old_log_probs"] = old.batch["old_log_probs"]
+    batch.batch["advantages"] = torch.linspace(-1, 1, 4)[:, None].expand_as(mask).contiguous()
+    perturbed = DataProto.from_dict(tensors={k: v.clone() for k, v in batch.batch.items()}, meta_info=dict(batch.meta_info))
+    noise = torch.randn(mask.shape) * 5
+    for key in ("advantages", "old_log_probs"):
+        perturbed.batch[key] = torch.where(mask.bool(), perturbed.batch[key], noise)
+    metrics_a = group_a.update_actor(batch).meta_info["metrics"]
+    metrics_b = group_b.update_actor(perturbed).meta_info["metrics"]
+    params_a = dict(group_a.workers[0].actor_engine.named_full_params())
+    params_b = dict(group_b.workers[0].actor_engine.named_full_params())
+    assert metrics_a["actor/grad_norm"][0] > 0 and metrics_b["actor/pg_loss"] == metrics_a["actor/pg_loss"]
+    for name, value in params_a.items():
+        assert torch.equal(value, params_b[name]), name
+
+
+REWARD_FILE = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return (len(solution_str) % 11) / 10.0
+'''
+
+
+def test_grpo_with_tool_agent_end_to_end(tmp_path, ray_cluster):
+    """hybridflow train with rollout.mode=async, the tool agent, a calculator tool and a feedback interaction."""
+    from hybridflow.models import save_tiny_model
+    from hybridflow.trainer.config import load_config, validate_config
+    from hybridflow.trainer.run import run_ppo
+
+    save_tiny_model(tmp_path / "tiny", num_layers=2, hidden=64, seed=0)
+    rows = []
+    for i in range(8):
+        rows.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"Compute {i} * 7 + 3."}],
+            "reward_model": {"style": "rule", "ground_truth": str(i * 7 + 3)},
+            "extra_info": {"index": i, "interaction_kwargs": {"name": "feedback", "data_source": "openai/gsm8k",
+                                                              "ground_truth": str(i * 7 + 3)}},
+            "agent_name": "tool_agent",
+        })
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    (tmp_path / "tools.yaml").write_text("tools:\n  - name: calculator\n")
+    (tmp_path / "interaction.yaml").write_text("interaction:\n  - name: feedback\n    type: answer_feedback\n")
+    (tmp_path / "reward.py").write_text(REWARD_FILE)
+    args = [
+        f"data.train_files=[{tmp_path / 'train.parquet'}]",
+        "data.val_files=[]",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=512",
+        "data.max_response_length=48",
+        "data.return_raw_chat=True",
+        f"actor_rollout_ref.model.path={tmp_path / 'tiny'}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=6",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={tmp_path / 'interaction.yaml'}",
+        "algorithm.adv_estimator=grpo",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.n_gpus_per_node=2",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"custom_reward_function.path={tmp_path / 'reward.py'}",
+    ]
+    config = load_config(args)
+    run_ppo(config, validate_config(config))
+    records = [json.loads(line) for line in (Path(config.trainer.default_local_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records if "actor/grad_norm" in r}
+    assert sorted(steps) == [1, 2]
+    for record in steps.values():
+        assert record["actor/grad_norm"] > 0 and record["critic/score/mean"] > 0
+        assert record["num_turns/mean"] >= 3, "wrong answers get the interaction's feedback turn"
+        assert "tool_calls/mean" in record and record["timing_s/gen"] > 0
+
+
+def test_async_mode_config_errors(tmp_path):
+    from hybridflow.trainer.config import load_config, validate_config
+
+    train = tmp_path / "train.parquet"
+    pd.DataFrame([{"data_source": "x", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"}}]).to_parquet(train)
+    base = [f"data.train_files=[{train}]", "data.val_files=[]", "actor_rollout_ref.rollout.mode=async"]
+    with pytest.raises(ValueError, match="return_raw_chat"):
+        validate_config(load_config(base))
+    with pytest.raises(ValueError, match="multi_turn.tool_config_path"):
+        validate_config(load_config([*base, "data.return_raw_chat=True",
+                                     f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'none.yaml'}"]))
+    with pytest.raises(ValueError, match="mode=async"):
+        validate_config(load_config([f"data.train_files=[{train}]", "actor_rollout_ref.rollout.multi_turn.enable=True"]))

@@ -1,0 +1,32 @@
+"""The compact forward against the HF module: prefill and decode logits for Llama and Qwen2."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.engines.rollout.native.kv_cache import KVCache
+from hybridflow.engines.rollout.native.model import LlamaFamilyForward
+
+
+@torch.inference_mode()
+def test_prefill_and_decode_logits_match_transformers(sharp_model):
+    forward = LlamaFamilyForward(sharp_model)
+    cache = KVCache(forward.num_layers, forward.num_kv_heads, forward.head_dim, torch.float32, torch.device("cpu"))
+    cache.reserve(num_slots=4, max_len=12)
+    forward.bind(max_position=12)
+    vocab = sharp_model.config.vocab_size
+    seqs = [torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 8)]
+    reference = [sharp_model(seq[None]).logits[0] for seq in seqs]  # (len, vocab) per sequence
+
+    # Prefill the first 4 and 6 tokens (right-padded to 6), each prompt into 2 slots.
+    lengths = torch.tensor([4, 6])
+    ids = torch.stack([torch.cat([seqs[0][:4], seqs[0][:2]]), seqs[1][:6]])
+    logits = forward.prefill(ids, torch.arange(6).expand(2, 6), lengths - 1, cache, start_slot=0, repeats=2)
+    torch.testing.assert_close(logits, torch.stack([reference[0][3], reference[1][5]]), atol=1e-4, rtol=1e-4)
+
+    # Decode the next real token in all 4 slots; slots 2 and 3 hold the longer sequence.
+    tokens = torch.stack([seqs[0][4], seqs[0][4], seqs[1][6], seqs[1][6]])
+    positions = torch.tensor([4, 4, 6, 6])
+    logits = forward.decode(tokens, positions, positions.clone(), span=7, cache=cache)
+    expected = torch.stack([reference[0][4], reference[0][4], reference[1][6], reference[1][6]])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

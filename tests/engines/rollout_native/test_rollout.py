@@ -1,0 +1,137 @@
+"""The `native` rollout against transformers and the training engine: greedy tokens, layout, log-probs,
+n samples, weight updates, sleep/wake_up, registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.engines.rollout import ROLLOUTS, HFRollout, NativeRollout, SamplingParams
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.models import build_causal_lm, build_tiny_model
+from tests.engines.helpers import encode_prompts
+
+PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x", "def add(a, b):\n    return"]
+GREEDY = SamplingParams(max_new_tokens=10, do_sample=False)
+
+
+def test_registered_as_native():
+    assert ROLLOUTS.get("native") is NativeRollout
+
+
+@pytest.mark.parametrize("max_num_seqs", [64, 2])
+def test_greedy_equals_transformers_with_left_padding(sharp_model, tiny_tokenizer, max_num_seqs):
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS)
+    assert (prompts.batch["attention_mask"] == 0).any()  # mixed lengths, left-padded
+    expected = HFRollout(sharp_model, tiny_tokenizer, GREEDY).generate_sequences(prompts)
+    out = NativeRollout(sharp_model, tiny_tokenizer, GREEDY, max_num_seqs=max_num_seqs).generate_sequences(prompts)
+    assert len(set(out.batch["responses"].flatten().tolist())) > 10  # varied tokens, not one repeated id
+    for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"):
+        assert torch.equal(out.batch[key], expected.batch[key]), key
+    torch.testing.assert_close(out.batch["rollout_log_probs"], expected.batch["rollout_log_probs"], atol=1e-4, rtol=0)
+
+
+def test_layout_stop_tokens_and_pads(sharp_model, tiny_tokenizer):
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS)
+    free = NativeRollout(sharp_model, tiny_tokenizer, GREEDY).generate_sequences(prompts).batch["responses"]
+    stop = int(free[1, 3])  # row 1's fourth token ends it
+    params = SamplingParams(max_new_tokens=10, do_sample=False, stop_token_ids=(stop,))
+    out = NativeRollout(sharp_model, tiny_tokenizer, params).generate_sequences(prompts)
+    bs, prompt_len = prompts.batch["input_ids"].shape
+    pad = tiny_tokenizer.pad_token_id
+    responses, mask = out.batch["responses"], out.batch["response_mask"]
+    assert responses.shape == mask.shape == out.batch["rollout_log_probs"].shape == (bs, 10)
+    assert out.batch["input_ids"].shape == out.batch["position_ids"].shape == (bs, prompt_len + 10)
+    assert torch.equal(out.batch["input_ids"][:, prompt_len:], responses)
+    assert torch.equal(out.batch["attention_mask"][:, prompt_len:], mask)
+    last = prompts.batch["position_ids"][:, -1:]
+    assert torch.equal(out.batch["position_ids"][:, prompt_len:], last + torch.arange(1, 11))
+    for row in range(bs):
+        hits = (free[row] == stop).nonzero()
+        end = int(hits[0]) + 1 if len(hits) else 10
+        assert mask[row].tolist() == [1] * end + [0] * (10 - end)
+        assert torch.equal(responses[row, :end], free[row, :end])
+        assert (responses[row, end:] == pad).all() and (out.batch["rollout_log_probs"][row, end:] == 0).all()
+    assert mask[1].sum() == 4
+
+
+def test_sampled_log_probs_match_training_engine(sharp_model_dir, tiny_tokenizer):
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=8, n=2)
+    rollout = NativeRollout(build_causal_lm(sharp_model_dir), tiny_tokenizer, params, max_num_seqs=4)
+    torch.manual_seed(0)
+    out = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS))
+    engine = build_fsdp_engine(sharp_model_dir, FSDPEngineConfig(micro_batch_size_per_gpu=4))
+    log_probs, _ = engine.compute_log_prob(out, temperature=0.7)
+    mask = out.batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs[mask], out.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+
+
+def test_n_samples_share_prefill(sharp_model, tiny_tokenizer):
+    rollout = NativeRollout(sharp_model, tiny_tokenizer, SamplingParams(max_new_tokens=6), max_num_seqs=5)
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS[:3], {"n": 3, "step": 7})
+    prompts.non_tensor_batch["uid"] = np.array(["a", "b", "c"], dtype=object)
+    torch.manual_seed(0)
+    sampled = rollout.generate_sequences(prompts)
+    assert len(sampled) == 9 and list(sampled.non_tensor_batch["uid"]) == list("aaabbbccc")
+    assert sampled.meta_info["step"] == 7
+    assert torch.equal(sampled.batch["prompts"], prompts.batch["input_ids"].repeat_interleave(3, dim=0))
+    assert len({tuple(r) for r in sampled.batch["responses"].tolist()}) > 3  # samples differ
+    # Greedy with n=3: every copy of the shared prompt cache must decode exactly like n=1.
+    greedy = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS[:3], {"n": 3, "do_sample": False}))
+    single = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS[:3], {"do_sample": False}))
+    assert torch.equal(greedy.batch["responses"], single.batch["responses"].repeat_interleave(3, dim=0))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS[:1], {"n": 6}))
+
+
+def test_update_weights_then_restore(sharp_model_dir, tiny_tokenizer):
+    source = build_causal_lm(sharp_model_dir)
+    original = {name: p.detach().clone() for name, p in source.named_parameters()}
+    other, _ = build_tiny_model("llama", initializer_range=0.3, seed=5, tokenizer=tiny_tokenizer)
+    rollout = NativeRollout(source, tiny_tokenizer, GREEDY)
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS)
+    before = rollout.generate_sequences(prompts).batch["responses"]
+    if source.config.model_type == "llama":  # same parameter names: load the other model's weights
+        rollout.update_weights((name, p.detach()) for name, p in other.named_parameters())
+        expected = HFRollout(other, tiny_tokenizer, GREEDY).generate_sequences(prompts).batch["responses"]
+    else:  # qwen2 has q/k/v biases: perturb in place instead
+        rollout.update_weights((name, p + 0.1 * torch.randn_like(p)) for name, p in original.items())
+        expected = HFRollout(source, tiny_tokenizer, GREEDY).generate_sequences(prompts).batch["responses"]
+    changed = rollout.generate_sequences(prompts).batch["responses"]
+    assert not torch.equal(changed, before) and torch.equal(changed, expected)
+    rollout.update_weights(original.items())
+    assert torch.equal(rollout.generate_sequences(prompts).batch["responses"], before)
+    with pytest.raises(KeyError, match="no_such"):
+        rollout.update_weights([("no_such.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rollout.update_weights([("lm_head.weight", torch.zeros(3, 3))])
+
+
+def test_sleep_frees_cache_and_wake_up_restores_it(sharp_model, tiny_tokenizer):
+    rollout = NativeRollout(sharp_model, tiny_tokenizer, GREEDY)
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS)
+    before = rollout.generate_sequences(prompts)
+    allocated = rollout.cache.num_bytes
+    assert allocated > 0
+    rollout.sleep()
+    assert rollout.cache.num_bytes == 0
+    rollout.wake_up()
+    assert rollout.cache.num_bytes == allocated
+    assert torch.equal(rollout.generate_sequences(prompts).batch["responses"], before.batch["responses"])
+
+
+def test_unsupported_model_type_is_a_clear_error(tiny_tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tiny_tokenizer)))
+    with pytest.raises(ValueError, match="rollout name 'hf'"):
+        NativeRollout(model, tiny_tokenizer, GREEDY)
+
+
+def test_lora_wrapped_module_is_refused(sharp_model, tiny_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(sharp_model, LoraConfig(r=4, target_modules="all-linear"))
+    with pytest.raises(ValueError, match="LoRA"):
+        NativeRollout(peft_model.get_base_model(), tiny_tokenizer, GREEDY)
