@@ -12,7 +12,7 @@ settings; without that environment (and without vllm importable here) its rows a
 
 The table also gives two ceilings for decoding at the workload's batch size on this machine: memory
 bandwidth (bytes read per decode step, i.e. all weights once plus the KV cache at the mean context length,
-over the measured copy bandwidth) and compute (2 x parameters FLOPs per token over the measured fp32 matmul
+over the measured read bandwidth) and compute (2 x parameters FLOPs per token over the measured fp32 matmul
 rate). `vs peer` is tokens/s over the faster of hf and vllm measured before it in the same run. The 1-minute load average is printed: the machine may be shared.
 
     python benchmarks/rollout.py                       # both workloads, ~6 minutes on 2 idle cores
@@ -95,6 +95,18 @@ def measure_copy_bandwidth(num_bytes: int = 512 * 2**20) -> float:
     return 2 * num_bytes / best
 
 
+def measure_read_bandwidth(num_bytes: int = 512 * 2**20) -> float:
+    """Bytes read per second by summing a large tensor (no writes); best of 3. Decoding reads weights and
+    KV cache and writes little, so this, not the copy rate, bounds it."""
+    src = torch.ones(num_bytes // 4)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        src.sum()
+        best = min(best, time.perf_counter() - start)
+    return num_bytes / best
+
+
 def measure_matmul_flops(size: int = 2048) -> float:
     """fp32 FLOP/s of a square matmul; best of 3."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -147,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
-    bandwidth, flops = measure_copy_bandwidth(), measure_matmul_flops()
+    copy_bandwidth, bandwidth, flops = measure_copy_bandwidth(), measure_read_bandwidth(), measure_matmul_flops()
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
     rollout_tokenizer = tokenizer if args.eos else NoEosTokenizer(tokenizer)
@@ -159,7 +171,7 @@ def main() -> None:
     vllm_rows = run_vllm_probe(args) if vllm_probe else {}
 
     eos = "honoured" if args.eos else "ignored"
-    print(f"{args.model} fp32, sampled T=1.0, eos {eos}, {args.threads} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
+    print(f"{args.model} fp32, sampled T=1.0, eos {eos}, {args.threads} threads; copy {copy_bandwidth / 1e9:.1f} GB/s, read {bandwidth / 1e9:.1f} GB/s, "
           f"matmul {flops / 1e9:.0f} GFLOP/s; load avg (1 min) {load_start:.2f} at start"
           + (f"; skipped (not importable): {', '.join(skipped)}" if skipped else ""))
     print_row("workload", "backend", "tok/s", "TTFT s", "total s", "mean len", "truncated", "vs peer", "load after")

@@ -67,9 +67,14 @@ class AgentLoopContext:
     interactions: dict[str, Any] = field(default_factory=dict)
     """Interaction name -> `hybridflow.agents.interactions.BaseInteraction`."""
 
+    _encoders: dict[bool, ChatEncoder] = field(default_factory=dict, repr=False)
+
     def encoder(self, with_tools: bool) -> ChatEncoder:
-        schemas = [tool.get_openai_tool_schema().to_dict() for tool in self.tools.values()] if with_tools else None
-        return ChatEncoder(self.tokenizer, schemas)
+        """The chat encoder (with or without the tools' schemas), built once: it renders the template to set up."""
+        if with_tools not in self._encoders:
+            schemas = [tool.get_openai_tool_schema().to_dict() for tool in self.tools.values()] if with_tools else None
+            self._encoders[with_tools] = ChatEncoder(self.tokenizer, schemas)
+        return self._encoders[with_tools]
 
 
 class AgentLoopBase(abc.ABC):

@@ -112,6 +112,8 @@ class ToolAgentLoop(AgentLoopBase):
             f"Error: at most {limit} tool calls per turn; call {call.name!r} was not run." for call in calls[limit:]
         ]
         results = await asyncio.gather(*(self._call_tool(call) for call in calls[:limit]))
+        # Malformed and over-limit calls are attempted calls that failed: counted in both.
+        self.metrics["tool_calls"] += len(errors)
         self.metrics["tool_errors"] += len(errors)
         cfg = self.context.multi_turn
         return [

@@ -89,10 +89,13 @@ class RayPPOTrainer:
         trainer_cfg = self.config.trainer
         self.global_steps = checkpointing.maybe_resume(self)
         val_metrics: dict[str, float] = {}
-        if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
+        wants_val = trainer_cfg.val_before_train or trainer_cfg.val_only
+        if self.val_dataloader is not None and wants_val and self.global_steps == 0:
             val_metrics = self._validate()
             self.initial_val_metrics = dict(val_metrics)
             self.tracking.log(val_metrics, step=0)
+        if trainer_cfg.val_only:
+            return val_metrics
         progress = _progress(self.total_training_steps, self.global_steps)
         for batch_dict in self._batches():
             self.global_steps += 1

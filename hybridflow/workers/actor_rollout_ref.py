@@ -152,7 +152,13 @@ class ActorRolloutRefWorker(Worker):
         # them with equal batches: give each rank its own sampling stream (deterministic per rank and step).
         torch.manual_seed(self.runtime.seed + 1_000_003 * (self.rank + 1) + self._update_count)
         if self._server is None:
-            self._server = GenerationServer(self.rollout, self.tokenizer.pad_token_id)
+            agent = self.config.rollout.agent
+            self._server = GenerationServer(
+                self.rollout,
+                self.tokenizer.pad_token_id,
+                max_batch_size=agent.max_concurrent_requests_per_replica,
+                batch_wait_s=agent.server_batch_wait_s,
+            )
         self._server.start()
         return {"timing_s/update_weights": update_weights_s}
 

@@ -18,6 +18,21 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not one of {list(choices)}")
 
 
+def check_lora_adapter_path(key: str, path: str | None, lora_rank: int) -> None:
+    """Raise a ValueError naming `key` unless `path` is None or a peft adapter directory used with LoRA."""
+    if path is None:
+        return
+    import os
+
+    if lora_rank <= 0:
+        raise ValueError(f"{key}={path!r} needs LoRA: set the matching lora_rank > 0 (the adapter's rank)")
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise ValueError(
+            f"{key}={path!r} is not a peft adapter directory (no adapter_config.json); point it at an SFT "
+            "checkpoint's lora_adapter/ folder"
+        )
+
+
 def check_positive(key: str, value: float | int | None, allow_none: bool = False) -> None:
     """Raise a ValueError naming `key` unless `value` > 0."""
     if value is None and allow_none:
@@ -55,6 +70,7 @@ class ModelConfig:
             raise ValueError("actor_rollout_ref.model.path is empty; set a catalogue name, HF directory or .gguf file")
         if self.lora_rank < 0:
             raise ValueError(f"model.lora_rank must be >= 0, got {self.lora_rank}")
+        check_lora_adapter_path("actor_rollout_ref.model.lora_adapter_path", self.lora_adapter_path, self.lora_rank)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,9 +251,15 @@ class AgentLoopConfig:
     """Agent loops in flight at once; their requests are batched by each replica's server."""
     max_concurrent_requests_per_replica: int = 64
     """Worker threads serving requests per rollout replica (the Ray actor's max_concurrency)."""
+    server_batch_wait_s: float = 0.2
+    """A replica's server starts a batch once no request has come for this long (at most 10x it after the
+    first): concurrent loops' requests arrive spread out by the driver's tokenization and Ray, and a batch
+    that starts too early leaves them for the next one. Small against a batch's generation time."""
 
     def __post_init__(self) -> None:
         check_positive("actor_rollout_ref.rollout.agent.max_concurrent_loops", self.max_concurrent_loops)
+        if self.server_batch_wait_s < 0:
+            raise ValueError(f"actor_rollout_ref.rollout.agent.server_batch_wait_s must be >= 0, got {self.server_batch_wait_s}")
         check_positive(
             "actor_rollout_ref.rollout.agent.max_concurrent_requests_per_replica", self.max_concurrent_requests_per_replica
         )

@@ -112,3 +112,20 @@ class BaseRollout(abc.ABC):
     @abc.abstractmethod
     def wake_up(self) -> None:
         """Undo `sleep`."""
+
+
+@torch.no_grad()
+def copy_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy each `(hf_name, tensor)` into `model`'s parameter or buffer of that name, in place (casting
+    dtype/device); returns how many. KeyError for an unknown name, ValueError for a shape mismatch."""
+    targets = model.state_dict(keep_vars=True)
+    num_loaded = 0
+    for name, tensor in named_tensors:
+        target = targets.get(name)
+        if target is None:
+            raise KeyError(f"rollout model has no parameter or buffer named {name!r}")
+        if target.shape != tensor.shape:
+            raise ValueError(f"shape mismatch for {name!r}: rollout has {tuple(target.shape)}, got {tuple(tensor.shape)}")
+        target.data.copy_(tensor)
+        num_loaded += 1
+    return num_loaded

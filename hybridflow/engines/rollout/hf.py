@@ -18,7 +18,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hybridflow.engines.logprob import compute_response_mask, compute_response_position_ids
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, prepare_tokenizer
 from hybridflow.protocol import DataProto
@@ -183,18 +183,7 @@ class HFRollout(BaseRollout):
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each `(name, tensor)` into the parameter or buffer of that HF name (casting dtype/device)."""
-        targets = self.model.state_dict(keep_vars=True)
-        num_loaded = 0
-        for name, tensor in named_tensors:
-            target = targets.get(name)
-            if target is None:
-                raise KeyError(f"rollout model has no parameter or buffer named {name!r}")
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"shape mismatch for {name!r}: rollout has {tuple(target.shape)}, got {tuple(tensor.shape)}"
-                )
-            target.data.copy_(tensor)
-            num_loaded += 1
+        num_loaded = copy_named_tensors(self.model, named_tensors)
         logger.debug("hf rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:

@@ -2,11 +2,11 @@
 
 Many agent loops (asyncio tasks in the driver) each send one request at a time: `generate(request_id,
 prompt_ids, sampling_params) -> TokenOutput`. The server queues requests from any thread and a single engine
-thread batches them: it takes the first waiting request, gathers whatever else arrives within
-`batch_wait_s` (up to `max_batch_size`), groups the requests by sampling parameters and runs each group as
-one `generate_sequences` call. While a batch runs, new requests queue up and form the next batch, so loops
-that are busy with tools do not hold back the others (dynamic batching at request granularity; requests do
-not join a batch that is already decoding).
+thread batches them: it takes the first waiting request, gathers more until none has arrived for
+`batch_wait_s` (at most 10x that, up to `max_batch_size`), groups the requests by sampling parameters and
+runs each group as one `generate_sequences` call. While a batch runs, new requests queue up and form the
+next batch, so loops that are busy with tools do not hold back the others (dynamic batching at request
+granularity; requests do not join a batch that is already decoding).
 
 The server lives in the rollout worker's process (the hybrid engine: it generates with the weights the actor
 just handed over); `hybridflow.agents.server_manager` routes a conversation's requests to one replica.
@@ -79,7 +79,7 @@ class GenerationServer:
     """Batches concurrent token-level requests onto one rollout backend (see the module docstring)."""
 
     def __init__(
-        self, rollout: BaseRollout, pad_token_id: int, *, max_batch_size: int = 64, batch_wait_s: float = 0.005
+        self, rollout: BaseRollout, pad_token_id: int, *, max_batch_size: int = 64, batch_wait_s: float = 0.05
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -153,10 +153,13 @@ class GenerationServer:
             if first is None:
                 break
             batch = [first]
-            deadline = time.perf_counter() + self.batch_wait_s
+            # Gather until the queue has been quiet for batch_wait_s (at most 10x that in all): requests sent
+            # together arrive a few milliseconds apart.
+            hard_deadline = time.perf_counter() + 10 * self.batch_wait_s
             while len(batch) < self.max_batch_size:
+                wait = min(self.batch_wait_s, hard_deadline - time.perf_counter())
                 try:
-                    request = self._queue.get(timeout=max(deadline - time.perf_counter(), 0.0))
+                    request = self._queue.get(timeout=max(wait, 0.0))
                 except queue.Empty:
                     break
                 if request is None:

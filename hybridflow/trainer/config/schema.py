@@ -167,6 +167,8 @@ class TrainerConfig:
     """Validate every N steps (-1: only at the end)."""
     val_before_train: bool = True
     """Validate before the first step."""
+    val_only: bool = False
+    """Only validate the loaded policy (logged at step 0), no training."""
     save_freq: int = -1
     """Checkpoint every N steps (-1: only at the end if default_local_dir is set)."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"

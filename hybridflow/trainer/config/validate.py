@@ -181,6 +181,8 @@ def _check_algorithm(cfg: PPOConfig) -> None:
 def _check_files(cfg: PPOConfig) -> None:
     if not cfg.data.train_files:
         raise ValueError("data.train_files is empty; give parquet files, e.g. data.train_files=[data/train.parquet]")
+    if cfg.trainer.val_only and not cfg.data.val_files:
+        raise ValueError("trainer.val_only=True needs data.val_files; give the parquet files to validate on")
     for key, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in paths:
             if not Path(path).is_file():

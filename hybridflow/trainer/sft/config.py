@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from hybridflow.trainer.config.schema import RayInitConfig
 from hybridflow.trainer.config.validate import LOGGER_PACKAGES, model_context_length
-from hybridflow.workers.config import FSDPConfig, check_choice, check_positive
+from hybridflow.workers.config import FSDPConfig, check_choice, check_lora_adapter_path, check_positive
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +104,7 @@ class SFTModelConfig:
         names = isinstance(modules, (list, tuple)) and all(isinstance(name, str) for name in modules)
         if not (isinstance(modules, str) or names):
             raise ValueError(f"model.target_modules must be 'all-linear' or a list of module names, got {modules!r}")
+        check_lora_adapter_path("model.lora_adapter_path", self.lora_adapter_path, self.lora_rank)
 
     @property
     def target_modules_value(self) -> str | tuple[str, ...]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hybridflow.engines.logprob import compute_response_position_ids
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors
 from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
@@ -119,18 +119,7 @@ class NativeRollout(BaseRollout):
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each `(name, tensor)` into the parameter or buffer of that HF name, in place."""
-        targets = self.model.state_dict(keep_vars=True)
-        num_loaded = 0
-        for name, tensor in named_tensors:
-            target = targets.get(name)
-            if target is None:
-                raise KeyError(f"rollout model has no parameter or buffer named {name!r}")
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"shape mismatch for {name!r}: rollout has {tuple(target.shape)}, got {tuple(tensor.shape)}"
-                )
-            target.data.copy_(tensor)
-            num_loaded += 1
+        num_loaded = copy_named_tensors(self.model, named_tensors)
         self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
         logger.debug("native rollout: updated %d tensors", num_loaded)
 
