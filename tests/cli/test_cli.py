@@ -26,4 +26,6 @@ def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch)
     out = capsys.readouterr().out
     assert "version torch" in out and "dist backend" in out and "embedded local Ray" in out
     assert "demo model" in out
+    sandbox_line = next(line for line in out.splitlines() if line.startswith("sandbox"))
+    assert "ok (" in sandbox_line and "rlimits" in sandbox_line, sandbox_line
     assert code == (0 if "SmolLM2-135M-Instruct" in out else 1)

@@ -132,7 +132,7 @@ def test_ppo_with_gae_trains_a_critic(workspace):
 def test_val_only_validates_without_training(workspace):
     run_dir = workspace / "val_only"
     records = by_step(run(overrides(workspace, run_dir, "trainer.val_only=True", "trainer.n_gpus_per_node=1",
-                                    "actor_rollout_ref.actor.ppo_mini_batch_size=4")))
+                                    "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2")))
     assert sorted(records) == [0]
     assert "val-core/reasoning_gym/basic_arithmetic/acc/mean@1" in records[0]
     assert list_steps(run_dir) == [], "nothing was trained, so nothing is saved"
