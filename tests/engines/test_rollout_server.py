@@ -118,3 +118,29 @@ def test_split_token_outputs_reads_the_response_mask():
     assert first == TokenOutput([4, 5, 2], [-0.5, -1.0, -2.0], "stop")
     assert second.token_ids == [7, 8, 9, 10] and second.finish_reason == "length"
 
+
+
+def test_requests_with_different_budgets_share_a_batch(sharp_llama, tiny_tokenizer):
+    rollout = NativeRollout(sharp_llama, tiny_tokenizer, SamplingParams(max_new_tokens=6))
+    prompts = _prompts(tiny_tokenizer)
+    budgets = [2, 6, 4, 6, 3]
+    server = GenerationServer(rollout, tiny_tokenizer.pad_token_id, batch_wait_s=0.2)
+    server.start()
+    try:
+        alone = [server.generate(f"s{i}", p, SamplingParams(max_new_tokens=b, do_sample=False))
+                 for i, (p, b) in enumerate(zip(prompts, budgets))]
+        before = server.stats()["num_batches"]
+
+        async def together() -> list[TokenOutput]:
+            return await asyncio.gather(*(
+                server.generate_async(f"t{i}", p, SamplingParams(max_new_tokens=b, do_sample=False))
+                for i, (p, b) in enumerate(zip(prompts, budgets))
+            ))
+
+        joint = asyncio.run(together())
+    finally:
+        server.stop()
+    assert server.stats()["num_batches"] - before == 1  # one batch despite five different budgets
+    for single, shared, budget in zip(alone, joint, budgets):
+        assert shared.token_ids == single.token_ids and len(shared.token_ids) <= budget
+        assert shared.finish_reason == single.finish_reason

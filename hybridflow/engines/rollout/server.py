@@ -3,8 +3,9 @@
 Many agent loops (asyncio tasks in the driver) each send one request at a time: `generate(request_id,
 prompt_ids, sampling_params) -> TokenOutput`. The server queues requests from any thread and a single engine
 thread batches them: it takes the first waiting request, gathers more until none has arrived for
-`batch_wait_s` (at most 10x that, up to `max_batch_size`), groups the requests by sampling parameters and
-runs each group as one `generate_sequences` call. While a batch runs, new requests queue up and form the
+`batch_wait_s` (at most 10x that, up to `max_batch_size`), groups the requests by sampling parameters (a
+group's requests may differ in `max_new_tokens`: it decodes to the largest and cuts each response to its own)
+and runs each group as one `generate_sequences` call. While a batch runs, new requests queue up and form the
 next batch, so loops that are busy with tools do not hold back the others (dynamic batching at request
 granularity; requests do not join a batch that is already decoding).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import threading
@@ -73,6 +75,13 @@ def split_token_outputs(output: DataProto, max_new_tokens: int) -> list[TokenOut
         reason = "length" if length >= max_new_tokens else "stop"
         results.append(TokenOutput(tokens[:length].tolist(), log_probs[:length].tolist(), reason))
     return results
+
+
+def cut_to_budget(output: TokenOutput, max_new_tokens: int) -> TokenOutput:
+    """`output` limited to `max_new_tokens` tokens; a cut response finished by 'length'."""
+    if len(output.token_ids) <= max_new_tokens:
+        return output
+    return TokenOutput(output.token_ids[:max_new_tokens], output.log_probs[:max_new_tokens], "length")
 
 
 class GenerationServer:
@@ -169,15 +178,19 @@ class GenerationServer:
             self._run_batch(batch)
 
     def _run_batch(self, batch: list[_Request]) -> None:
+        # Requests that differ only in max_new_tokens (agent turns with different budgets left) share a
+        # batch: it decodes up to the largest budget and each response is cut to its own.
         groups: dict[SamplingParams, list[_Request]] = {}
         for request in batch:
-            groups.setdefault(request.params, []).append(request)
-        for params, requests in groups.items():
+            groups.setdefault(dataclasses.replace(request.params, max_new_tokens=1), []).append(request)
+        for key, requests in groups.items():
             start = time.perf_counter()
+            params = dataclasses.replace(key, max_new_tokens=max(r.params.max_new_tokens for r in requests))
             try:
                 prompts = build_prompt_batch([r.prompt_ids for r in requests], self.pad_token_id)
                 prompts.meta_info.update(params.as_overrides())
                 outputs = split_token_outputs(self.rollout.generate_sequences(prompts), params.max_new_tokens)
+                outputs = [cut_to_budget(out, r.params.max_new_tokens) for out, r in zip(outputs, requests)]
             except Exception as error:  # noqa: BLE001 - handed to every waiting caller, who re-raises it
                 logger.exception("generation batch of %d requests failed", len(requests))
                 for request in requests:
