@@ -13,6 +13,7 @@ A rollout turns a batch of left-padded prompts into a batch of prompt+response s
 from __future__ import annotations
 
 import abc
+import os
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -85,12 +86,22 @@ class SamplingParams:
 class BaseRollout(abc.ABC):
     """A generation backend. Implementations register in `hybridflow.engines.rollout.ROLLOUTS`."""
 
+    sampling_params: SamplingParams
+    """Used for training rollouts."""
+    val_sampling_params: SamplingParams
+    """Used when `prompts.meta_info['validate']` is true."""
+
     holds_own_weights: ClassVar[bool] = False
     """True if the backend copies the weights it is given (e.g. into another engine), so a module shared with
     the trainer does not follow training: the actor then hands weights over before every generation."""
     runs_peft_modules: ClassVar[bool] = False
     """True if the backend generates with a peft-wrapped (LoRA) module as is, adapters active; otherwise a
     LoRA actor hands it merged weights (`FSDPEngine.named_full_params`) instead of sharing its module."""
+
+    def resolve_sampling_params(self, meta_info: Mapping[str, Any]) -> SamplingParams:
+        """One call's parameters: the validation or training ones, with `meta_info`'s overrides applied."""
+        base = self.val_sampling_params if meta_info.get("validate", False) else self.sampling_params
+        return base.with_overrides(meta_info)
 
     @abc.abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -112,6 +123,21 @@ class BaseRollout(abc.ABC):
     @abc.abstractmethod
     def wake_up(self) -> None:
         """Undo `sleep`."""
+
+
+def place_rollout_model(
+    model: torch.nn.Module | str | os.PathLike, dtype: str | torch.dtype
+) -> tuple[torch.nn.Module, torch.device]:
+    """The rollout's model on this rank's device in eval mode: `model` itself, or loaded from a catalogue
+    name / directory / `.gguf` file in `dtype`."""
+    from hybridflow.env import dist_local_rank
+    from hybridflow.models.loader import build_causal_lm
+    from hybridflow.utils.device import get_torch_device
+
+    if isinstance(model, (str, os.PathLike)):
+        model = build_causal_lm(model, dtype=dtype)
+    device = get_torch_device(dist_local_rank())
+    return model.to(device).eval(), device
 
 
 @torch.no_grad()

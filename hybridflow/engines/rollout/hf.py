@@ -18,11 +18,9 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hybridflow.engines.logprob import compute_response_mask, compute_response_position_ids
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors
-from hybridflow.env import dist_local_rank
-from hybridflow.models.loader import build_causal_lm, prepare_tokenizer
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
+from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
-from hybridflow.utils.device import get_torch_device
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +78,7 @@ class HFRollout(BaseRollout):
             val_sampling_params: used when `prompts.meta_info['validate']` is true; default greedy.
             micro_batch_size: prompts per `generate` call (after repetition by n); None: all at once.
         """
-        if isinstance(model, (str, os.PathLike)):
-            model = build_causal_lm(model, dtype=dtype)
-        self.device = get_torch_device(dist_local_rank())
-        self.model = model.to(self.device).eval()
+        self.model, self.device = place_rollout_model(model, dtype)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
@@ -94,8 +89,7 @@ class HFRollout(BaseRollout):
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """See `BaseRollout.generate_sequences`."""
-        base = self.val_sampling_params if prompts.meta_info.get("validate", False) else self.sampling_params
-        params = base.with_overrides(prompts.meta_info)
+        params = self.resolve_sampling_params(prompts.meta_info)
         if params.n > 1:
             prompts = prompts.repeat(params.n, interleave=True)
         chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]

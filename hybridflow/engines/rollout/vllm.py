@@ -192,8 +192,7 @@ class VLLMRollout(BaseRollout):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """See `BaseRollout.generate_sequences`."""
         self._check_source_unchanged()
-        base = self.val_sampling_params if prompts.meta_info.get("validate", False) else self.sampling_params
-        params = base.with_overrides(prompts.meta_info)
+        params = self.resolve_sampling_params(prompts.meta_info)
         self._warn_log_prob_mismatch(params)
         prompt_ids = prompts.batch["input_ids"]
         prompt_mask = prompts.batch["attention_mask"]

@@ -16,14 +16,12 @@ import torch
 from torch import nn
 
 from hybridflow.engines.logprob import compute_response_position_ids
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors
+from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
 from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
-from hybridflow.env import dist_local_rank
-from hybridflow.models.loader import build_causal_lm, prepare_tokenizer
+from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
-from hybridflow.utils.device import get_torch_device
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +56,7 @@ class NativeRollout(BaseRollout):
             raise ValueError(
                 f"max_num_seqs and max_prefill_tokens must be >= 1, got {max_num_seqs} and {max_prefill_tokens}"
             )
-        if isinstance(model, (str, os.PathLike)):
-            model = build_causal_lm(model, dtype=dtype)
-        self.device = get_torch_device(dist_local_rank())
-        self.model = model.to(self.device).eval()
+        self.model, self.device = place_rollout_model(model, dtype)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
@@ -78,8 +73,7 @@ class NativeRollout(BaseRollout):
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """See `BaseRollout.generate_sequences`."""
-        base = self.val_sampling_params if prompts.meta_info.get("validate", False) else self.sampling_params
-        params = base.with_overrides(prompts.meta_info)
+        params = self.resolve_sampling_params(prompts.meta_info)
         prompt_ids = prompts.batch["input_ids"].to(self.device)
         prompt_mask = prompts.batch["attention_mask"].to(self.device)
         prompt_pos = prompts.batch["position_ids"].to(self.device)
