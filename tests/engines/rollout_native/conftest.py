@@ -19,3 +19,11 @@ def sharp_model_dir(request, tmp_path_factory, tiny_tokenizer):
 def sharp_model(sharp_model_dir):
     """A fresh module per test (tests change weights)."""
     return build_causal_lm(sharp_model_dir)
+
+
+@pytest.fixture(scope="session")
+def cpu_kernels():
+    """The compiled decode kernels (built once per machine, ~30 s; cached under TORCH_EXTENSIONS_DIR)."""
+    from hybridflow.engines.rollout.native.kernels import load_cpu_kernels
+
+    return load_cpu_kernels("cpu")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
 
 
+@pytest.mark.parametrize("use_kernels", [False, True], ids=["torch_ops", "cpu_kernels"])
 @torch.inference_mode()
-def test_prefill_and_decode_logits_match_transformers(sharp_model):
-    forward = LlamaFamilyForward(sharp_model)
+def test_prefill_and_decode_logits_match_transformers(sharp_model, cpu_kernels, use_kernels):
+    forward = LlamaFamilyForward(sharp_model, cpu_kernels if use_kernels else None)
+    assert (forward.kernels is not None) == use_kernels
     cache = KVCache(forward.num_layers, forward.num_kv_heads, forward.head_dim, torch.float32, torch.device("cpu"))
     cache.reserve(num_slots=4, max_len=12)
     forward.bind(max_position=12)

@@ -20,12 +20,15 @@ def test_registered_as_native():
     assert ROLLOUTS.get("native") is NativeRollout
 
 
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
 @pytest.mark.parametrize("max_num_seqs", [64, 2])
-def test_greedy_equals_transformers_with_left_padding(sharp_model, tiny_tokenizer, max_num_seqs):
+def test_greedy_equals_transformers_with_left_padding(sharp_model, tiny_tokenizer, max_num_seqs, kernels):
     prompts = encode_prompts(tiny_tokenizer, PROMPTS)
     assert (prompts.batch["attention_mask"] == 0).any()  # mixed lengths, left-padded
     expected = HFRollout(sharp_model, tiny_tokenizer, GREEDY).generate_sequences(prompts)
-    out = NativeRollout(sharp_model, tiny_tokenizer, GREEDY, max_num_seqs=max_num_seqs).generate_sequences(prompts)
+    rollout = NativeRollout(sharp_model, tiny_tokenizer, GREEDY, max_num_seqs=max_num_seqs, kernels=kernels)
+    assert (rollout.forward.kernels is not None) == (kernels == "cpu")
+    out = rollout.generate_sequences(prompts)
     assert len(set(out.batch["responses"].flatten().tolist())) > 10  # varied tokens, not one repeated id
     for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"):
         assert torch.equal(out.batch[key], expected.batch[key]), key
@@ -56,9 +59,10 @@ def test_layout_stop_tokens_and_pads(sharp_model, tiny_tokenizer):
     assert mask[1].sum() == 4
 
 
-def test_sampled_log_probs_match_training_engine(sharp_model_dir, tiny_tokenizer):
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+def test_sampled_log_probs_match_training_engine(sharp_model_dir, tiny_tokenizer, kernels):
     params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=8, n=2)
-    rollout = NativeRollout(build_causal_lm(sharp_model_dir), tiny_tokenizer, params, max_num_seqs=4)
+    rollout = NativeRollout(build_causal_lm(sharp_model_dir), tiny_tokenizer, params, max_num_seqs=4, kernels=kernels)
     torch.manual_seed(0)
     out = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS))
     engine = build_fsdp_engine(sharp_model_dir, FSDPEngineConfig(micro_batch_size_per_gpu=4))

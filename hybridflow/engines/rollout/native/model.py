@@ -15,13 +15,17 @@ Two entry points:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.engines.rollout.native.kv_cache import KVCache
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -111,8 +115,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class LlamaFamilyForward:
     """Prefill and decode for one HF Llama-family model, reading its weights on every call."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, kernels: ModuleType | None = None) -> None:
+        """kernels: the compiled CPU decode kernels (`kernels.load_cpu_kernels`), or None for torch ops."""
         check_supported(model)
+        self.kernels = kernels
         config = model.config
         self.model = model
         self.num_layers = config.num_hidden_layers
@@ -120,6 +126,9 @@ class LlamaFamilyForward:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.group = self.num_heads // self.num_kv_heads
+        if kernels is not None and self.head_dim % 8:
+            logger.warning("native rollout: head_dim %d is not a multiple of 8; decoding with torch ops", self.head_dim)
+            self.kernels = None
         self.eps = config.rms_norm_eps
         self._cos = self._sin = None
         self._layers: list[LayerWeights] = []
@@ -131,12 +140,21 @@ class LlamaFamilyForward:
         Called at the start of each generation, so replaced parameter objects are picked up too.
         """
         self._layers = [self._layer_weights(layer) for layer in self.model.model.layers]
+        if self.kernels is not None and not self._kernel_ready_weights():
+            logger.warning("native rollout: weights are not contiguous float32 CPU tensors; decoding with torch ops")
+            self.kernels = None
         if self._cos is None or self._cos.shape[0] < max_position:
             rotary = self.model.model.rotary_emb
             weight = self.model.model.embed_tokens.weight
             positions = torch.arange(max_position, device=weight.device)[None]
             cos, sin = rotary(weight[:1], positions)
             self._cos, self._sin = cos[0], sin[0]  # (max_position, head_dim)
+
+    def _kernel_ready_weights(self) -> bool:
+        weights = [self.model.lm_head.weight] + [
+            t for w in self._layers for t in (w.q, w.k, w.v, w.o, w.gate, w.up, w.down) if t is not None
+        ]
+        return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in weights)
 
     def release(self) -> None:
         """Drop the rope tables and parameter references (rebuilt by `bind`)."""
@@ -182,11 +200,11 @@ class LlamaFamilyForward:
         v = linear(h, w.v, w.v_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
         return q, k, v
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """x: (rows, hidden) -> float32 logits (rows, vocab)."""
         x = _rms_norm(x, self.model.model.norm.weight, self.eps)
         head = self.model.lm_head
-        return F.linear(x, head.weight, head.bias).float()
+        return linear(x, head.weight, head.bias).float()
 
     # ------------------------------------------------------------------ entry points
     def prefill(
@@ -227,19 +245,26 @@ class LlamaFamilyForward:
         """
         num_active = tokens.numel()
         index = cache.decode_index(lengths)
-        visible = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
-        bias = torch.zeros(visible.shape, dtype=cache.dtype, device=tokens.device).masked_fill_(~visible, -torch.inf)
-        bias = bias[:, None, None, :]
+        kernels = self.kernels if tokens.device.type == "cpu" and cache.dtype == torch.float32 else None
+        if kernels is None:
+            linear, visible = _linear_rows, torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
+            bias = torch.zeros(visible.shape, dtype=cache.dtype, device=tokens.device).masked_fill_(~visible, -torch.inf)
+            bias = bias[:, None, None, :]
+        else:
+            linear, visible = kernels.linear_rows, lengths + 1
         cos, sin = self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # (A, 1, head_dim)
         scale = self.head_dim**-0.5  # folded into the query rotation
         q_cos, q_sin = cos * scale, sin * scale
         x = self.model.model.embed_tokens.weight[tokens]
         for layer, w in enumerate(self._layers):
-            q, k, v = self._qkv(x, w, _linear_rows)
+            q, k, v = self._qkv(x, w, linear)
             q, k = _rotate(q, q_cos, q_sin), _rotate(k, cos, sin)
             cache.append(layer, index, k, v)
-            keys, values = cache.active(layer, num_active, span)
             q = q.reshape(num_active, self.num_kv_heads, self.group, self.head_dim)
-            attn = _decode_attention(q, keys, values, bias).reshape(num_active, -1)
-            x = self._mlp(x + _linear_rows(attn, w.o, w.o_bias), w, _linear_rows)
-        return self._logits(x)
+            if kernels is None:
+                keys, values = cache.active(layer, num_active, span)
+                attn = _decode_attention(q, keys, values, bias)
+            else:
+                attn = kernels.decode_attention(q, cache.keys[layer], cache.values[layer], visible)
+            x = self._mlp(x + linear(attn.reshape(num_active, -1), w.o, w.o_bias), w, linear)
+        return self._logits(x, F.linear if kernels is None else kernels.linear_rows)

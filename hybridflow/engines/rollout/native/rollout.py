@@ -18,6 +18,7 @@ from torch import nn
 from hybridflow.engines.logprob import compute_response_position_ids
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
 from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult
+from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
 from hybridflow.models.loader import prepare_tokenizer
@@ -40,6 +41,7 @@ class NativeRollout(BaseRollout):
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
         dtype: str | torch.dtype = "float32",
+        kernels: str = "auto",
     ) -> None:
         """
         Args:
@@ -51,7 +53,10 @@ class NativeRollout(BaseRollout):
             max_num_seqs: KV-cache slots, i.e. sequences decoded together (continuous batching refills them).
             max_prefill_tokens: padded prompt tokens per prefill forward.
             num_threads: torch intra-op threads while generating; None keeps the process setting.
+            kernels: decode-step kernels on CPU: `auto` (the compiled AVX2 kernels when they build here,
+                else torch ops), `cpu` (require them) or `torch` (see `native/kernels.py`).
         """
+        check_kernel_mode(kernels)
         if max_num_seqs < 1 or max_prefill_tokens < 1:
             raise ValueError(
                 f"max_num_seqs and max_prefill_tokens must be >= 1, got {max_num_seqs} and {max_prefill_tokens}"
@@ -61,7 +66,8 @@ class NativeRollout(BaseRollout):
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
         self.num_threads = num_threads
-        self.forward = LlamaFamilyForward(self.model)
+        cpu_kernels = load_cpu_kernels(kernels) if self.device.type == "cpu" else None
+        self.forward = LlamaFamilyForward(self.model, cpu_kernels)
         dtype = next(self.model.parameters()).dtype
         self.cache = KVCache(
             self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device

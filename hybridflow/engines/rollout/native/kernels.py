@@ -1,0 +1,94 @@
+"""The native rollout's CPU decode kernels (`csrc/decode_kernels.cpp`): built on first use, torch ops otherwise.
+
+A decode step on a CPU spends most of its time in two places that torch handles poorly at decode shapes
+(docs/performance.md): weight products with a few rows (MKL streams uncached weights at a fraction of the
+read bandwidth) and attention of one query per slot over the cache (many tiny batched matmuls). The C++
+kernels do both in one pass each, fp32, with AVX2/FMA and torch's intra-op threads.
+
+They are compiled with `torch.utils.cpp_extension.load` (g++ and ninja, about 30 s once; the build is
+cached under `TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`, and shared by processes). Modes:
+- `auto`: use them when this is an x86-64 CPU with AVX2 and the build works; otherwise log why once and use
+  the torch ops (same results up to float summation order).
+- `cpu`: require them (raise with the build error).
+- `torch`: never use them.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+KERNEL_MODES = ("auto", "cpu", "torch")
+_SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+_failure: dict[str, str] = {}
+
+
+def check_kernel_mode(mode: str) -> None:
+    """Raise ValueError naming the choices if `mode` is not a kernel mode."""
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"native rollout kernels must be one of {KERNEL_MODES}, got {mode!r}")
+
+
+def unsupported_reason() -> str | None:
+    """Why the CPU kernels cannot run on this machine, or None if they can."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"they need an x86-64 CPU (this is {platform.machine()})"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"they need AVX2 (torch reports CPU capability {capability})"
+    return None
+
+
+def load_cpu_kernels(mode: str = "auto") -> ModuleType | None:
+    """The compiled kernel module, or None when `mode` is `torch` or (`auto`) they cannot be built here.
+
+    Raises RuntimeError in mode `cpu` if they cannot be built or run here.
+    """
+    check_kernel_mode(mode)
+    if mode == "torch":
+        return None
+    with _lock:
+        if "module" not in _loaded and "module" not in _failure:
+            reason = unsupported_reason()
+            if reason is None:
+                try:
+                    _loaded["module"] = _build()
+                except Exception as error:  # noqa: BLE001 - any build failure falls back (or raises in `cpu` mode)
+                    reason = f"building {_SOURCE.name} failed: {type(error).__name__}: {error}"
+            if reason is not None:
+                _failure["module"] = reason
+                logger.warning("native rollout: CPU decode kernels unavailable, using torch ops (%s)", reason)
+    if "module" in _failure:
+        if mode == "cpu":
+            raise RuntimeError(f"native rollout kernels='cpu' but the CPU decode kernels are unavailable: {_failure['module']}")
+        return None
+    return _loaded["module"]
+
+
+def _build() -> ModuleType:
+    import os
+
+    import ninja
+    from torch.utils.cpp_extension import load
+
+    # torch looks for the ninja executable on PATH; the pip package's may not be there (venv not activated).
+    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+    flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for's OpenMP region
+    return load(
+        name="hybridflow_decode_kernels",
+        sources=[str(_SOURCE)],
+        extra_cflags=flags,
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
