@@ -180,7 +180,8 @@ class ContinuousBatcher:
             pos[i, : sizes[i]] = run.positions[p]
         first = run.num_active
         logits = self.forward.prefill(ids, pos, lengths - 1, self.cache, first, n)
-        tokens, log_probs = sample_tokens(logits.repeat_interleave(n, dim=0) if n > 1 else logits, run.params)
+        logits = logits.repeat_interleave(n, dim=0) if n > 1 else logits
+        tokens, log_probs = sample_tokens(logits, run.params, self.forward.kernels)
         slots = slice(first, first + len(chunk) * n)
         rows = (torch.tensor(chunk, device=device)[:, None] * n + torch.arange(n, device=device)).reshape(-1)
         last_positions = torch.stack([run.positions[p][-1] for p in chunk]).to(device)
@@ -202,7 +203,7 @@ class ContinuousBatcher:
         # of a free slot, which admission overwrites); their logits are dropped.
         padded = slice(0, min(_round_up(run.num_active, _ROWS_MULTIPLE), self.cache.num_slots))
         logits = self.forward.decode(s.token[padded], s.position[padded], s.length[padded], run.span, self.cache)
-        tokens, log_probs = sample_tokens(logits[active], run.params)
+        tokens, log_probs = sample_tokens(logits[active], run.params, self.forward.kernels)
         rows, counts = s.row[active], s.count[active]
         run.tokens[rows, counts] = tokens
         run.log_probs[rows, counts] = log_probs

@@ -126,6 +126,7 @@ class LlamaFamilyForward:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.group = self.num_heads // self.num_kv_heads
+        self._silu = getattr(config, "hidden_act", None) == "silu"  # the kernels fuse silu(gate) * up
         if kernels is not None and self.head_dim % 8:
             logger.warning("native rollout: head_dim %d is not a multiple of 8; decoding with torch ops", self.head_dim)
             self.kernels = None
@@ -200,11 +201,11 @@ class LlamaFamilyForward:
         v = linear(h, w.v, w.v_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
         return q, k, v
 
-    def _logits(self, x: torch.Tensor, linear=F.linear) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (rows, hidden) -> float32 logits (rows, vocab)."""
         x = _rms_norm(x, self.model.model.norm.weight, self.eps)
         head = self.model.lm_head
-        return linear(x, head.weight, head.bias).float()
+        return F.linear(x, head.weight, head.bias).float()
 
     # ------------------------------------------------------------------ entry points
     def prefill(
@@ -243,28 +244,53 @@ class LlamaFamilyForward:
         lengths: (num_active,) tokens already cached per slot (the new token goes at that cache position);
         span: 1 + max(lengths), the attention width -> float32 logits (num_active, vocab).
         """
+        if self.kernels is not None and tokens.device.type == "cpu" and cache.dtype == torch.float32:
+            return self._decode_with_kernels(tokens, positions, lengths, cache)
         num_active = tokens.numel()
         index = cache.decode_index(lengths)
-        kernels = self.kernels if tokens.device.type == "cpu" and cache.dtype == torch.float32 else None
-        if kernels is None:
-            linear, visible = _linear_rows, torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
-            bias = torch.zeros(visible.shape, dtype=cache.dtype, device=tokens.device).masked_fill_(~visible, -torch.inf)
-            bias = bias[:, None, None, :]
-        else:
-            linear, visible = kernels.linear_rows, lengths + 1
+        visible = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
+        bias = torch.zeros(visible.shape, dtype=cache.dtype, device=tokens.device).masked_fill_(~visible, -torch.inf)
+        bias = bias[:, None, None, :]
         cos, sin = self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # (A, 1, head_dim)
         scale = self.head_dim**-0.5  # folded into the query rotation
         q_cos, q_sin = cos * scale, sin * scale
         x = self.model.model.embed_tokens.weight[tokens]
         for layer, w in enumerate(self._layers):
-            q, k, v = self._qkv(x, w, linear)
+            q, k, v = self._qkv(x, w, _linear_rows)
             q, k = _rotate(q, q_cos, q_sin), _rotate(k, cos, sin)
             cache.append(layer, index, k, v)
+            keys, values = cache.active(layer, num_active, span)
             q = q.reshape(num_active, self.num_kv_heads, self.group, self.head_dim)
-            if kernels is None:
-                keys, values = cache.active(layer, num_active, span)
-                attn = _decode_attention(q, keys, values, bias)
+            attn = _decode_attention(q, keys, values, bias).reshape(num_active, -1)
+            x = self._mlp(x + _linear_rows(attn, w.o, w.o_bias), w, _linear_rows)
+        return self._logits(x)
+
+    def _decode_with_kernels(
+        self, tokens: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """`decode` with the compiled CPU kernels: the same math, one kernel per step of a layer, the residual
+        stream updated in place, attention over each slot's own length (no mask, no span)."""
+        kern, rows, eps = self.kernels, tokens.numel(), self.eps
+        cos, sin = self._cos[positions], self._sin[positions]  # (rows, head_dim)
+        visible = lengths + 1  # the new token is stored at position `lengths`
+        x = self.model.model.embed_tokens.weight[tokens]  # a new tensor: safe to update in place
+        for layer, w in enumerate(self._layers):
+            h = kern.rms_norm(x, w.input_norm, eps)
+            q = kern.linear_rows(h, w.q, w.q_bias).view(rows, self.num_heads, self.head_dim)
+            k = kern.linear_rows(h, w.k, w.k_bias).view(rows, self.num_kv_heads, self.head_dim)
+            v = kern.linear_rows(h, w.v, w.v_bias).view(rows, self.num_kv_heads, self.head_dim)
+            kern.rotate_(q, cos, sin, self.head_dim**-0.5)  # the attention scale folded into the query
+            kern.rotate_(k, cos, sin, 1.0)
+            kern.append_kv(k, v, cache.keys[layer], cache.values[layer], lengths)
+            q = q.view(rows, self.num_kv_heads, self.group, self.head_dim)
+            attn = kern.decode_attention(q, cache.keys[layer], cache.values[layer], visible)
+            kern.linear_rows_add_(x, attn.view(rows, -1), w.o, w.o_bias)
+            h = kern.rms_norm(x, w.post_norm, eps)
+            gate, up = kern.linear_rows(h, w.gate, w.gate_bias), kern.linear_rows(h, w.up, w.up_bias)
+            if self._silu:
+                kern.silu_mul_(gate, up)
             else:
-                attn = kernels.decode_attention(q, cache.keys[layer], cache.values[layer], visible)
-            x = self._mlp(x + linear(attn.reshape(num_active, -1), w.o, w.o_bias), w, linear)
-        return self._logits(x, F.linear if kernels is None else kernels.linear_rows)
+                gate = (w.act(gate) * up).contiguous()
+            kern.linear_rows_add_(x, gate, w.down, w.down_bias)
+        head = self.model.lm_head
+        return kern.linear_rows(kern.rms_norm(x, self.model.model.norm.weight, eps), head.weight, head.bias)

@@ -9,6 +9,8 @@ top-k); only rows whose nucleus is not inside that set fall back to a full sort.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from hybridflow.engines.rollout.base import SamplingParams
@@ -80,12 +82,20 @@ def sample_from_weights(weights: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, draw, right=True).squeeze(1)
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, kernels: ModuleType | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row and report its log-prob.
 
     logits: (rows, vocab) float32 raw logits -> tokens (rows,) int64, log_probs (rows,) float32.
     Sampling uses the global torch RNG (seed it with `torch.manual_seed` for reproducible runs).
+    kernels: the compiled CPU kernels; plain temperature sampling of CPU float32 logits then runs in one
+    pass per row (`sample_rows`, the same inverse-CDF rule and the same uniform draws).
     """
+    plain = params.do_sample and params.top_k <= 0 and params.top_p >= 1.0
+    if kernels is not None and plain and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        uniforms = torch.rand(logits.size(0), dtype=torch.float32)
+        return kernels.sample_rows(logits.contiguous(), float(params.temperature), uniforms)
     if not params.do_sample:
         tokens = logits.argmax(dim=-1)
         return tokens, compute_token_log_probs(logits, tokens, params.log_prob_temperature)

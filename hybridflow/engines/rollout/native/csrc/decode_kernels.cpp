@@ -35,8 +35,9 @@ inline float hmax(__m256 v) {
 }
 
 // exp(x) for x <= 0 (softmax after subtracting the max): Cephes' range reduction and degree-5 polynomial,
-// relative error ~1e-7 on [-87, 0]; below that the result is ~0 (as exp underflows in fp32 anyway).
+// relative error ~1e-7 on [-87, 0]; 0 below that (fp32 exp underflows there anyway), and exp(-inf) = 0.
 inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 in_range = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
   __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
   fx = _mm256_floor_ps(fx);
@@ -50,7 +51,7 @@ inline __m256 exp_nonpositive(__m256 x) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(exponent)), in_range);
 }
 
 // ---------------------------------------------------------------------------------------------- linear_rows
@@ -58,7 +59,7 @@ inline __m256 exp_nonpositive(__m256 x) {
 // and the weights are read where they are). With MR=4, NR=3: 12 accumulators, 7 loads per 12 FMAs.
 // PREFETCH: the first row block of a weight block also prefetches the weight block `prefetch` floats ahead.
 template <int MR, int NR, bool PREFETCH>
-inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy, int64_t prefetch) {
+inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy, int64_t prefetch, bool add) {
   __m256 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
@@ -84,23 +85,25 @@ inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64
     for (int j = 0; j < NR; ++j) {
       float sum = hsum(acc[i][j]);
       for (int64_t t = k; t < K; ++t) sum += x[i * K + t] * w[j * K + t];
-      y[i * ldy + j] = sum;
+      y[i * ldy + j] = add ? y[i * ldy + j] + sum : sum;
     }
 }
 
-// All M activation rows against NR weight rows starting at `w`; y points at column 0 of those outputs.
+// Activation rows [m0, m1) against NR weight rows starting at `w`; y points at column 0 of those outputs.
+// The first 4-row block also prefetches the weights `prefetch` floats ahead (0: none).
 template <int NR>
-inline void weight_block(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N, int64_t prefetch) {
-  int64_t m = 0;
-  if (M >= 4) {
-    dot_block<4, NR, true>(x, K, w, y, N, prefetch);
-    m = 4;
+inline void weight_block(const float* x, int64_t m0, int64_t m1, int64_t K, const float* w, float* y, int64_t N,
+                         int64_t prefetch, bool add) {
+  int64_t m = m0;
+  if (prefetch && m + 4 <= m1) {
+    dot_block<4, NR, true>(x + m * K, K, w, y + m * N, N, prefetch, add);
+    m += 4;
   }
-  for (; m + 4 <= M; m += 4) dot_block<4, NR, false>(x + m * K, K, w, y + m * N, N, 0);
-  switch (M - m) {
-    case 3: dot_block<3, NR, false>(x + m * K, K, w, y + m * N, N, 0); break;
-    case 2: dot_block<2, NR, false>(x + m * K, K, w, y + m * N, N, 0); break;
-    case 1: dot_block<1, NR, false>(x + m * K, K, w, y + m * N, N, 0); break;
+  for (; m + 4 <= m1; m += 4) dot_block<4, NR, false>(x + m * K, K, w, y + m * N, N, 0, add);
+  switch (m1 - m) {
+    case 3: dot_block<3, NR, false>(x + m * K, K, w, y + m * N, N, 0, add); break;
+    case 2: dot_block<2, NR, false>(x + m * K, K, w, y + m * N, N, 0, add); break;
+    case 1: dot_block<1, NR, false>(x + m * K, K, w, y + m * N, N, 0, add); break;
     default: break;
   }
 }
@@ -109,38 +112,71 @@ constexpr int64_t kPrefetchRows = 8;    // cache rows ahead in decode_attention
 constexpr int kGroupBlock = 3;          // query heads per pass over the values (x kLaneBlock accumulators)
 constexpr int kLaneBlock = 4;           // 8-float lane blocks of head_dim per pass
 constexpr int64_t kWeightRows = 3;      // NR
+#ifndef PANEL_BLOCKS
+#define PANEL_BLOCKS 8
+#endif
+#ifndef TILE_BYTES
+#define TILE_BYTES 20000  // measured 1-40 KB within noise; 20 KB best by a few %
+#endif
 constexpr int64_t kPrefetchBlocks = 2;  // weight blocks ahead (measured 1-4 alike; 0 is ~10% slower)
+constexpr int64_t kPanelBlocks = PANEL_BLOCKS;
+constexpr int64_t kTileBytes = TILE_BYTES;
 
 void check_float_matrix(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat, name, ": expected a float32 CPU tensor");
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1 && t.stride(0) == t.size(1), name, ": expected a contiguous matrix");
 }
 
-}  // namespace
-
-torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias) {
+// y (M, N) = x @ weight^T, or y += x @ weight^T when `add` (y must then be a contiguous (M, N) float32 tensor).
+void linear_rows_into(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& y, bool add) {
   check_float_matrix(x, "x");
   check_float_matrix(weight, "weight");
+  check_float_matrix(y, "out");
   TORCH_CHECK(x.size(1) == weight.size(1), "linear_rows: x has ", x.size(1), " features, weight ", weight.size(1));
+  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == weight.size(0), "linear_rows: out must be (rows, out_features)");
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t blocks = N / kWeightRows;
-  const int64_t last_full = std::max<int64_t>(blocks - kPrefetchBlocks, 0);
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      // Never prefetch past the weight's end (the last blocks prefetch themselves: harmless).
-      const int64_t ahead = b < last_full ? kPrefetchBlocks * kWeightRows * K : 0;
-      weight_block<kWeightRows>(xp, M, K, wp + b * kWeightRows * K, yp + b * kWeightRows, N, ahead);
+  const int64_t panels = (blocks + kPanelBlocks - 1) / kPanelBlocks;
+  // Rows of x per tile: as many as keep a tile in L1 beside a weight block (at least one 4-row block).
+  const int64_t tile_rows = std::max<int64_t>(4, (kTileBytes / (K * 4)) / 4 * 4);
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      // A panel of weight blocks is read from memory once (by the first tile of x, which prefetches ahead)
+      // and from L2 by the other tiles, while each tile of x stays in L1.
+      const int64_t b0 = panel * kPanelBlocks, b1 = std::min(blocks, b0 + kPanelBlocks);
+      for (int64_t m0 = 0; m0 < M; m0 += tile_rows) {
+        const int64_t m1 = std::min(M, m0 + tile_rows);
+        for (int64_t b = b0; b < b1; ++b) {
+          // Never prefetch past the weight's end.
+          const int64_t ahead = m0 == 0 && b + kPrefetchBlocks < blocks ? kPrefetchBlocks * kWeightRows * K : 0;
+          weight_block<kWeightRows>(xp, m0, m1, K, wp + b * kWeightRows * K, yp + b * kWeightRows, N, ahead, add);
+        }
+      }
     }
   });
   const int64_t done = blocks * kWeightRows;
-  if (N - done == 2) weight_block<2>(xp, M, K, wp + done * K, yp + done, N, 0);
-  if (N - done == 1) weight_block<1>(xp, M, K, wp + done * K, yp + done, N, 0);
+  if (N - done == 2) weight_block<2>(xp, 0, M, K, wp + done * K, yp + done, N, 0, add);
+  if (N - done == 1) weight_block<1>(xp, 0, M, K, wp + done * K, yp + done, N, 0, add);
+}
+
+}  // namespace
+
+torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "linear_rows: x and weight must be matrices");
+  auto y = torch::empty({x.size(0), weight.size(0)}, x.options());
+  linear_rows_into(x, weight, y, false);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
+}
+
+// residual += x @ weight^T (+ bias), in place: the decoder's residual connection without a temporary.
+void linear_rows_add_(torch::Tensor& residual, const torch::Tensor& x, const torch::Tensor& weight,
+                      const c10::optional<torch::Tensor>& bias) {
+  linear_rows_into(x, weight, residual, true);
+  if (bias.has_value() && bias->defined()) residual.add_(*bias);
 }
 
 // ------------------------------------------------------------------------------------------ decode_attention
@@ -265,7 +301,197 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
   return out;
 }
 
+// ------------------------------------------------------------------------------------ per-row elementwise
+// Each is one pass over a decode step's few rows, in place of 3-6 torch ops and their temporaries.
+
+void check_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous(), name,
+              ": expected a contiguous float32 CPU tensor");
+}
+
+// Store one new key and value per slot at that slot's cache position `lengths[slot]`.
+// k_new, v_new: (slots, kv_heads, head_dim); keys, values: (num_slots, kv_heads, max_len, head_dim).
+void append_kv(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& keys, torch::Tensor& values,
+               const torch::Tensor& lengths) {
+  check_rows(k_new, "k_new");
+  check_rows(v_new, "v_new");
+  check_rows(keys, "keys");
+  check_rows(values, "values");
+  TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.is_contiguous(), "append_kv: int64 lengths");
+  const int64_t slots = k_new.size(0), heads = k_new.size(1), D = k_new.size(2), max_len = keys.size(2);
+  TORCH_CHECK(keys.size(0) >= slots && keys.size(1) == heads && keys.size(3) == D && keys.sizes() == values.sizes() &&
+              v_new.sizes() == k_new.sizes() && lengths.numel() == slots, "append_kv: shapes do not match");
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t s = 0; s < slots; ++s)
+    TORCH_CHECK(len[s] >= 0 && len[s] < max_len, "append_kv: cache position out of range: ", len[s]);
+  const float* kn = k_new.data_ptr<float>();
+  const float* vn = v_new.data_ptr<float>();
+  float* kc = keys.data_ptr<float>();
+  float* vc = values.data_ptr<float>();
+  for (int64_t s = 0; s < slots; ++s)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t row = ((s * heads + h) * max_len + len[s]) * D;
+      std::copy_n(kn + (s * heads + h) * D, D, kc + row);
+      std::copy_n(vn + (s * heads + h) * D, D, vc + row);
+    }
+}
+
+// RMSNorm as in Llama/Qwen2: weight * (x * rsqrt(mean(x^2) + eps)). x: (rows, hidden) -> new tensor.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  check_rows(weight, "weight");
+  const int64_t rows = x.size(0), H = x.size(1);
+  TORCH_CHECK(x.dim() == 2 && weight.numel() == H, "rms_norm: x (rows, hidden) and weight (hidden,)");
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * H;
+    float* orow = op + r * H;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= H; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xr + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float squares = hsum(acc);
+    for (; i < H; ++i) squares += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(H) + static_cast<float>(eps));
+    for (i = 0; i < H; ++i) orow[i] = wp[i] * (xr[i] * inv);
+  }
+  return out;
+}
+
+// Rotary embedding (HF rotate_half convention), in place, times `scale`: x (rows, heads, head_dim),
+// cos, sin (rows, head_dim).
+void rotate_(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, double scale) {
+  check_rows(x, "x");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  const int64_t rows = x.size(0), heads = x.size(1), D = x.size(2), half = D / 2;
+  TORCH_CHECK(x.dim() == 3 && D % 2 == 0 && cos.size(0) == rows && cos.size(-1) == D && sin.sizes() == cos.sizes(),
+              "rotate_: x (rows, heads, head_dim), cos and sin (rows, head_dim)");
+  const float f = static_cast<float>(scale);
+  float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cp + r * D;
+    const float* sn = sp + r * D;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = xp + (r * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = (a * c[i] - b * sn[i]) * f;
+        v[i + half] = (b * c[i + half] + a * sn[i + half]) * f;
+      }
+    }
+  }
+}
+
+// silu(gate) * up, into gate. gate, up: (rows, features).
+void silu_mul_(torch::Tensor& gate, const torch::Tensor& up) {
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "silu_mul_: gate and up must have one shape");
+  float* g = gate.data_ptr<float>();
+  const float* u = up.data_ptr<float>();
+  const int64_t n = gate.numel();
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= end; i += 8) {
+      const __m256 x = _mm256_loadu_ps(g + i);
+      // sigmoid(x) from e = exp(-|x|) (never overflows): x >= 0 -> 1 / (1 + e), x < 0 -> e / (1 + e).
+      const __m256 e = exp_nonpositive(_mm256_or_ps(x, sign));
+      const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+      const __m256 numerator = _mm256_blendv_ps(one, e, negative);
+      const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < end; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  });
+}
+
+// --------------------------------------------------------------------------------------------- sampling
+// One token per row from softmax(logits / temperature) by inverse CDF with the given uniform draws, and its
+// log-prob: the first index whose running sum of exp(l / T - max) exceeds u * total (as torch.searchsorted
+// with right=True over the cumulative sum). logits: (rows, vocab); uniforms: (rows,) in [0, 1).
+std::tuple<torch::Tensor, torch::Tensor> sample_rows(const torch::Tensor& logits, double temperature,
+                                                     const torch::Tensor& uniforms) {
+  check_rows(logits, "logits");
+  check_rows(uniforms, "uniforms");
+  TORCH_CHECK(logits.dim() == 2 && uniforms.numel() == logits.size(0), "sample_rows: one uniform per row");
+  TORCH_CHECK(temperature > 0, "sample_rows: temperature must be > 0");
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  auto tokens = torch::empty({rows}, logits.options().dtype(torch::kLong));
+  auto log_probs = torch::empty({rows}, logits.options());
+  const float* lp = logits.data_ptr<float>();
+  const float* up = uniforms.data_ptr<float>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  float* op = log_probs.data_ptr<float>();
+  const float inv_t = static_cast<float>(1.0 / temperature);
+  constexpr int64_t kBlock = 256;  // weights are summed per block; the draw is located block, then index
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> block_sums((V + kBlock - 1) / kBlock);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* l = lp + r * V;
+      __m256 vmax = _mm256_set1_ps(-INFINITY);
+      int64_t i = 0;
+      for (; i + 8 <= V; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(l + i));
+      float maximum = hmax(vmax);
+      for (; i < V; ++i) maximum = std::max(maximum, l[i]);
+      const float shift = maximum * inv_t;
+      const __m256 scale = _mm256_set1_ps(inv_t), offset = _mm256_set1_ps(shift);
+      double total = 0.0;
+      for (int64_t b = 0; b * kBlock < V; ++b) {
+        const int64_t stop = std::min(V, (b + 1) * kBlock);
+        __m256 acc = _mm256_setzero_ps();
+        for (i = b * kBlock; i + 8 <= stop; i += 8)
+          acc = _mm256_add_ps(acc, exp_nonpositive(_mm256_fmsub_ps(_mm256_loadu_ps(l + i), scale, offset)));
+        float sum = hsum(acc);
+        for (; i < stop; ++i) sum += std::exp(l[i] * inv_t - shift);
+        block_sums[b] = sum;
+        total += sum;
+      }
+      // Locate u * total: the block first, then the index inside it (scalar exp, one block).
+      const double target = static_cast<double>(up[r]) * total;
+      double running = 0.0;
+      int64_t token = -1;
+      for (int64_t b = 0; b * kBlock < V && token < 0; ++b) {
+        if (running + block_sums[b] <= target) {
+          running += block_sums[b];
+          continue;
+        }
+        for (i = b * kBlock; i < std::min(V, (b + 1) * kBlock); ++i) {
+          const float weight = std::exp(l[i] * inv_t - shift);
+          running += weight;
+          if (running > target && weight > 0.0f) {
+            token = i;
+            break;
+          }
+        }
+      }
+      if (token < 0) {  // rounding left the draw past the last positive weight: take that token
+        for (i = V - 1; i >= 0 && token < 0; --i)
+          if (std::exp(l[i] * inv_t - shift) > 0.0f) token = i;
+      }
+      tp[r] = token;
+      op[r] = l[token] * inv_t - shift - static_cast<float>(std::log(total));
+    }
+  });
+  return {tokens, log_probs};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_rows", &linear_rows, "y = x @ weight^T (+ bias) for a few rows of x (fp32, AVX2)");
+  m.def("linear_rows_add_", &linear_rows_add_, "residual += x @ weight^T (+ bias), in place (fp32, AVX2)");
+  m.def("append_kv", &append_kv, "store one key/value per slot at its cache position");
+  m.def("rms_norm", &rms_norm, "Llama/Qwen2 RMSNorm of a few rows");
+  m.def("rotate_", &rotate_, "rotary embedding in place, times a scale");
+  m.def("silu_mul_", &silu_mul_, "gate = silu(gate) * up, in place");
+  m.def("sample_rows", &sample_rows, "inverse-CDF sampling at a temperature with given uniforms, and log-probs");
   m.def("decode_attention", &decode_attention, "one-token attention per slot over its visible cache (fp32, AVX2)");
 }
