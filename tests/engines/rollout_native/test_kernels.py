@@ -9,27 +9,33 @@ from hybridflow.engines.rollout.native import kernels as kernel_modes
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 17])
-@pytest.mark.parametrize(("out_features", "in_features"), [(1, 8), (2, 13), (3, 64), (50, 72), (7, 5)])
+@pytest.mark.parametrize(("out_features", "in_features"), [(1, 8), (2, 13), (16, 64), (50, 72), (7, 5), (33, 1)])
 def test_linear_rows_matches_float64(cpu_kernels, rows, out_features, in_features):
     generator = torch.Generator().manual_seed(rows * 1000 + out_features * 10 + in_features)
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator)
     expected = x.double() @ weight.double().T
-    torch.testing.assert_close(cpu_kernels.linear_rows(x, weight, None).double(), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(
-        cpu_kernels.linear_rows(x, weight, bias).double(), expected + bias.double(), rtol=1e-5, atol=1e-5
-    )
+    packed = cpu_kernels.pack_weight(weight)
+    assert packed.shape == (-(-out_features // 16), in_features, 16)
+    out = cpu_kernels.linear_rows(x, packed, out_features, None)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    out = cpu_kernels.linear_rows(x, packed, out_features, bias)
+    torch.testing.assert_close(out.double(), expected + bias.double(), rtol=1e-5, atol=1e-5)
 
 
-def test_linear_rows_refuses_non_contiguous_and_non_float32(cpu_kernels):
-    weight = torch.randn(6, 8)
+def test_linear_rows_refuses_bad_inputs(cpu_kernels):
+    packed = cpu_kernels.pack_weight(torch.randn(6, 8))
     with pytest.raises(RuntimeError, match="contiguous"):
-        cpu_kernels.linear_rows(torch.randn(8, 3).t(), weight, None)
+        cpu_kernels.linear_rows(torch.randn(8, 3).t(), packed, 6, None)
     with pytest.raises(RuntimeError, match="float32"):
-        cpu_kernels.linear_rows(torch.randn(3, 8, dtype=torch.float64), weight, None)
+        cpu_kernels.linear_rows(torch.randn(3, 8, dtype=torch.float64), packed, 6, None)
     with pytest.raises(RuntimeError, match="features"):
-        cpu_kernels.linear_rows(torch.randn(3, 7), weight, None)
+        cpu_kernels.linear_rows(torch.randn(3, 7), packed, 6, None)
+    with pytest.raises(RuntimeError, match="pack_weight"):
+        cpu_kernels.linear_rows(torch.randn(3, 8), torch.randn(6, 8), 6, None)
+    with pytest.raises(RuntimeError, match="out_features"):
+        cpu_kernels.linear_rows(torch.randn(3, 8), packed, 17, None)
 
 
 def reference_attention(q, keys, values, visible):
@@ -86,3 +92,75 @@ def test_auto_falls_back_and_cpu_raises_when_unsupported(monkeypatch):
     assert kernel_modes.load_cpu_kernels("auto") is None
     with pytest.raises(RuntimeError, match="need AVX2"):
         kernel_modes.load_cpu_kernels("cpu")
+
+
+def test_linear_rows_add_accumulates_into_the_residual(cpu_kernels):
+    generator = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(6, 40, generator=generator), torch.randn(11, 40, generator=generator)
+    residual, bias = torch.randn(6, 11, generator=generator), torch.randn(11, generator=generator)
+    expected = residual.double() + x.double() @ weight.double().T + bias.double()
+    packed = cpu_kernels.pack_weight(weight)
+    cpu_kernels.linear_rows_add_(residual, x, packed, bias)
+    torch.testing.assert_close(residual.double(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="out_features"):
+        cpu_kernels.linear_rows_add_(torch.zeros(6, 17), x, packed, None)
+
+
+def test_append_kv_writes_each_slot_at_its_length(cpu_kernels):
+    keys, values = torch.zeros(4, 2, 6, 8), torch.zeros(4, 2, 6, 8)
+    k_new, v_new = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    lengths = torch.tensor([0, 5, 2])
+    cpu_kernels.append_kv(k_new, v_new, keys, values, lengths)
+    for slot, position in enumerate(lengths.tolist()):
+        assert torch.equal(keys[slot, :, position], k_new[slot]) and torch.equal(values[slot, :, position], v_new[slot])
+    assert keys.abs().sum() == k_new.abs().sum() and keys[3].abs().sum() == 0  # nothing else written
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_kernels.append_kv(k_new, v_new, keys, values, torch.tensor([0, 6, 1]))
+
+
+def test_rms_norm_rotary_and_silu_match_torch(cpu_kernels):
+    generator = torch.Generator().manual_seed(4)
+    x, weight = torch.randn(5, 36, generator=generator) * 4, torch.randn(36, generator=generator)
+    x64 = x.double()
+    expected = weight.double() * (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, weight, 1e-5).double(), expected, rtol=1e-5, atol=1e-5)
+
+    heads = torch.randn(5, 3, 16, generator=generator)
+    angles = torch.rand(5, 8, generator=generator) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    rotated = torch.cat([-heads[..., 8:], heads[..., :8]], -1)
+    expected = (heads * cos[:, None] + rotated * sin[:, None]) * 0.25
+    cpu_kernels.rotate_(heads, cos, sin, 0.25)
+    torch.testing.assert_close(heads, expected, rtol=1e-5, atol=1e-6)
+
+    gate = torch.cat([torch.randn(4, 37, generator=generator) * 10, torch.tensor([[-200.0, 200.0, 0.0] * 12 + [1.0]])])
+    up = torch.randn(5, 37, generator=generator)
+    expected = torch.nn.functional.silu(gate.double()) * up.double()
+    cpu_kernels.silu_mul_(gate, up)
+    torch.testing.assert_close(gate.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sample_rows_is_inverse_cdf_with_the_given_draws(cpu_kernels, temperature):
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(40, 1000, generator=generator) * 3
+    logits[:, 7] = -torch.inf  # zero weight: never drawn
+    uniforms = torch.rand(40, generator=generator)
+    tokens, log_probs = cpu_kernels.sample_rows(logits, temperature, uniforms)
+    scaled = logits.double() / temperature
+    weights = (scaled - scaled.max(-1, keepdim=True).values).exp()
+    cdf = weights.cumsum(-1)
+    expected = torch.searchsorted(cdf, (uniforms.double() * cdf[:, -1])[:, None], right=True).squeeze(1)
+    assert torch.equal(tokens, expected)
+    reference = scaled.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
+    torch.testing.assert_close(log_probs.double(), reference, rtol=0, atol=1e-5)
+    assert not (tokens == 7).any()
+
+
+def test_sample_rows_follows_the_distribution(cpu_kernels):
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    logits = probs.log().expand(20000, 4).contiguous()
+    tokens, _ = cpu_kernels.sample_rows(logits, 1.0, torch.rand(20000, generator=torch.Generator().manual_seed(6)))
+    frequencies = torch.bincount(tokens, minlength=4).double() / 20000
+    torch.testing.assert_close(frequencies, probs.double(), rtol=0, atol=0.015)
+    assert frequencies[3] == 0

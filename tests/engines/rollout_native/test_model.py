@@ -33,3 +33,18 @@ def test_prefill_and_decode_logits_match_transformers(sharp_model, cpu_kernels, 
     logits = forward.decode(tokens, positions, positions.clone(), span=7, cache=cache)
     expected = torch.stack([reference[0][4], reference[0][4], reference[1][6], reference[1][6]])
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_packed_weights_follow_in_place_changes_and_release(sharp_model, cpu_kernels):
+    forward = LlamaFamilyForward(sharp_model, cpu_kernels)
+    forward.bind(max_position=4)
+    weight = sharp_model.model.layers[0].mlp.up_proj.weight
+    first = forward._packed.get(weight)
+    assert forward._packed.get(weight) is first  # unchanged weight: the same packed copy
+    with torch.no_grad():
+        weight.mul_(2)  # an in-place change bumps the version
+    second = forward._packed.get(weight)
+    assert second is not first and torch.equal(second, cpu_kernels.pack_weight(weight.detach()))
+    assert forward._packed.num_bytes > 0
+    forward.release()  # update_weights copies through .data (no version bump): release drops every copy
+    assert forward._packed.num_bytes == 0

@@ -54,6 +54,34 @@ class LayerWeights:
     act: nn.Module
 
 
+class PackedWeights:
+    """Copies of weights in the CPU kernels' packed layout (`pack_weight`), made once per weight version.
+
+    An entry is reused while the parameter is the same object with the same storage and in-place version;
+    `update_weights` (which copies through `.data`, not counted in the version) clears the whole cache via
+    `LlamaFamilyForward.release`. Costs one more copy of the packed weights in memory.
+    """
+
+    def __init__(self, kernels: ModuleType) -> None:
+        self.kernels = kernels
+        self._entries: dict[int, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        stamp = (weight.data_ptr(), weight._version)
+        entry = self._entries.get(id(weight))
+        if entry is None or entry[0] is not weight or entry[1] != stamp:
+            entry = (weight, stamp, self.kernels.pack_weight(weight.detach()))
+            self._entries[id(weight)] = entry  # holds `weight`, so its id is not reused while cached
+        return entry[2]
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(packed.numel() * packed.element_size() for _, _, packed in self._entries.values())
+
+
 def check_supported(model: nn.Module) -> None:
     """Raise ValueError if `model` is not a causal LM this forward reproduces exactly."""
     config = model.config
@@ -133,6 +161,8 @@ class LlamaFamilyForward:
         self.eps = config.rms_norm_eps
         self._cos = self._sin = None
         self._layers: list[LayerWeights] = []
+        self._packed = PackedWeights(self.kernels) if self.kernels is not None else None
+        self._packed_layers: list[dict[str, torch.Tensor]] = []
 
     # ------------------------------------------------------------------ weights and rope tables
     def bind(self, max_position: int) -> None:
@@ -143,7 +173,11 @@ class LlamaFamilyForward:
         self._layers = [self._layer_weights(layer) for layer in self.model.model.layers]
         if self.kernels is not None and not self._kernel_ready_weights():
             logger.warning("native rollout: weights are not contiguous float32 CPU tensors; decoding with torch ops")
-            self.kernels = None
+            self.kernels = self._packed = None
+        if self._packed is not None:
+            names = ("q", "k", "v", "o", "gate", "up", "down")
+            self._packed_layers = [{name: self._packed.get(getattr(w, name)) for name in names} for w in self._layers]
+            self._packed_head = self._packed.get(self.model.lm_head.weight)
         if self._cos is None or self._cos.shape[0] < max_position:
             rotary = self.model.model.rotary_emb
             weight = self.model.model.embed_tokens.weight
@@ -161,6 +195,9 @@ class LlamaFamilyForward:
         """Drop the rope tables and parameter references (rebuilt by `bind`)."""
         self._cos = self._sin = None
         self._layers = []
+        self._packed_layers = []
+        if self._packed is not None:
+            self._packed.clear()
 
     @staticmethod
     def _layer_weights(layer: nn.Module) -> LayerWeights:
@@ -274,23 +311,25 @@ class LlamaFamilyForward:
         cos, sin = self._cos[positions], self._sin[positions]  # (rows, head_dim)
         visible = lengths + 1  # the new token is stored at position `lengths`
         x = self.model.model.embed_tokens.weight[tokens]  # a new tensor: safe to update in place
-        for layer, w in enumerate(self._layers):
+        for layer, (w, packed) in enumerate(zip(self._layers, self._packed_layers)):
             h = kern.rms_norm(x, w.input_norm, eps)
-            q = kern.linear_rows(h, w.q, w.q_bias).view(rows, self.num_heads, self.head_dim)
-            k = kern.linear_rows(h, w.k, w.k_bias).view(rows, self.num_kv_heads, self.head_dim)
-            v = kern.linear_rows(h, w.v, w.v_bias).view(rows, self.num_kv_heads, self.head_dim)
+            q = kern.linear_rows(h, packed["q"], w.q.shape[0], w.q_bias).view(rows, self.num_heads, self.head_dim)
+            k = kern.linear_rows(h, packed["k"], w.k.shape[0], w.k_bias).view(rows, self.num_kv_heads, self.head_dim)
+            v = kern.linear_rows(h, packed["v"], w.v.shape[0], w.v_bias).view(rows, self.num_kv_heads, self.head_dim)
             kern.rotate_(q, cos, sin, self.head_dim**-0.5)  # the attention scale folded into the query
             kern.rotate_(k, cos, sin, 1.0)
             kern.append_kv(k, v, cache.keys[layer], cache.values[layer], lengths)
             q = q.view(rows, self.num_kv_heads, self.group, self.head_dim)
             attn = kern.decode_attention(q, cache.keys[layer], cache.values[layer], visible)
-            kern.linear_rows_add_(x, attn.view(rows, -1), w.o, w.o_bias)
+            kern.linear_rows_add_(x, attn.view(rows, -1), packed["o"], w.o_bias)
             h = kern.rms_norm(x, w.post_norm, eps)
-            gate, up = kern.linear_rows(h, w.gate, w.gate_bias), kern.linear_rows(h, w.up, w.up_bias)
+            gate = kern.linear_rows(h, packed["gate"], w.gate.shape[0], w.gate_bias)
+            up = kern.linear_rows(h, packed["up"], w.up.shape[0], w.up_bias)
             if self._silu:
                 kern.silu_mul_(gate, up)
             else:
                 gate = (w.act(gate) * up).contiguous()
-            kern.linear_rows_add_(x, gate, w.down, w.down_bias)
+            kern.linear_rows_add_(x, gate, packed["down"], w.down_bias)
         head = self.model.lm_head
-        return kern.linear_rows(kern.rms_norm(x, self.model.model.norm.weight, eps), head.weight, head.bias)
+        h = kern.rms_norm(x, self.model.model.norm.weight, eps)
+        return kern.linear_rows(h, self._packed_head, head.weight.shape[0], head.bias)

@@ -4,7 +4,9 @@
 // matrix once. torch's GEMM (MKL) streams weights that are not in cache at about a third of this CPU's read
 // bandwidth for 16 rows, and the decode attention over the cache is 2 x layers x slots x heads tiny batched
 // matmuls plus softmax. These kernels do the same math in one pass each:
-// - linear_rows: y = x @ w^T (+ bias) for a few rows x, each weight row read once and dotted with all rows.
+// - linear_rows: y = x @ w^T (+ bias) for a few rows x, with w packed once per weight version into panels of
+//   16 output features (`pack_weight`): each panel is one contiguous stream, read from memory once and
+//   multiplied by 6 rows of x at a time with 12 accumulators and no horizontal sums.
 // - decode_attention: one query token per slot over that slot's valid cache positions only, grouped query
 //   heads sharing K/V, softmax in fp32, no mask tensor.
 // Threads: at::parallel_for, i.e. torch's intra-op pool (torch.set_num_threads applies).
@@ -54,10 +56,10 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(exponent)), in_range);
 }
 
-// ---------------------------------------------------------------------------------------------- linear_rows
-// A block of MR activation rows times NR weight rows, dot products along K (both row-major, so no packing
-// and the weights are read where they are). With MR=4, NR=3: 12 accumulators, 7 loads per 12 FMAs.
-// PREFETCH: the first row block of a weight block also prefetches the weight block `prefetch` floats ahead.
+// ------------------------------------------------------------------------------------------ dot products
+// A block of MR rows of x times NR rows of w, dot products along K (both row-major): decode attention's
+// query-key scores. With MR=3 heads, NR=3 key rows: 9 accumulators, 6 loads per 9 FMAs.
+// PREFETCH: also prefetch the rows of w `prefetch` floats ahead.
 template <int MR, int NR, bool PREFETCH>
 inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy, int64_t prefetch, bool add) {
   __m256 acc[MR][NR];
@@ -81,105 +83,158 @@ inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  // Horizontal sums, four accumulators at a time (3 hadds and one add instead of 4 x 5 shuffles and adds).
+  // (A copy, so that `acc` is never address-taken: GCC would otherwise keep it in memory inside the loop.)
+  __m256 flat[MR * NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) flat[i * NR + j] = acc[i][j];
+  float sums[MR * NR];
+  int c = 0;
+  for (; c + 4 <= MR * NR; c += 4) {
+    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(flat[c], flat[c + 1]), _mm256_hadd_ps(flat[c + 2], flat[c + 3]));
+    _mm_storeu_ps(sums + c, _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1)));
+  }
+  for (; c < MR * NR; ++c) sums[c] = hsum(flat[c]);
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
-      float sum = hsum(acc[i][j]);
+      float sum = sums[i * NR + j];
       for (int64_t t = k; t < K; ++t) sum += x[i * K + t] * w[j * K + t];
       y[i * ldy + j] = add ? y[i * ldy + j] + sum : sum;
     }
 }
 
-// Activation rows [m0, m1) against NR weight rows starting at `w`; y points at column 0 of those outputs.
-// The first 4-row block also prefetches the weights `prefetch` floats ahead (0: none).
-template <int NR>
-inline void weight_block(const float* x, int64_t m0, int64_t m1, int64_t K, const float* w, float* y, int64_t N,
-                         int64_t prefetch, bool add) {
-  int64_t m = m0;
-  if (prefetch && m + 4 <= m1) {
-    dot_block<4, NR, true>(x + m * K, K, w, y + m * N, N, prefetch, add);
-    m += 4;
+// ------------------------------------------------------------------------------------------ linear_rows
+// Packed weight layout: (N_pad / 16, K, 16), N_pad = N rounded up to 16 (zero rows); panel p holds output
+// features [16p, 16p + 16), k-major, so one k step reads one 64-byte line.
+constexpr int64_t kPanel = 16;
+constexpr int64_t kPanelsAhead = 2;  // prefetch distance in panels, by the first row block of each panel
+
+// MR rows of x (row stride K) times one packed panel -> y[i * ldy + 0..15] (only `width` columns stored).
+template <int MR>
+inline void panel_block(const float* x, int64_t K, const float* panel, float* y, int64_t ldy, int64_t width,
+                        const float* prefetch, bool add) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    if (prefetch != nullptr) _mm_prefetch(reinterpret_cast<const char*>(prefetch + kPanel * k), _MM_HINT_T0);
+    const __m256 w0 = _mm256_loadu_ps(panel + kPanel * k), w1 = _mm256_loadu_ps(panel + kPanel * k + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_broadcast_ss(x + i * K + k);
+      acc[i][0] = _mm256_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
+    }
   }
-  for (; m + 4 <= m1; m += 4) dot_block<4, NR, false>(x + m * K, K, w, y + m * N, N, 0, add);
-  switch (m1 - m) {
-    case 3: dot_block<3, NR, false>(x + m * K, K, w, y + m * N, N, 0, add); break;
-    case 2: dot_block<2, NR, false>(x + m * K, K, w, y + m * N, N, 0, add); break;
-    case 1: dot_block<1, NR, false>(x + m * K, K, w, y + m * N, N, 0, add); break;
-    default: break;
+  // Fully unrolled, so that `acc` stays in registers (indexing it with a loop variable would keep it in memory).
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* row = y + i * ldy;
+    if (width == kPanel) {
+      __m256 lo = acc[i][0], hi = acc[i][1];
+      if (add) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(row));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(row + 8));
+      }
+      _mm256_storeu_ps(row, lo);
+      _mm256_storeu_ps(row + 8, hi);
+    } else {  // the last, partial panel
+      float lanes[kPanel];
+      _mm256_storeu_ps(lanes, acc[i][0]);
+      _mm256_storeu_ps(lanes + 8, acc[i][1]);
+      for (int64_t j = 0; j < width; ++j) row[j] = add ? row[j] + lanes[j] : lanes[j];
+    }
   }
 }
 
-constexpr int64_t kPrefetchRows = 8;    // cache rows ahead in decode_attention
+constexpr int64_t kPrefetchRows = 8;    // key rows ahead in decode_attention (0-32 measured alike)
 constexpr int kGroupBlock = 3;          // query heads per pass over the values (x kLaneBlock accumulators)
 constexpr int kLaneBlock = 4;           // 8-float lane blocks of head_dim per pass
-constexpr int64_t kWeightRows = 3;      // NR
-#ifndef PANEL_BLOCKS
-#define PANEL_BLOCKS 8
-#endif
-#ifndef TILE_BYTES
-#define TILE_BYTES 20000  // measured 1-40 KB within noise; 20 KB best by a few %
-#endif
-constexpr int64_t kPrefetchBlocks = 2;  // weight blocks ahead (measured 1-4 alike; 0 is ~10% slower)
-constexpr int64_t kPanelBlocks = PANEL_BLOCKS;
-constexpr int64_t kTileBytes = TILE_BYTES;
 
 void check_float_matrix(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat, name, ": expected a float32 CPU tensor");
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1 && t.stride(0) == t.size(1), name, ": expected a contiguous matrix");
 }
 
-// y (M, N) = x @ weight^T, or y += x @ weight^T when `add` (y must then be a contiguous (M, N) float32 tensor).
-void linear_rows_into(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& y, bool add) {
+// y (M, N) = x @ weight^T, or y += x @ weight^T when `add`; `packed` from pack_weight(weight).
+void linear_rows_into(const torch::Tensor& x, const torch::Tensor& packed, torch::Tensor& y, bool add) {
   check_float_matrix(x, "x");
-  check_float_matrix(weight, "weight");
   check_float_matrix(y, "out");
-  TORCH_CHECK(x.size(1) == weight.size(1), "linear_rows: x has ", x.size(1), " features, weight ", weight.size(1));
-  TORCH_CHECK(y.size(0) == x.size(0) && y.size(1) == weight.size(0), "linear_rows: out must be (rows, out_features)");
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+              packed.dim() == 3 && packed.size(2) == kPanel, "linear_rows: weight must come from pack_weight");
+  TORCH_CHECK(x.size(1) == packed.size(1), "linear_rows: x has ", x.size(1), " features, weight ", packed.size(1));
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), panels = packed.size(0);
+  TORCH_CHECK(y.size(0) == M && N <= panels * kPanel && N > (panels - 1) * kPanel,
+              "linear_rows: out must be (rows, out_features) of the packed weight");
   const float* xp = x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t blocks = N / kWeightRows;
-  const int64_t panels = (blocks + kPanelBlocks - 1) / kPanelBlocks;
-  // Rows of x per tile: as many as keep a tile in L1 beside a weight block (at least one 4-row block).
-  const int64_t tile_rows = std::max<int64_t>(4, (kTileBytes / (K * 4)) / 4 * 4);
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t panel = begin; panel < end; ++panel) {
-      // A panel of weight blocks is read from memory once (by the first tile of x, which prefetches ahead)
-      // and from L2 by the other tiles, while each tile of x stays in L1.
-      const int64_t b0 = panel * kPanelBlocks, b1 = std::min(blocks, b0 + kPanelBlocks);
-      for (int64_t m0 = 0; m0 < M; m0 += tile_rows) {
-        const int64_t m1 = std::min(M, m0 + tile_rows);
-        for (int64_t b = b0; b < b1; ++b) {
-          // Never prefetch past the weight's end.
-          const int64_t ahead = m0 == 0 && b + kPrefetchBlocks < blocks ? kPrefetchBlocks * kWeightRows * K : 0;
-          weight_block<kWeightRows>(xp, m0, m1, K, wp + b * kWeightRows * K, yp + b * kWeightRows, N, ahead, add);
-        }
+    for (int64_t p = begin; p < end; ++p) {
+      const float* panel = wp + p * K * kPanel;
+      float* out = yp + p * kPanel;
+      const int64_t width = std::min(kPanel, N - p * kPanel);
+      // The first row block streams the panel from memory and asks for the panel kPanelsAhead on.
+      const float* ahead = p + kPanelsAhead < panels ? panel + kPanelsAhead * K * kPanel : nullptr;
+      int64_t m = 0;
+      for (; m + 6 <= M; m += 6, ahead = nullptr) panel_block<6>(xp + m * K, K, panel, out + m * N, N, width, ahead, add);
+      switch (M - m) {
+        case 5: panel_block<5>(xp + m * K, K, panel, out + m * N, N, width, ahead, add); break;
+        case 4: panel_block<4>(xp + m * K, K, panel, out + m * N, N, width, ahead, add); break;
+        case 3: panel_block<3>(xp + m * K, K, panel, out + m * N, N, width, ahead, add); break;
+        case 2: panel_block<2>(xp + m * K, K, panel, out + m * N, N, width, ahead, add); break;
+        case 1: panel_block<1>(xp + m * K, K, panel, out + m * N, N, width, ahead, add); break;
+        default: break;
       }
     }
   });
-  const int64_t done = blocks * kWeightRows;
-  if (N - done == 2) weight_block<2>(xp, 0, M, K, wp + done * K, yp + done, N, 0, add);
-  if (N - done == 1) weight_block<1>(xp, 0, M, K, wp + done * K, yp + done, N, 0, add);
 }
 
 }  // namespace
 
-torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "linear_rows: x and weight must be matrices");
-  auto y = torch::empty({x.size(0), weight.size(0)}, x.options());
-  linear_rows_into(x, weight, y, false);
+// (N, K) -> (ceil(N / 16), K, 16): the layout linear_rows reads (zero rows pad the last panel).
+torch::Tensor pack_weight(const torch::Tensor& weight) {
+  check_float_matrix(weight, "weight");
+  const int64_t N = weight.size(0), K = weight.size(1), panels = (N + kPanel - 1) / kPanel;
+  auto padded = weight;
+  if (panels * kPanel != N) padded = torch::cat({weight, weight.new_zeros({panels * kPanel - N, K})});
+  return padded.view({panels, kPanel, K}).transpose(1, 2).contiguous();
+}
+
+// x @ weight^T (+ bias) for a few rows of x; `packed` = pack_weight(weight), out_features = weight.size(0).
+torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features,
+                          const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "linear_rows: x must be a matrix");
+  auto y = torch::empty({x.size(0), out_features}, x.options());
+  linear_rows_into(x, packed, y, false);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
 
 // residual += x @ weight^T (+ bias), in place: the decoder's residual connection without a temporary.
-void linear_rows_add_(torch::Tensor& residual, const torch::Tensor& x, const torch::Tensor& weight,
+void linear_rows_add_(torch::Tensor& residual, const torch::Tensor& x, const torch::Tensor& packed,
                       const c10::optional<torch::Tensor>& bias) {
-  linear_rows_into(x, weight, residual, true);
+  linear_rows_into(x, packed, residual, true);
   if (bias.has_value() && bias->defined()) residual.add_(*bias);
 }
 
 // ------------------------------------------------------------------------------------------ decode_attention
+// Scores of all `group` query heads (rows of Q, length D) against NR consecutive key rows: y[g * ldy + t].
+template <int NR>
+inline void query_block(const float* Q, const float* keys, int64_t D, int64_t group, float* y, int64_t ldy) {
+  const int64_t ahead = kPrefetchRows * D;
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) dot_block<4, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false);
+  switch (group - g) {
+    case 3: dot_block<3, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false); break;
+    case 2: dot_block<2, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false); break;
+    case 1: dot_block<1, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false); break;
+    default: break;
+  }
+}
+
 // q: (slots, kv_heads, group, head_dim), already scaled; keys, values: a layer's whole cache (num_slots,
 // kv_heads, max_len, head_dim); visible: (slots,) int64, positions [0, visible) of each slot are attended.
 // -> (slots, kv_heads, group, head_dim). head_dim must be a multiple of 8.
@@ -216,32 +271,17 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& keys
       const float* Q = qp + task * group * D;
       float* O = op + task * group * D;
       scores.resize(group * n);
-      // scores[g, t] = q[g] . k[t]: each key row is loaded once for all query heads of the group.
-      for (int64_t t = 0; t < n; ++t) {
-        const float* k_row = K + t * D;
-        // The cache is read once per step from memory: ask for rows kPrefetchRows ahead (keys now, the
-        // same rows of values for the pass below).
-        for (int64_t line = 0; line < D; line += 16) {
-          _mm_prefetch(reinterpret_cast<const char*>(k_row + kPrefetchRows * D + line), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(V + t * D + line), _MM_HINT_T1);
-        }
-        for (int64_t g = 0; g < group; ++g) {
-          const float* q_row = Q + g * D;
-          __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-          int64_t c = 0;
-          for (; c + 2 <= chunks; c += 2) {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q_row + 8 * c), _mm256_loadu_ps(k_row + 8 * c), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q_row + 8 * c + 8), _mm256_loadu_ps(k_row + 8 * c + 8), acc1);
-          }
-          if (c < chunks) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q_row + 8 * c), _mm256_loadu_ps(k_row + 8 * c), acc0);
-          scores[g * n + t] = hsum(_mm256_add_ps(acc0, acc1));
-        }
-      }
+      // scores[g, t] = q[g] . k[t]: a small matrix product (group x D) . (D x n) with the weight-product
+      // micro-kernel, query heads as rows and 3 key rows (positions) per block, keys prefetched ahead.
+      int64_t t = 0;
+      for (; t + 3 <= n; t += 3) query_block<3>(Q, K + t * D, D, group, scores.data() + t, n);
+      if (n - t == 2) query_block<2>(Q, K + t * D, D, group, scores.data() + t, n);
+      if (n - t == 1) query_block<1>(Q, K + t * D, D, group, scores.data() + t, n);
       // softmax per query head, then out[g] = sum_t p[g, t] v[t].
       for (int64_t g = 0; g < group; ++g) {
         float* p = scores.data() + g * n;
         __m256 vmax = _mm256_set1_ps(-INFINITY);
-        int64_t t = 0;
+        t = 0;
         for (; t + 8 <= n; t += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(p + t));
         float maximum = hmax(vmax);
         for (; t < n; ++t) maximum = std::max(maximum, p[t]);
@@ -486,7 +526,8 @@ std::tuple<torch::Tensor, torch::Tensor> sample_rows(const torch::Tensor& logits
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_rows", &linear_rows, "y = x @ weight^T (+ bias) for a few rows of x (fp32, AVX2)");
+  m.def("pack_weight", &pack_weight, "pack a (out, in) weight into the panels linear_rows reads");
+  m.def("linear_rows", &linear_rows, "x @ weight^T (+ bias) for a few rows of x, weight packed (fp32, AVX2)");
   m.def("linear_rows_add_", &linear_rows_add_, "residual += x @ weight^T (+ bias), in place (fp32, AVX2)");
   m.def("append_kv", &append_kv, "store one key/value per slot at its cache position");
   m.def("rms_norm", &rms_norm, "Llama/Qwen2 RMSNorm of a few rows");
