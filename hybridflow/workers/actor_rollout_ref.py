@@ -158,6 +158,7 @@ class ActorRolloutRefWorker(Worker):
                 self.tokenizer.pad_token_id,
                 max_batch_size=agent.max_concurrent_requests_per_replica,
                 batch_wait_s=agent.server_batch_wait_s,
+                max_model_len=self.runtime.prompt_length + self.runtime.response_length,
             )
         self._server.start()
         return {"timing_s/update_weights": update_weights_s}

@@ -144,3 +144,96 @@ def test_requests_with_different_budgets_share_a_batch(sharp_llama, tiny_tokeniz
     for single, shared, budget in zip(alone, joint, budgets):
         assert shared.token_ids == single.token_ids and len(shared.token_ids) <= budget
         assert shared.finish_reason == single.finish_reason
+
+
+# ------------------------------------------------------------------ continuous batching (streaming backends)
+class ScriptedSource:
+    """A RequestSource that hands out requests at chosen decode steps and records the finishing order."""
+
+    def __init__(self, schedule: dict[int, list[tuple[str, list[int], int]]]) -> None:
+        self.schedule = schedule  # call number -> requests handed out on that call
+        self.calls = 0
+        self.finished: list[tuple[str, list[int], list[float], str]] = []
+
+    def take(self, limit, block):
+        batch = self.schedule.pop(self.calls, [])
+        self.calls += 1
+        if not batch and block and not self.schedule:
+            return None
+        assert len(batch) <= limit
+        return batch
+
+    def finish(self, key, token_ids, log_probs, finish_reason):
+        self.finished.append((key, token_ids, log_probs, finish_reason))
+
+
+def test_streaming_batcher_admits_requests_into_a_running_decode(sharp_llama, tiny_tokenizer):
+    rollout = NativeRollout(sharp_llama, tiny_tokenizer, GREEDY, max_num_seqs=4)
+    prompts = _prompts(tiny_tokenizer)
+    greedy = SamplingParams(max_new_tokens=40, do_sample=False)
+    pad = tiny_tokenizer.pad_token_id
+
+    def serve(source):  # no stop ids: every response runs to its budget
+        return rollout.batcher.serve(greedy, [], pad, 64, source)
+
+    # "long" starts alone; "short" arrives at the 6th step and finishes while "long" still decodes; "late"
+    # arrives after "short" is done and reuses its row and slot.
+    requests = {"long": (prompts[1], 30), "short": (prompts[0], 3), "late": (prompts[3], 4)}
+    source = ScriptedSource({0: [("long", *requests["long"])], 5: [("short", *requests["short"])],
+                             12: [("late", *requests["late"])]})
+    stats = serve(source)
+    alone = {}
+    for key, (prompt, budget) in requests.items():
+        solo = ScriptedSource({0: [(key, prompt, budget)]})
+        serve(solo)
+        alone[key] = solo.finished[0]
+    assert [key for key, *_ in source.finished] == ["short", "late", "long"]
+    for key, token_ids, log_probs, reason in source.finished:
+        assert token_ids == alone[key][1] and reason == "length", key  # as if decoded alone
+        torch.testing.assert_close(log_probs, alone[key][2], atol=1e-4, rtol=0)
+    lengths = {key: len(token_ids) for key, token_ids, *_ in source.finished}
+    assert lengths == {"long": 30, "short": 3, "late": 4}
+    assert stats["num_decode_steps"] == 29  # one run: the first token of each comes from its prefill
+    assert stats["decoded_rows"] == 29 + 2 + 3  # steps where "short" and "late" decoded beside "long"
+
+
+def test_streaming_server_equals_single_runs(sharp_llama, tiny_tokenizer):
+    rollout = NativeRollout(sharp_llama, tiny_tokenizer, GREEDY)
+    prompts = _prompts(tiny_tokenizer)
+    budgets = [2, 6, 4, 6, 3]
+    server = GenerationServer(rollout, tiny_tokenizer.pad_token_id, max_model_len=64)
+    assert server.streaming
+    server.start()
+    try:
+        alone = [server.generate(f"s{i}", p, SamplingParams(max_new_tokens=b, do_sample=False))
+                 for i, (p, b) in enumerate(zip(prompts, budgets))]
+        sampled = SamplingParams(max_new_tokens=3, temperature=0.9)
+
+        async def together() -> list[TokenOutput]:
+            greedy = [server.generate_async(f"t{i}", p, SamplingParams(max_new_tokens=b, do_sample=False))
+                      for i, (p, b) in enumerate(zip(prompts, budgets))]
+            return await asyncio.gather(*greedy, server.generate_async("other params", prompts[0], sampled))
+
+        *joint, other = asyncio.run(together())
+        with pytest.raises(ValueError, match="max_model_len"):
+            server.generate("too long", list(range(3, 63)), SamplingParams(max_new_tokens=5))
+        with pytest.raises(IndexError):  # a token id outside the vocabulary fails the run, not the server
+            server.generate("bad", [10**7], GREEDY)
+        assert server.generate("after", prompts[0], GREEDY).token_ids == server.generate("again", prompts[0], GREEDY).token_ids
+    finally:
+        server.stop()
+    assert not server.running
+    for single, shared, budget in zip(alone, joint, budgets):
+        assert shared.token_ids == single.token_ids and len(shared.token_ids) <= budget
+        assert shared.finish_reason == single.finish_reason
+        torch.testing.assert_close(shared.log_probs, single.log_probs, atol=1e-4, rtol=0)
+    assert 1 <= len(other.token_ids) <= 3
+    stats = server.stats()
+    assert stats["num_requests"] == 2 * len(prompts) + 1 + 2 and stats["mean_batch_size"] > 1
+
+
+def test_streaming_needs_a_streaming_backend_and_a_length(sharp_llama, tiny_tokenizer):
+    assert not GenerationServer(HFRollout(sharp_llama, tiny_tokenizer, GREEDY), 0, max_model_len=64).streaming
+    assert not GenerationServer(NativeRollout(sharp_llama, tiny_tokenizer, GREEDY), 0).streaming
+    with pytest.raises(ValueError, match="max_model_len"):
+        GenerationServer(NativeRollout(sharp_llama, tiny_tokenizer, GREEDY), 0, max_model_len=1)

@@ -97,6 +97,9 @@ class BaseRollout(abc.ABC):
     runs_peft_modules: ClassVar[bool] = False
     """True if the backend generates with a peft-wrapped (LoRA) module as is, adapters active; otherwise a
     LoRA actor hands it merged weights (`FSDPEngine.named_full_params`) instead of sharing its module."""
+    supports_streaming: ClassVar[bool] = False
+    """True if the backend has `serve(source, params, max_len, max_seqs)`: requests join a decode that is
+    already running (the generation server then uses it instead of one `generate_sequences` per batch)."""
 
     def resolve_sampling_params(self, meta_info: Mapping[str, Any]) -> SamplingParams:
         """One call's parameters: the validation or training ones, with `meta_info`'s overrides applied."""

@@ -7,7 +7,11 @@ thread batches them: it takes the first waiting request, gathers more until none
 group's requests may differ in `max_new_tokens`: it decodes to the largest and cuts each response to its own)
 and runs each group as one `generate_sequences` call. While a batch runs, new requests queue up and form the
 next batch, so loops that are busy with tools do not hold back the others (dynamic batching at request
-granularity; requests do not join a batch that is already decoding).
+granularity).
+
+With a streaming backend (`supports_streaming`, the native engine) and `max_model_len` given, batching is
+continuous instead: the engine thread runs one decode loop per sampling-parameter group, new requests join
+it at the next decode step as slots free up, and each response is returned the moment it finishes.
 
 The server lives in the rollout worker's process (the hybrid engine: it generates with the weights the actor
 just handed over); `hybridflow.agents.server_manager` routes a conversation's requests to one replica.
@@ -21,8 +25,10 @@ import dataclasses
 import logging
 import queue
 import threading
+import itertools
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,11 +94,28 @@ class GenerationServer:
     """Batches concurrent token-level requests onto one rollout backend (see the module docstring)."""
 
     def __init__(
-        self, rollout: BaseRollout, pad_token_id: int, *, max_batch_size: int = 64, batch_wait_s: float = 0.05
+        self,
+        rollout: BaseRollout,
+        pad_token_id: int,
+        *,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.05,
+        max_model_len: int | None = None,
     ) -> None:
+        """
+        Args:
+            max_batch_size: requests decoded together at most.
+            batch_wait_s: (per-batch mode) how long the queue must be quiet before a batch starts.
+            max_model_len: prompt + response tokens of the longest request; with a streaming backend it
+                enables continuous batching (the KV cache is sized for it). None: per-batch mode.
+        """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.rollout = rollout
+        self.max_model_len = max_model_len
+        self.streaming = max_model_len is not None and getattr(rollout, "supports_streaming", False)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -101,6 +124,8 @@ class GenerationServer:
         self.num_requests = 0
         self.num_batches = 0
         self.busy_s = 0.0
+        self.num_decode_steps = 0
+        self.decoded_rows = 0
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -121,11 +146,16 @@ class GenerationServer:
         self._thread = None
 
     def stats(self) -> dict[str, float]:
-        """Requests served, batches run, mean requests per batch, seconds the engine was busy."""
+        """Requests served, batches (streaming: decode runs) and seconds the engine was busy; mean_batch_size
+        is requests per batch, or with streaming the mean number of sequences in a decode step."""
+        if self.streaming:
+            mean = self.decoded_rows / max(self.num_decode_steps, 1)
+        else:
+            mean = self.num_requests / max(self.num_batches, 1)
         return {
             "num_requests": self.num_requests,
             "num_batches": self.num_batches,
-            "mean_batch_size": self.num_requests / max(self.num_batches, 1),
+            "mean_batch_size": mean,
             "busy_s": self.busy_s,
         }
 
@@ -138,6 +168,11 @@ class GenerationServer:
             raise ValueError(f"a token request returns one response: sampling_params.n must be 1, got {sampling_params.n}")
         if not prompt_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt; send at least one token")
+        if self.streaming and len(prompt_ids) + sampling_params.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: {len(prompt_ids)} prompt + {sampling_params.max_new_tokens} new tokens exceed "
+                f"the server's max_model_len {self.max_model_len} (prompt_length + response_length)"
+            )
         if not self.running:
             raise RuntimeError("the generation server is not running: wake the rollout up first")
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -156,6 +191,9 @@ class GenerationServer:
 
     # ------------------------------------------------------------------ the engine thread
     def _serve(self) -> None:
+        if self.streaming:
+            self._serve_streaming()
+            return
         stopping = False
         while not stopping:
             first = self._queue.get()
@@ -202,3 +240,79 @@ class GenerationServer:
             self.num_requests += len(requests)
             for request, output in zip(requests, outputs, strict=True):
                 request.future.set_result(output)
+
+    def _serve_streaming(self) -> None:
+        pending: deque[_Request] = deque()  # dequeued, waiting for a run of their sampling parameters
+        stopping = False
+        while pending or not stopping:
+            if not pending:
+                first = self._queue.get()
+                if first is None:
+                    break
+                pending.append(first)
+            source = _RunSource(self._queue, pending, _params_key(pending[0].params), stopping)
+            params = dataclasses.replace(source.key, max_new_tokens=self.max_model_len - 1)
+            start = time.perf_counter()
+            try:
+                stats = self.rollout.serve(source, params, self.max_model_len, self.max_batch_size)
+            except Exception as error:  # noqa: BLE001 - handed to the callers in flight, who re-raise it
+                logger.exception("streaming generation run failed with %d requests in flight", len(source.in_flight))
+                for request in source.in_flight.values():
+                    request.future.set_exception(error)
+                stats = {}
+            finally:
+                self.busy_s += time.perf_counter() - start
+            stopping = source.stopping
+            self.num_batches += 1
+            self.num_requests += source.num_finished
+            self.num_decode_steps += int(stats.get("num_decode_steps", 0))
+            self.decoded_rows += int(stats.get("decoded_rows", 0))
+
+
+def _params_key(params: SamplingParams) -> SamplingParams:
+    """Requests with equal keys decode together (they may differ in max_new_tokens)."""
+    return dataclasses.replace(params, max_new_tokens=1)
+
+
+class _RunSource:
+    """The server's side of one streaming run (`RequestSource`): hands over queued requests of the run's
+    sampling parameters and resolves their futures as responses finish."""
+
+    def __init__(self, requests: queue.Queue, pending: deque[_Request], key: SamplingParams, stopping: bool) -> None:
+        self.requests = requests
+        self.pending = pending
+        self.key = key
+        self.stopping = stopping
+        self.in_flight: dict[int, _Request] = {}
+        self.num_finished = 0
+        self._ids = itertools.count()
+
+    def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
+        taken = [r for r in self.pending if _params_key(r.params) == self.key][:limit]
+        for request in taken:
+            self.pending.remove(request)
+        while len(taken) < limit and not self.stopping:
+            others_waiting = bool(self.pending)
+            try:  # wait only when the run is idle and nothing else is waiting
+                request = self.requests.get() if block and not taken and not others_waiting else self.requests.get_nowait()
+            except queue.Empty:
+                break
+            if request is None:
+                self.stopping = True
+            elif _params_key(request.params) == self.key:
+                taken.append(request)
+            else:
+                self.pending.append(request)
+        if not taken and block:
+            return None  # idle: stopping, or only requests with other parameters are left
+        batch = []
+        for request in taken:
+            key = next(self._ids)
+            self.in_flight[key] = request
+            batch.append((key, request.prompt_ids, request.params.max_new_tokens))
+        return batch
+
+    def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
+        request = self.in_flight.pop(key)
+        self.num_finished += 1
+        request.future.set_result(TokenOutput(token_ids, log_probs, finish_reason))

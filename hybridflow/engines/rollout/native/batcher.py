@@ -4,6 +4,9 @@ slots one token per step, retire finished sequences and refill their slots from 
 Row layout: prompt `p` with `n` samples produces output rows `p * n + [0, n)`. A prompt is admitted only when
 `n` slots are free; its prefill runs once and its K/V and first-token logits are shared by the `n` samples.
 Admitted prompts are sorted by length and prefilled in chunks of at most `max_prefill_tokens` padded tokens.
+
+`serve` is the same loop for the generation server: requests that arrive while others decode are admitted
+into free slots at the next step, and each response is handed back as soon as it finishes.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -77,10 +82,27 @@ class _Run:
     slots: _SlotState
     pad_id: int
     capacity: int  # sequences decoded at once (<= the cache's slots, which include padding rows)
+    limits: torch.Tensor | None = None  # (rows,) new-token limit per row; None: params.max_new_tokens for all
+    on_retire: Callable[[list[int]], None] | None = None  # called with the rows that just finished
     num_active: int = 0
     span: int = 0  # 1 + the longest cached length among active slots: the attention width of the next step
     start: float = field(default_factory=time.perf_counter)
-    stats: dict[str, float] = field(default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0})
+    stats: dict[str, float] = field(
+        default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0, "decoded_rows": 0}
+    )
+
+
+class RequestSource(Protocol):
+    """Where `ContinuousBatcher.serve` gets requests and delivers responses (the generation server)."""
+
+    def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
+        """Up to `limit` new `(key, prompt_ids, max_new_tokens)`; with `block`, wait for at least one.
+
+        Returns None to end the run (stop requested, or only requests this run cannot take are left).
+        """
+
+    def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
+        """Deliver one finished response."""
 
 
 class ContinuousBatcher:
@@ -134,6 +156,96 @@ class ContinuousBatcher:
         )
         return self._loop(run, deque(range(len(prompts))))
 
+    @torch.inference_mode()
+    def serve(
+        self,
+        params: SamplingParams,
+        stop_ids: list[int],
+        pad_id: int,
+        max_len: int,
+        source: RequestSource,
+        max_seqs: int | None = None,
+    ) -> dict[str, float]:
+        """Decode requests from `source` until it returns None: continuous batching across requests.
+
+        Every step first takes as many new requests as there are free rows, admits waiting ones into free
+        slots (prefill), then decodes all active slots one token; a finished response is delivered at once
+        and its slot and row are reused. All requests of a run share `params` except `max_new_tokens`
+        (per request). A request must satisfy len(prompt) + max_new_tokens <= max_len (the cache length).
+        At most `max_seqs` (default `max_num_seqs`) are decoded at once. Returns the run's stats
+        (`decoded_rows / num_decode_steps` is the mean batch of a decode step).
+        """
+        if params.n != 1:
+            raise ValueError(f"serve decodes one response per request, got n={params.n}")
+        device = self.cache.device
+        capacity = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
+        self.cache.reserve(_round_up(capacity, _ROWS_MULTIPLE), max_len)
+        self.forward.bind(max_len)
+        run = _Run(
+            prompts=[torch.empty(0, dtype=torch.long)] * capacity,
+            positions=[torch.empty(0, dtype=torch.long)] * capacity,
+            params=params,
+            stop_ids=torch.tensor(stop_ids, device=device),
+            tokens=torch.full((capacity, max_len), pad_id, dtype=torch.long, device=device),
+            log_probs=torch.zeros((capacity, max_len), dtype=torch.float32, device=device),
+            num_generated=torch.zeros(capacity, dtype=torch.long, device=device),
+            slots=_SlotState.empty(self.cache.num_slots, device),
+            pad_id=pad_id,
+            capacity=capacity,
+            limits=torch.zeros(capacity, dtype=torch.long, device=device),
+        )
+        keys: list[Hashable | None] = [None] * capacity
+        free_rows = list(range(capacity - 1, -1, -1))
+        waiting: deque[int] = deque()
+
+        def deliver(rows: list[int]) -> None:
+            for row in rows:
+                count, limit = int(run.num_generated[row]), int(run.limits[row])
+                source.finish(
+                    keys[row],
+                    run.tokens[row, :count].tolist(),
+                    run.log_probs[row, :count].tolist(),
+                    "length" if count >= limit else "stop",
+                )
+                keys[row] = None
+                free_rows.append(row)
+
+        run.on_retire = deliver
+        while True:
+            idle = run.num_active == 0 and not waiting
+            new = source.take(len(free_rows), block=idle) if free_rows else []
+            if new is None:
+                if idle:
+                    break
+                new = []  # finish what is admitted; the source is asked again next step
+            for key, prompt_ids, max_new_tokens in new:
+                if len(prompt_ids) + max_new_tokens > max_len:
+                    raise ValueError(
+                        f"request {key!r}: {len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
+                        f"server's max_len {max_len}"
+                    )
+                row = free_rows.pop()
+                keys[row] = key
+                run.prompts[row] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
+                run.positions[row] = torch.arange(len(prompt_ids), device=device)
+                run.limits[row] = max_new_tokens
+                run.tokens[row] = pad_id
+                run.log_probs[row] = 0.0
+                run.num_generated[row] = 0
+                waiting.append(row)
+            while waiting and run.capacity > run.num_active:
+                self._admit(run, waiting)
+                self._retire(run)
+            if run.num_active == 0:
+                continue
+            step_start, rows_in_step = time.perf_counter(), run.num_active
+            self._decode_step(run)
+            self._retire(run)
+            run.stats["decode_s"] += time.perf_counter() - step_start
+            run.stats["num_decode_steps"] += 1
+            run.stats["decoded_rows"] += rows_in_step
+        return dict(run.stats)
+
     # ------------------------------------------------------------------ the loop
     def _loop(self, run: _Run, waiting: deque[int]) -> GenerationResult:
         start = time.perf_counter()
@@ -143,11 +255,12 @@ class ContinuousBatcher:
                 self._retire(run)
             if run.num_active == 0:
                 break
-            step_start = time.perf_counter()
+            step_start, rows_in_step = time.perf_counter(), run.num_active
             self._decode_step(run)
             self._retire(run)
             run.stats["decode_s"] += time.perf_counter() - step_start
             run.stats["num_decode_steps"] += 1
+            run.stats["decoded_rows"] += rows_in_step
         run.stats["total_s"] = time.perf_counter() - start
         logger.debug("native rollout: %s", run.stats)
         return GenerationResult(run.tokens, run.log_probs, run.num_generated, dict(run.stats))
@@ -216,10 +329,14 @@ class ContinuousBatcher:
     def _retire(self, run: _Run) -> None:
         """Record finished sequences and compact the active slots into `[0, num_active)`."""
         s, active = run.slots, slice(0, run.num_active)
-        done = torch.isin(s.token[active], run.stop_ids) | (s.count[active] >= run.params.max_new_tokens)
+        limits = run.params.max_new_tokens if run.limits is None else run.limits[s.row[active]]
+        done = torch.isin(s.token[active], run.stop_ids) | (s.count[active] >= limits)
         if not bool(done.any()):
             return
-        run.num_generated[s.row[active][done]] = s.count[active][done]
+        finished = s.row[active][done]
+        run.num_generated[finished] = s.count[active][done]
+        if run.on_retire is not None:
+            run.on_retire(finished.tolist())
         kept = (~done).nonzero().squeeze(1)
         num_kept = kept.numel()
         holes = done[:num_kept].nonzero().squeeze(1)

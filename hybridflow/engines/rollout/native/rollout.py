@@ -17,7 +17,7 @@ from torch import nn
 
 from hybridflow.engines.logprob import compute_response_position_ids
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
-from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult
+from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult, RequestSource
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 class NativeRollout(BaseRollout):
     """Generation with hybridflow's own decode loop over an unsharded HF Llama/Qwen2 model in this process."""
+
+    supports_streaming = True
 
     def __init__(
         self,
@@ -104,6 +106,14 @@ class NativeRollout(BaseRollout):
             )
         tensors = assemble_outputs(prompt_ids, prompt_mask, prompt_pos, result)
         return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
+
+    def serve(
+        self, source: RequestSource, params: SamplingParams, max_len: int, max_seqs: int | None = None
+    ) -> dict[str, float]:
+        """Continuous batching of streamed requests for the generation server (`ContinuousBatcher.serve`)."""
+        stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
+        with self._threads():
+            return self.batcher.serve(params, stop_ids, self.tokenizer.pad_token_id, max_len, source, max_seqs)
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
