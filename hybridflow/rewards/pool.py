@@ -14,11 +14,14 @@ Timeouts have two layers:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import multiprocessing.pool
 import pickle
 import signal
+import sys
+import threading
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -28,6 +31,8 @@ from typing import Any, Literal
 __all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
 
 logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # prctl option: signal this process when its parent dies
 
 # Modules the forkserver imports once, so its workers start with the scorers loaded.
 _FORKSERVER_PRELOAD = ["hybridflow.rewards.score"]
@@ -76,12 +81,16 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _ScorerTimeout
 
 
-def _reset_signal_handlers() -> None:
+def _reset_signal_handlers(die_with_parent: bool = False) -> None:
     """Default SIGTERM/SIGINT in a worker: a forked worker inherits the driver's Python handlers (test runners,
     Ray and torch install some), and one that swallows SIGTERM would make `Pool.terminate()` wait forever on a
-    stuck scorer."""
+    stuck scorer. With `die_with_parent` (Linux), the worker is killed when the process that started it dies,
+    even by SIGKILL, instead of lingering as an orphan."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if die_with_parent and sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any], alarm_s: float | None) -> ScoreOutcome:
@@ -165,7 +174,12 @@ class ScorerPool:
             context = multiprocessing.get_context(self.config.mp_context)
             if self.config.mp_context == "forkserver":
                 context.set_forkserver_preload(_FORKSERVER_PRELOAD)
-            self._pool = context.Pool(processes=self.config.num_workers, initializer=_reset_signal_handlers)
+            # The death signal follows the thread that started the worker: ask for it only from the main thread,
+            # which lives as long as the process.
+            in_main_thread = threading.current_thread() is threading.main_thread()
+            self._pool = context.Pool(
+                processes=self.config.num_workers, initializer=_reset_signal_handlers, initargs=(in_main_thread,)
+            )
             self._finalizer = weakref.finalize(self, self._pool.terminate)
         return self._pool
 

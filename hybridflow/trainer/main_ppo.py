@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +30,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if unknown_flags:
         parser.error(f"unknown flags {unknown_flags}; config values are given as key=value")
     return args, overrides
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (a scheduler or `kill` stopping the run) into SystemExit, so cleanup runs: `finally`
+    blocks, Ray's shutdown, and the reward scorer pool's termination."""
+
+    def handler(signum: int, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(sizes.table(name))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exit_on_sigterm()
     from hybridflow.trainer.run import run_ppo
 
     run_ppo(cfg, batch_sizes)

@@ -90,11 +90,14 @@ class ActorRolloutRefWorker(Worker):
         model = self._actor_hf_module() if shares else build_causal_lm(model_path, dtype="float32")
         self._rollout_weights_stale = self.actor_engine is not None and not shares
         val = rollout.val_kwargs
+        # Backend-specific settings of the rollout config, for the backends that take them.
+        extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization} if rollout.name == "vllm" else {}
         self.rollout = rollout_cls(
             model,
             self.tokenizer,
             self._sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.do_sample),
             val_sampling_params=self._sampling(val.temperature, val.top_p, val.top_k, val.do_sample),
+            **extra,
         )
 
     def _actor_hf_module(self):

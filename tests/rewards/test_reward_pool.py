@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -117,3 +120,37 @@ def test_config_validation() -> None:
         ScoringConfig(timeout_s=0)
     with pytest.raises(ValueError, match="mp_context"):
         ScoringConfig(mp_context="thread")  # type: ignore[arg-type]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (reaped later by init) is not running
+        return stat.read().split(")")[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_scorer_workers_do_not_outlive_a_killed_driver(signal_name):
+    script = (
+        "import os\n"
+        "from hybridflow.rewards.pool import ScorerPool, ScoringConfig\n"
+        "from hybridflow.trainer.main_ppo import exit_on_sigterm\n"
+        "exit_on_sigterm()\n"
+        "pool = ScorerPool(ScoringConfig(timeout_s=60.0, num_workers=2))\n"
+        "pool.run([(abs, {'x': -1})])\n"
+        "print(' '.join(str(p.pid) for p in pool._pool._pool), flush=True)\n"
+        "pool.run([(os.system, {'command': 'sleep 30'})] * 2)\n"  # both workers busy when the driver dies
+    )
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in driver.stdout.readline().split()]
+    assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    time.sleep(1.0)  # the workers are inside the 30 s call, not waiting for work
+    driver.send_signal(getattr(signal, signal_name))
+    code = driver.wait(timeout=30)
+    assert code == (143 if signal_name == "SIGTERM" else -signal.SIGKILL)  # SIGTERM: a clean SystemExit
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)

@@ -60,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_batch_table(table))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from hybridflow.trainer.main_ppo import exit_on_sigterm
     from hybridflow.trainer.sft.trainer import run_sft
+
+    exit_on_sigterm()
 
     run_sft(cfg)
     return 0
