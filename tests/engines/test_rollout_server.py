@@ -237,3 +237,68 @@ def test_streaming_needs_a_streaming_backend_and_a_length(sharp_llama, tiny_toke
     assert not GenerationServer(NativeRollout(sharp_llama, tiny_tokenizer, GREEDY), 0).streaming
     with pytest.raises(ValueError, match="max_model_len"):
         GenerationServer(NativeRollout(sharp_llama, tiny_tokenizer, GREEDY), 0, max_model_len=1)
+
+
+def test_next_turn_reuses_the_previous_turns_cache(sharp_llama, tiny_tokenizer):
+    rollout = NativeRollout(sharp_llama, tiny_tokenizer, GREEDY)
+    greedy = SamplingParams(max_new_tokens=12, do_sample=False)
+    first_prompt = _prompts(tiny_tokenizer)[1] + _prompts(tiny_tokenizer)[4]  # >= 8 tokens: worth reusing
+    pad = tiny_tokenizer.pad_token_id
+
+    def serve(requests):
+        source = ScriptedSource({i: [request] for i, request in enumerate(requests)})
+        stats = rollout.batcher.serve(greedy, [], pad, 96, source)
+        return {key: (ids, lps) for key, ids, lps, _ in source.finished}, stats
+
+    # Turn 1, then turn 2 = turn 1's prompt + response + new "tool" tokens, in one run (the cache is reused)...
+    turn1, _ = serve([("t1", first_prompt, 12)])
+    second_prompt = first_prompt + turn1["t1"][0] + [7, 8, 9]
+    both = ScriptedSource({0: [("t1", first_prompt, 12)]})
+    calls = iter(range(1000))
+
+    def take(limit, block):  # turn 2 arrives once turn 1 has finished
+        call = next(calls)
+        if call == 0:
+            return [("t1", first_prompt, 12)]
+        if both.finished and not any(key == "t2" for key, *_ in both.finished) and call < 100:
+            if not getattr(take, "sent", False):
+                take.sent = True
+                return [("t2", second_prompt, 12)]
+        return None if block else []
+
+    both.take = take
+    stats = rollout.batcher.serve(greedy, [], pad, 96, both)
+    reused = {key: (ids, lps) for key, ids, lps, _ in both.finished}
+    # ... equals turn 2 prefilled from scratch in a fresh run.
+    fresh, fresh_stats = serve([("t2", second_prompt, 12)])
+    assert stats["prefix_hits"] == 1 and fresh_stats["prefix_hits"] == 0
+    assert stats["reused_tokens"] == len(first_prompt) + 12 - 1  # all but turn 1's last token (never fed)
+    assert reused["t2"][0] == fresh["t2"][0]
+    torch.testing.assert_close(reused["t2"][1], fresh["t2"][1], atol=1e-4, rtol=0)
+    assert reused["t1"][0] == turn1["t1"][0]
+
+
+def test_prefix_reuse_through_the_server(sharp_llama, tiny_tokenizer):
+    rollout = NativeRollout(sharp_llama, tiny_tokenizer, GREEDY)
+    greedy = SamplingParams(max_new_tokens=8, do_sample=False)
+    server = GenerationServer(rollout, tiny_tokenizer.pad_token_id, max_model_len=128)
+    server.start()
+    try:
+        prompts = [p + _prompts(tiny_tokenizer)[4] for p in _prompts(tiny_tokenizer)]
+        turns = [server.generate(f"a{i}", p, greedy) for i, p in enumerate(prompts)]
+        follow = [p + t.token_ids + [5, 6] for p, t in zip(prompts, turns)]
+        continued = [server.generate(f"b{i}", p, greedy) for i, p in enumerate(follow)]
+    finally:
+        server.stop()
+    stats = server.stats()
+    assert stats["prefix_reuse"] > 0.3  # the second turns reused their first turns' caches
+    fresh = NativeRollout(sharp_llama, tiny_tokenizer, GREEDY)
+    fresh_server = GenerationServer(fresh, tiny_tokenizer.pad_token_id)  # per-batch mode: no reuse
+    fresh_server.start()
+    try:
+        expected = [fresh_server.generate(f"c{i}", p, greedy) for i, p in enumerate(follow)]
+    finally:
+        fresh_server.stop()
+    for got, want in zip(continued, expected):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(got.log_probs, want.log_probs, atol=1e-4, rtol=0)

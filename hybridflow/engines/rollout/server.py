@@ -11,7 +11,9 @@ granularity).
 
 With a streaming backend (`supports_streaming`, the native engine) and `max_model_len` given, batching is
 continuous instead: the engine thread runs one decode loop per sampling-parameter group, new requests join
-it at the next decode step as slots free up, and each response is returned the moment it finishes.
+it at the next decode step as slots free up, and each response is returned the moment it finishes. A
+request that continues a finished one (same replica: the router keeps a conversation on one) reuses its
+K/V and prefills only the new tokens.
 
 The server lives in the rollout worker's process (the hybrid engine: it generates with the weights the actor
 just handed over); `hybridflow.agents.server_manager` routes a conversation's requests to one replica.
@@ -126,6 +128,8 @@ class GenerationServer:
         self.busy_s = 0.0
         self.num_decode_steps = 0
         self.decoded_rows = 0
+        self.prompt_tokens = 0
+        self.reused_tokens = 0
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -148,15 +152,14 @@ class GenerationServer:
     def stats(self) -> dict[str, float]:
         """Requests served, batches (streaming: decode runs) and seconds the engine was busy; mean_batch_size
         is requests per batch, or with streaming the mean number of sequences in a decode step."""
-        if self.streaming:
-            mean = self.decoded_rows / max(self.num_decode_steps, 1)
-        else:
-            mean = self.num_requests / max(self.num_batches, 1)
+        stats = {"num_requests": self.num_requests, "num_batches": self.num_batches, "busy_s": self.busy_s}
+        if not self.streaming:
+            return {**stats, "mean_batch_size": self.num_requests / max(self.num_batches, 1)}
         return {
-            "num_requests": self.num_requests,
-            "num_batches": self.num_batches,
-            "mean_batch_size": mean,
-            "busy_s": self.busy_s,
+            **stats,
+            "mean_batch_size": self.decoded_rows / max(self.num_decode_steps, 1),
+            # Share of prompt tokens whose K/V came from the conversation's previous turn (prefix reuse).
+            "prefix_reuse": self.reused_tokens / max(self.prompt_tokens, 1),
         }
 
     # ------------------------------------------------------------------ requests
@@ -267,6 +270,8 @@ class GenerationServer:
             self.num_requests += source.num_finished
             self.num_decode_steps += int(stats.get("num_decode_steps", 0))
             self.decoded_rows += int(stats.get("decoded_rows", 0))
+            self.prompt_tokens += int(stats.get("prompt_tokens", 0))
+            self.reused_tokens += int(stats.get("reused_tokens", 0))
 
 
 def _params_key(params: SamplingParams) -> SamplingParams:

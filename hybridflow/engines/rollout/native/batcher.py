@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -83,13 +83,51 @@ class _Run:
     pad_id: int
     capacity: int  # sequences decoded at once (<= the cache's slots, which include padding rows)
     limits: torch.Tensor | None = None  # (rows,) new-token limit per row; None: params.max_new_tokens for all
-    on_retire: Callable[[list[int]], None] | None = None  # called with the rows that just finished
+    on_retire: Callable[[list[int], list[int]], None] | None = None  # finished rows and their slots
     num_active: int = 0
     span: int = 0  # 1 + the longest cached length among active slots: the attention width of the next step
     start: float = field(default_factory=time.perf_counter)
     stats: dict[str, float] = field(
         default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0, "decoded_rows": 0}
     )
+
+
+_MIN_REUSED_TOKENS = 8
+"""Shorter shared prefixes are prefilled again with the batch (a reuse costs its own forward)."""
+
+
+class _Parking:
+    """Finished sequences' caches kept for their conversation's next turn, in dedicated cache slots."""
+
+    def __init__(self, cache: KVCache, slots: range) -> None:
+        self.cache = cache
+        self.free = list(slots)
+        self.parked: OrderedDict[int, list[int]] = OrderedDict()  # slot -> cached token ids, oldest first
+
+    def park(self, slot: int, token_ids: list[int]) -> None:
+        """Copy `slot`'s first len(token_ids) positions into a parking slot (evicting the oldest if full)."""
+        if len(token_ids) < _MIN_REUSED_TOKENS:
+            return
+        if not self.free:
+            evicted, _ = self.parked.popitem(last=False)
+            self.free.append(evicted)
+        target = self.free.pop()
+        self.cache.copy_slot(slot, target, len(token_ids))
+        self.parked[target] = token_ids
+
+    def longest_prefix(self, prompt: list[int]) -> tuple[int, int] | None:
+        """(parking slot, tokens to reuse) of the longest parked sequence that `prompt` starts with, taken out
+        of the parking; None if none is long enough. At least one prompt token is left to feed."""
+        best, best_len = None, 0
+        for slot, token_ids in self.parked.items():
+            if len(token_ids) > best_len and prompt[: len(token_ids)] == token_ids:
+                best, best_len = slot, len(token_ids)
+        reused = min(best_len, len(prompt) - 1)
+        if best is None or reused < _MIN_REUSED_TOKENS:
+            return None
+        del self.parked[best]
+        self.free.append(best)  # free again once its positions are copied out (before the next park)
+        return best, reused
 
 
 class RequestSource(Protocol):
@@ -174,12 +212,19 @@ class ContinuousBatcher:
         (per request). A request must satisfy len(prompt) + max_new_tokens <= max_len (the cache length).
         At most `max_seqs` (default `max_num_seqs`) are decoded at once. Returns the run's stats
         (`decoded_rows / num_decode_steps` is the mean batch of a decode step).
+
+        Prefix reuse: a finished sequence's K/V stay in one of `max_seqs` parking slots (least recently
+        parked evicted first). A request whose prompt starts with a parked sequence's tokens (the next turn
+        of a conversation: previous prompt + response + new messages) takes over that cache and prefills
+        only the rest (`stats`: `prefix_hits`, `reused_tokens` of `prompt_tokens`). Parked caches live as
+        long as the run, which ends before weights change (the server stops around weight updates).
         """
         if params.n != 1:
             raise ValueError(f"serve decodes one response per request, got n={params.n}")
         device = self.cache.device
         capacity = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
-        self.cache.reserve(_round_up(capacity, _ROWS_MULTIPLE), max_len)
+        park_base = _round_up(capacity, _ROWS_MULTIPLE)  # decode steps never pad into the parking slots
+        self.cache.reserve(park_base + capacity, max_len)
         self.forward.bind(max_len)
         run = _Run(
             prompts=[torch.empty(0, dtype=torch.long)] * capacity,
@@ -197,10 +242,15 @@ class ContinuousBatcher:
         keys: list[Hashable | None] = [None] * capacity
         free_rows = list(range(capacity - 1, -1, -1))
         waiting: deque[int] = deque()
+        prompt_ids: list[list[int]] = [[] for _ in range(capacity)]
+        parking = _Parking(self.cache, range(park_base, park_base + capacity))
+        run.stats.update(prefix_hits=0, reused_tokens=0, prompt_tokens=0)
 
-        def deliver(rows: list[int]) -> None:
-            for row in rows:
+        def deliver(rows: list[int], slots: list[int]) -> None:
+            for row, slot in zip(rows, slots):
                 count, limit = int(run.num_generated[row]), int(run.limits[row])
+                cached = int(run.slots.length[slot])  # prompt + response, less the last token (never fed)
+                parking.park(slot, (prompt_ids[row] + run.tokens[row, :count].tolist())[:cached])
                 source.finish(
                     keys[row],
                     run.tokens[row, :count].tolist(),
@@ -218,21 +268,31 @@ class ContinuousBatcher:
                 if idle:
                     break
                 new = []  # finish what is admitted; the source is asked again next step
-            for key, prompt_ids, max_new_tokens in new:
-                if len(prompt_ids) + max_new_tokens > max_len:
+            for key, prompt, max_new_tokens in new:
+                if len(prompt) + max_new_tokens > max_len:
                     raise ValueError(
-                        f"request {key!r}: {len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
+                        f"request {key!r}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
                         f"server's max_len {max_len}"
                     )
                 row = free_rows.pop()
                 keys[row] = key
-                run.prompts[row] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
-                run.positions[row] = torch.arange(len(prompt_ids), device=device)
+                prompt_ids[row] = list(prompt)
+                run.prompts[row] = torch.tensor(prompt, dtype=torch.long, device=device)
+                run.positions[row] = torch.arange(len(prompt), device=device)
+                run.stats["prompt_tokens"] += len(prompt)
                 run.limits[row] = max_new_tokens
                 run.tokens[row] = pad_id
                 run.log_probs[row] = 0.0
                 run.num_generated[row] = 0
                 waiting.append(row)
+            for row in list(waiting):  # continuations of parked sequences prefill only their new tokens
+                if run.num_active >= run.capacity:
+                    break
+                found = parking.longest_prefix(prompt_ids[row])
+                if found is not None:
+                    waiting.remove(row)
+                    self._resume(run, row, *found)
+            self._retire(run)
             while waiting and run.capacity > run.num_active:
                 self._admit(run, waiting)
                 self._retire(run)
@@ -245,6 +305,24 @@ class ContinuousBatcher:
             run.stats["num_decode_steps"] += 1
             run.stats["decoded_rows"] += rows_in_step
         return dict(run.stats)
+
+    def _resume(self, run: _Run, row: int, park_slot: int, reused: int) -> None:
+        """Start `row` in the next free slot from a parked cache holding its first `reused` prompt tokens."""
+        start = time.perf_counter()
+        slot = run.num_active
+        prompt, positions = run.prompts[row], run.positions[row]
+        self.cache.copy_slot(park_slot, slot, reused)
+        logits = self.forward.extend(prompt[reused:], positions[reused:], self.cache, slot, reused)
+        tokens, log_probs = sample_tokens(logits, run.params, self.forward.kernels)
+        s = run.slots
+        s.row[slot], s.length[slot], s.position[slot] = row, prompt.numel(), positions[-1] + 1
+        s.count[slot], s.token[slot] = 1, tokens[0]
+        run.tokens[row, 0], run.log_probs[row, 0] = tokens[0], log_probs[0]
+        run.num_active += 1
+        run.span = max(run.span, prompt.numel() + 1)
+        run.stats["prefix_hits"] += 1
+        run.stats["reused_tokens"] += reused
+        run.stats["prefill_s"] += time.perf_counter() - start
 
     # ------------------------------------------------------------------ the loop
     def _loop(self, run: _Run, waiting: deque[int]) -> GenerationResult:
@@ -335,8 +413,8 @@ class ContinuousBatcher:
             return
         finished = s.row[active][done]
         run.num_generated[finished] = s.count[active][done]
-        if run.on_retire is not None:
-            run.on_retire(finished.tolist())
+        if run.on_retire is not None:  # before compaction: the finished slots still hold their K/V
+            run.on_retire(finished.tolist(), done.nonzero().squeeze(1).tolist())
         kept = (~done).nonzero().squeeze(1)
         num_kept = kept.numel()
         holes = done[:num_kept].nonzero().squeeze(1)

@@ -94,6 +94,11 @@ class KVCache:
         """Views (num_active, num_kv_heads, length, head_dim) of the first `num_active` slots."""
         return self.keys[layer][:num_active, :, :length], self.values[layer][:num_active, :, :length]
 
+    def copy_slot(self, source: int, target: int, length: int) -> None:
+        """Copy positions `[0, length)` of slot `source` into slot `target`."""
+        for cache in (*self.keys, *self.values):
+            cache[target, :, :length] = cache[source, :, :length]
+
     def move_slots(self, sources: torch.Tensor, targets: torch.Tensor, length: int) -> None:
         """Copy positions `[0, length)` of slots `sources` into slots `targets` (disjoint sets)."""
         for cache in (*self.keys, *self.values):

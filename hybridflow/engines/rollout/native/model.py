@@ -272,6 +272,34 @@ class LlamaFamilyForward:
         rows = torch.arange(num_prompts, device=x.device)
         return self._logits(x[rows, last_index])
 
+    def extend(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache, slot: int, start: int
+    ) -> torch.Tensor:
+        """Continue one sequence whose first `start` positions are already in cache slot `slot`.
+
+        input_ids, position_ids: (length,) the next tokens and their rope positions; their K/V go to cache
+        positions `[start, start + length)`, and each attends to the cached prefix and to itself causally.
+        -> float32 logits of the last token (1, vocab). (The generation server's prefix reuse: a conversation's
+        next turn sends only the tokens after the previous turn's cache.)
+        """
+        length = input_ids.numel()
+        end = start + length
+        device = input_ids.device
+        x = self.model.model.embed_tokens.weight[input_ids][None]  # (1, length, hidden)
+        cos, sin = self._cos[position_ids][None, None], self._sin[position_ids][None, None]
+        mask = torch.arange(end, device=device)[None, :] <= (start + torch.arange(length, device=device))[:, None]
+        for index, w in enumerate(self._layers):
+            q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (1, heads, length, head_dim)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            cache.keys[index][slot, :, start:end] = k[0]
+            cache.values[index][slot, :, start:end] = v[0]
+            keys = cache.keys[index][slot : slot + 1, :, :end]
+            values = cache.values[index][slot : slot + 1, :, :end]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
+            attn = attn.transpose(1, 2).reshape(1, length, -1)
+            x = self._mlp(x + F.linear(attn, w.o, w.o_bias), w)
+        return self._logits(x[:, -1])
+
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, span: int, cache: KVCache
     ) -> torch.Tensor:
