@@ -4,9 +4,10 @@
 `--min_tokens`..`--max_tokens` new tokens (sampled at T=1, eos ends a response early), then a random "tool"
 pause of 0-`--max_tool_s` seconds, then the response plus a few tool tokens are appended to the prompt for
 the next turn. The same seeds drive both modes, so clients ask for the same budgets and pauses in each.
-Reported per mode: wall time, generated tokens/s, mean and 90th-percentile request latency, and the
-server's mean batch (requests per batch, or sequences per decode step when continuous). The last column
-divides continuous by per-batch.
+Modes: per-batch, continuous batching, and continuous batching with prefix reuse (a turn continues its
+conversation's cached K/V). Reported per mode: wall time, generated tokens/s, mean and 90th-percentile
+request latency, the server's mean batch (requests per batch, or sequences per decode step when
+continuous) and the share of prompt tokens reused; then each continuous mode over per-batch.
 
     python benchmarks/generation_server.py                 # ~3 minutes on 2 idle cores
 """
@@ -85,12 +86,14 @@ def main() -> None:
     print(f"{args.model} fp32, {args.threads} threads, native engine; {args.conversations} conversations x "
           f"{args.turns} turns, {args.min_tokens}-{args.max_tokens} new tokens, tool pauses 0-{args.max_tool_s} s; "
           f"load avg (1 min) {os.getloadavg()[0]:.2f} at start")
-    print(f"{'mode':<12} {'wall s':>7} {'tok/s':>7} {'tokens':>7} {'lat mean s':>10} {'lat p90 s':>9} {'mean batch':>10} {'load':>5}")
+    print(f"{'mode':<12} {'wall s':>7} {'tok/s':>7} {'tokens':>7} {'lat mean s':>10} {'lat p90 s':>9} {'mean batch':>10} "
+          f"{'reused':>7} {'load':>5}")
     results = {}
-    for mode, length in (("per-batch", None), ("continuous", max_model_len)):
+    modes = (("per-batch", None, False), ("continuous", max_model_len, False), ("+ reuse", max_model_len, True))
+    for mode, length, reuse in modes:
         torch.manual_seed(args.seed)
         server = GenerationServer(rollout, tokenizer.pad_token_id, max_batch_size=args.conversations,
-                                  batch_wait_s=args.batch_wait_s, max_model_len=length)
+                                  batch_wait_s=args.batch_wait_s, max_model_len=length, prefix_reuse=reuse)
         server.start()
         try:
             server.generate("warm-up", [1, 2, 3], SamplingParams(max_new_tokens=2))
@@ -98,11 +101,14 @@ def main() -> None:
         finally:
             server.stop()  # a continuous run adds its decode steps to the stats when it ends
         r["mean_batch"] = server.stats()["mean_batch_size"]
+        r["reuse"] = server.stats().get("prefix_reuse", 0.0)
         print(f"{mode:<12} {r['wall_s']:>7.1f} {r['tok_s']:>7.1f} {r['tokens']:>7} {r['latency_mean_s']:>10.2f} "
-              f"{r['latency_p90_s']:>9.2f} {r['mean_batch']:>10.1f} {r['load']:>5.2f}", flush=True)
-    ratio = results["continuous"]["tok_s"] / results["per-batch"]["tok_s"]
-    latency = results["per-batch"]["latency_mean_s"] / results["continuous"]["latency_mean_s"]
-    print(f"continuous / per-batch: {ratio:.2f}x tokens/s, {latency:.2f}x lower mean latency")
+              f"{r['latency_p90_s']:>9.2f} {r['mean_batch']:>10.1f} {r['reuse']:>7.0%} {r['load']:>5.2f}", flush=True)
+    base = results["per-batch"]
+    for mode in ("continuous", "+ reuse"):
+        ratio = results[mode]["tok_s"] / base["tok_s"]
+        latency = base["latency_mean_s"] / results[mode]["latency_mean_s"]
+        print(f"{mode} / per-batch: {ratio:.2f}x tokens/s, {latency:.2f}x lower mean latency")
 
 
 if __name__ == "__main__":

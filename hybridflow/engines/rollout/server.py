@@ -103,6 +103,7 @@ class GenerationServer:
         max_batch_size: int = 64,
         batch_wait_s: float = 0.05,
         max_model_len: int | None = None,
+        prefix_reuse: bool = True,
     ) -> None:
         """
         Args:
@@ -110,6 +111,7 @@ class GenerationServer:
             batch_wait_s: (per-batch mode) how long the queue must be quiet before a batch starts.
             max_model_len: prompt + response tokens of the longest request; with a streaming backend it
                 enables continuous batching (the KV cache is sized for it). None: per-batch mode.
+            prefix_reuse: (continuous mode) keep finished requests' caches for their next turn.
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -117,6 +119,7 @@ class GenerationServer:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.rollout = rollout
         self.max_model_len = max_model_len
+        self.prefix_reuse = prefix_reuse
         self.streaming = max_model_len is not None and getattr(rollout, "supports_streaming", False)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -257,7 +260,7 @@ class GenerationServer:
             params = dataclasses.replace(source.key, max_new_tokens=self.max_model_len - 1)
             start = time.perf_counter()
             try:
-                stats = self.rollout.serve(source, params, self.max_model_len, self.max_batch_size)
+                stats = self.rollout.serve(source, params, self.max_model_len, self.max_batch_size, self.prefix_reuse)
             except Exception as error:  # noqa: BLE001 - handed to the callers in flight, who re-raise it
                 logger.exception("streaming generation run failed with %d requests in flight", len(source.in_flight))
                 for request in source.in_flight.values():

@@ -106,7 +106,7 @@ class _Parking:
 
     def park(self, slot: int, token_ids: list[int]) -> None:
         """Copy `slot`'s first len(token_ids) positions into a parking slot (evicting the oldest if full)."""
-        if len(token_ids) < _MIN_REUSED_TOKENS:
+        if len(token_ids) < _MIN_REUSED_TOKENS or not (self.free or self.parked):
             return
         if not self.free:
             evicted, _ = self.parked.popitem(last=False)
@@ -203,6 +203,7 @@ class ContinuousBatcher:
         max_len: int,
         source: RequestSource,
         max_seqs: int | None = None,
+        prefix_reuse: bool = True,
     ) -> dict[str, float]:
         """Decode requests from `source` until it returns None: continuous batching across requests.
 
@@ -224,7 +225,8 @@ class ContinuousBatcher:
         device = self.cache.device
         capacity = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
         park_base = _round_up(capacity, _ROWS_MULTIPLE)  # decode steps never pad into the parking slots
-        self.cache.reserve(park_base + capacity, max_len)
+        park_slots = capacity if prefix_reuse else 0
+        self.cache.reserve(park_base + park_slots, max_len)
         self.forward.bind(max_len)
         run = _Run(
             prompts=[torch.empty(0, dtype=torch.long)] * capacity,
@@ -243,7 +245,7 @@ class ContinuousBatcher:
         free_rows = list(range(capacity - 1, -1, -1))
         waiting: deque[int] = deque()
         prompt_ids: list[list[int]] = [[] for _ in range(capacity)]
-        parking = _Parking(self.cache, range(park_base, park_base + capacity))
+        parking = _Parking(self.cache, range(park_base, park_base + park_slots))
         run.stats.update(prefix_hits=0, reused_tokens=0, prompt_tokens=0)
 
         def deliver(rows: list[int], slots: list[int]) -> None:

@@ -108,12 +108,18 @@ class NativeRollout(BaseRollout):
         return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
 
     def serve(
-        self, source: RequestSource, params: SamplingParams, max_len: int, max_seqs: int | None = None
+        self,
+        source: RequestSource,
+        params: SamplingParams,
+        max_len: int,
+        max_seqs: int | None = None,
+        prefix_reuse: bool = True,
     ) -> dict[str, float]:
         """Continuous batching of streamed requests for the generation server (`ContinuousBatcher.serve`)."""
         stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
+        pad_id = self.tokenizer.pad_token_id
         with self._threads():
-            return self.batcher.serve(params, stop_ids, self.tokenizer.pad_token_id, max_len, source, max_seqs)
+            return self.batcher.serve(params, stop_ids, pad_id, max_len, source, max_seqs, prefix_reuse)
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
