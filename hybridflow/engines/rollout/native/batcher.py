@@ -300,12 +300,7 @@ class ContinuousBatcher:
                 self._retire(run)
             if run.num_active == 0:
                 continue
-            step_start, rows_in_step = time.perf_counter(), run.num_active
-            self._decode_step(run)
-            self._retire(run)
-            run.stats["decode_s"] += time.perf_counter() - step_start
-            run.stats["num_decode_steps"] += 1
-            run.stats["decoded_rows"] += rows_in_step
+            self._step(run)
         return dict(run.stats)
 
     def _resume(self, run: _Run, row: int, park_slot: int, reused: int) -> None:
@@ -335,12 +330,7 @@ class ContinuousBatcher:
                 self._retire(run)
             if run.num_active == 0:
                 break
-            step_start, rows_in_step = time.perf_counter(), run.num_active
-            self._decode_step(run)
-            self._retire(run)
-            run.stats["decode_s"] += time.perf_counter() - step_start
-            run.stats["num_decode_steps"] += 1
-            run.stats["decoded_rows"] += rows_in_step
+            self._step(run)
         run.stats["total_s"] = time.perf_counter() - start
         logger.debug("native rollout: %s", run.stats)
         return GenerationResult(run.tokens, run.log_probs, run.num_generated, dict(run.stats))
@@ -389,6 +379,15 @@ class ContinuousBatcher:
         run.span = max(run.span, max(sizes) + 1)
         run.stats["prefill_s"] += time.perf_counter() - start
         run.stats.setdefault("first_token_s", time.perf_counter() - run.start)
+
+    def _step(self, run: _Run) -> None:
+        """One decode step of every active slot, then retirement, counted in the run's stats."""
+        start, rows = time.perf_counter(), run.num_active
+        self._decode_step(run)
+        self._retire(run)
+        run.stats["decode_s"] += time.perf_counter() - start
+        run.stats["num_decode_steps"] += 1
+        run.stats["decoded_rows"] += rows
 
     def _decode_step(self, run: _Run) -> None:
         s, active = run.slots, slice(0, run.num_active)
