@@ -88,8 +88,8 @@ class AgentLoopManager:
         output = build_output(outputs, self.tokenizer.pad_token_id, self.response_length)
         metrics = agent_metrics(outputs)
         metrics["timing_s/update_weights"] = float(np.mean([w["timing_s/update_weights"] for w in wake]))
-        for key in ("num_batches", "mean_batch_size"):
-            values = [stats[f"rollout_server/{key}"] for stats in server_stats if stats]
+        for key in ("num_batches", "mean_batch_size", "prefix_reuse"):  # prefix_reuse: continuous servers only
+            values = [stats[f"rollout_server/{key}"] for stats in server_stats if f"rollout_server/{key}" in stats]
             if values:
                 metrics[f"rollout_server/{key}"] = float(np.mean(values))
         output.meta_info["metrics"] = metrics

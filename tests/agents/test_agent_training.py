@@ -73,6 +73,7 @@ def test_mask_zero_tokens_do_not_change_the_update(tmp_path):
     assert ((attended == 1) & (mask == 0)).any(), "the user's feedback must be in the trajectories with mask 0"
     assert batch.meta_info["metrics"]["num_turns/max"] >= 3
     assert batch.meta_info["metrics"]["rollout_server/mean_batch_size"] > 1  # concurrent loops were batched
+    assert batch.meta_info["metrics"]["rollout_server/prefix_reuse"] > 0  # later turns reused their caches
     batch.meta_info = {"temperature": 1.0}
     old = group_a.compute_log_prob(batch)
     # The engine scores the whole trajectory: its log-probs of model tokens match what the server sampled.
