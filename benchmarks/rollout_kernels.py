@@ -5,7 +5,8 @@ One table, each row a ratio measured in the same run (best of `--repeats` timing
   all 211 weight products of a decode step (every weight read from memory, as in a real step), the
   attention of all 30 layers over the cache, and a whole decode step (`LlamaFamilyForward.decode`);
 - the torch path's choices: decode linear as `(W @ x^T)^T` (`_linear_rows`) vs `F.linear(x, W)`; a
-  decode step on 15 / 63 rows vs 16 / 64 rows (why steps are padded to a multiple of 8 rows);
+  decode step on 15 / 63 rows vs 16 / 64 rows (why torch-op steps are padded to a multiple of 8 rows, and
+  why kernel steps are not);
   inverse-CDF sampling (`sample_from_weights`) vs `torch.multinomial` over the 49k vocabulary.
 
     python benchmarks/rollout_kernels.py
@@ -110,6 +111,10 @@ def main() -> None:
             even = decode_step_time(model, batch, 160, args.repeats)
             odd = decode_step_time(model, batch - 1, 160, args.repeats)
             rows.append((f"decode step: {batch - 1} rows / {batch} rows", odd / even))
+        for batch in (16, 64):  # with the kernels: why steps are not padded
+            even = decode_step_time(model, batch, 160, args.repeats, kernels)
+            odd = decode_step_time(model, batch - 1, 160, args.repeats, kernels)
+            rows.append((f"decode step, kernels: {batch - 1} rows / {batch} rows", odd / even))
         logits = torch.randn(64, model.config.vocab_size)
         probs = torch.softmax(logits, dim=-1)
         multinomial = best_time(lambda: torch.multinomial(probs, 1), args.repeats)

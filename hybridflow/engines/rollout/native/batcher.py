@@ -28,8 +28,10 @@ from hybridflow.engines.rollout.native.sampler import sample_tokens
 logger = logging.getLogger(__name__)
 
 _ROWS_MULTIPLE = 8
-"""Decode steps run on a multiple of this many slots (idle slots fill the gap): on the 2-core AVX2 CPU a step
-of 15 or 63 rows took 1.35-1.6x longer than one of 16 or 64 rows (docs/performance.md)."""
+"""Decode steps with torch ops run on a multiple of this many slots (idle slots fill the gap): on the 2-core
+AVX2 CPU a step of 15 or 63 rows took 1.27-1.6x longer than one of 16 or 64 rows (docs/performance.md). With
+the compiled kernels a step of 15 or 63 rows costs the same as one of 16 or 64 (0.97-1.00x): padding gains
+nothing there, so kernel steps run unpadded."""
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -393,7 +395,8 @@ class ContinuousBatcher:
         s, active = run.slots, slice(0, run.num_active)
         # Idle slots past the active ones pad the step (their state is zero: they write at cache position 0
         # of a free slot, which admission overwrites); their logits are dropped.
-        padded = slice(0, min(_round_up(run.num_active, _ROWS_MULTIPLE), self.cache.num_slots))
+        multiple = 1 if self.forward.kernels is not None else _ROWS_MULTIPLE  # the kernels need no padding
+        padded = slice(0, min(_round_up(run.num_active, multiple), self.cache.num_slots))
         logits = self.forward.decode(s.token[padded], s.position[padded], s.length[padded], run.span, self.cache)
         tokens, log_probs = sample_tokens(logits[active], run.params, self.forward.kernels)
         rows, counts = s.row[active], s.count[active]
