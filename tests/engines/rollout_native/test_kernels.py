@@ -86,8 +86,8 @@ def test_kernel_modes():
 
 
 def test_auto_falls_back_and_cpu_raises_when_unsupported(monkeypatch):
-    monkeypatch.setattr(kernel_modes, "_loaded", {})
-    monkeypatch.setattr(kernel_modes, "_failure", {})
+    monkeypatch.setattr(kernel_modes, "_module", None)
+    monkeypatch.setattr(kernel_modes, "_unavailable", None)
     monkeypatch.setattr(kernel_modes, "unsupported_reason", lambda: "they need AVX2 (test)")
     assert kernel_modes.load_cpu_kernels("auto") is None
     with pytest.raises(RuntimeError, match="need AVX2"):

@@ -93,6 +93,36 @@ class _Run:
         default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0, "decoded_rows": 0}
     )
 
+    @classmethod
+    def create(
+        cls,
+        prompts: list[torch.Tensor],
+        positions: list[torch.Tensor],
+        params: SamplingParams,
+        stop_ids: list[int],
+        pad_id: int,
+        capacity: int,
+        num_rows: int,
+        width: int,
+        num_slots: int,
+        device: torch.device,
+        **extra,
+    ) -> _Run:
+        """A run with empty outputs for `num_rows` rows of up to `width` tokens, over `num_slots` cache slots."""
+        return cls(
+            prompts=prompts,
+            positions=positions,
+            params=params,
+            stop_ids=torch.tensor(stop_ids, device=device),
+            tokens=torch.full((num_rows, width), pad_id, dtype=torch.long, device=device),
+            log_probs=torch.zeros((num_rows, width), dtype=torch.float32, device=device),
+            num_generated=torch.zeros(num_rows, dtype=torch.long, device=device),
+            slots=_SlotState.empty(num_slots, device),
+            pad_id=pad_id,
+            capacity=capacity,
+            **extra,
+        )
+
 
 _MIN_REUSED_TOKENS = 8
 """Shorter shared prefixes are prefilled again with the batch (a reuse costs its own forward)."""
@@ -182,17 +212,8 @@ class ContinuousBatcher:
         capacity = min(self.max_num_seqs, num_rows)
         self.cache.reserve(_round_up(capacity, _ROWS_MULTIPLE), max_prompt_len + max_new)
         self.forward.bind(max_position)
-        run = _Run(
-            prompts=prompts,
-            positions=positions,
-            params=params,
-            stop_ids=torch.tensor(stop_ids, device=device),
-            tokens=torch.full((num_rows, max_new), pad_id, dtype=torch.long, device=device),
-            log_probs=torch.zeros((num_rows, max_new), dtype=torch.float32, device=device),
-            num_generated=torch.zeros(num_rows, dtype=torch.long, device=device),
-            slots=_SlotState.empty(self.cache.num_slots, device),
-            pad_id=pad_id,
-            capacity=capacity,
+        run = _Run.create(
+            prompts, positions, params, stop_ids, pad_id, capacity, num_rows, max_new, self.cache.num_slots, device
         )
         return self._loop(run, deque(range(len(prompts))))
 
@@ -230,18 +251,10 @@ class ContinuousBatcher:
         park_slots = capacity if prefix_reuse else 0
         self.cache.reserve(park_base + park_slots, max_len)
         self.forward.bind(max_len)
-        run = _Run(
-            prompts=[torch.empty(0, dtype=torch.long)] * capacity,
-            positions=[torch.empty(0, dtype=torch.long)] * capacity,
-            params=params,
-            stop_ids=torch.tensor(stop_ids, device=device),
-            tokens=torch.full((capacity, max_len), pad_id, dtype=torch.long, device=device),
-            log_probs=torch.zeros((capacity, max_len), dtype=torch.float32, device=device),
-            num_generated=torch.zeros(capacity, dtype=torch.long, device=device),
-            slots=_SlotState.empty(self.cache.num_slots, device),
-            pad_id=pad_id,
-            capacity=capacity,
-            limits=torch.zeros(capacity, dtype=torch.long, device=device),
+        empty = [torch.empty(0, dtype=torch.long)] * capacity  # rows are filled as requests arrive
+        run = _Run.create(
+            list(empty), list(empty), params, stop_ids, pad_id, capacity, capacity, max_len, self.cache.num_slots,
+            device, limits=torch.zeros(capacity, dtype=torch.long, device=device),
         )
         keys: list[Hashable | None] = [None] * capacity
         free_rows = list(range(capacity - 1, -1, -1))
@@ -253,14 +266,11 @@ class ContinuousBatcher:
         def deliver(rows: list[int], slots: list[int]) -> None:
             for row, slot in zip(rows, slots):
                 count, limit = int(run.num_generated[row]), int(run.limits[row])
+                response = run.tokens[row, :count].tolist()
                 cached = int(run.slots.length[slot])  # prompt + response, less the last token (never fed)
-                parking.park(slot, (prompt_ids[row] + run.tokens[row, :count].tolist())[:cached])
-                source.finish(
-                    keys[row],
-                    run.tokens[row, :count].tolist(),
-                    run.log_probs[row, :count].tolist(),
-                    "length" if count >= limit else "stop",
-                )
+                parking.park(slot, (prompt_ids[row] + response)[:cached])
+                reason = "length" if count >= limit else "stop"
+                source.finish(keys[row], response, run.log_probs[row, :count].tolist(), reason)
                 keys[row] = None
                 free_rows.append(row)
 

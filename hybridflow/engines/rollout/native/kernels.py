@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 KERNEL_MODES = ("auto", "cpu", "torch")
 _SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
 _lock = threading.Lock()
-_loaded: dict[str, ModuleType | None] = {}
-_failure: dict[str, str] = {}
+_module: ModuleType | None = None  # the built kernels, once loaded
+_unavailable: str | None = None  # why they cannot be used here, once known
 
 
 def check_kernel_mode(mode: str) -> None:
@@ -56,22 +56,23 @@ def load_cpu_kernels(mode: str = "auto") -> ModuleType | None:
     check_kernel_mode(mode)
     if mode == "torch":
         return None
+    global _module, _unavailable
     with _lock:
-        if "module" not in _loaded and "module" not in _failure:
+        if _module is None and _unavailable is None:
             reason = unsupported_reason()
             if reason is None:
                 try:
-                    _loaded["module"] = _build()
+                    _module = _build()
                 except Exception as error:  # noqa: BLE001 - any build failure falls back (or raises in `cpu` mode)
                     reason = f"building {_SOURCE.name} failed: {type(error).__name__}: {error}"
             if reason is not None:
-                _failure["module"] = reason
+                _unavailable = reason
                 logger.warning("native rollout: CPU decode kernels unavailable, using torch ops (%s)", reason)
-    if "module" in _failure:
+    if _unavailable is not None:
         if mode == "cpu":
-            raise RuntimeError(f"native rollout kernels='cpu' but the CPU decode kernels are unavailable: {_failure['module']}")
+            raise RuntimeError(f"native rollout kernels='cpu' but the CPU decode kernels are unavailable: {_unavailable}")
         return None
-    return _loaded["module"]
+    return _module
 
 
 def _build() -> ModuleType:

@@ -28,6 +28,8 @@ from hybridflow.engines.rollout.native.kv_cache import KVCache
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+_PRODUCT_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
+"""`LayerWeights` fields that the kernels multiply by (packed once per weight version)."""
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -175,8 +177,9 @@ class LlamaFamilyForward:
             logger.warning("native rollout: weights are not contiguous float32 CPU tensors; decoding with torch ops")
             self.kernels = self._packed = None
         if self._packed is not None:
-            names = ("q", "k", "v", "o", "gate", "up", "down")
-            self._packed_layers = [{name: self._packed.get(getattr(w, name)) for name in names} for w in self._layers]
+            self._packed_layers = [
+                {name: self._packed.get(getattr(w, name)) for name in _PRODUCT_WEIGHTS} for w in self._layers
+            ]
             self._packed_head = self._packed.get(self.model.lm_head.weight)
         if self._cos is None or self._cos.shape[0] < max_position:
             rotary = self.model.model.rotary_emb
@@ -186,9 +189,7 @@ class LlamaFamilyForward:
             self._cos, self._sin = cos[0], sin[0]  # (max_position, head_dim)
 
     def _kernel_ready_weights(self) -> bool:
-        weights = [self.model.lm_head.weight] + [
-            t for w in self._layers for t in (w.q, w.k, w.v, w.o, w.gate, w.up, w.down) if t is not None
-        ]
+        weights = [self.model.lm_head.weight] + [getattr(w, name) for w in self._layers for name in _PRODUCT_WEIGHTS]
         return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in weights)
 
     def release(self) -> None:

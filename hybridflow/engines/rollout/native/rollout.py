@@ -89,7 +89,7 @@ class NativeRollout(BaseRollout):
         if not keep.any(dim=1).all():
             empty = (~keep.any(dim=1)).nonzero().flatten().tolist()
             raise ValueError(f"prompt rows {empty} have no tokens (attention_mask all 0); drop them before generating")
-        stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
+        stop_ids = self._stop_ids(params)
         with self._threads():
             result = self.batcher.generate(
                 [ids[row] for ids, row in zip(prompt_ids, keep)],
@@ -116,10 +116,14 @@ class NativeRollout(BaseRollout):
         prefix_reuse: bool = True,
     ) -> dict[str, float]:
         """Continuous batching of streamed requests for the generation server (`ContinuousBatcher.serve`)."""
-        stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
+        stop_ids = self._stop_ids(params)
         pad_id = self.tokenizer.pad_token_id
         with self._threads():
             return self.batcher.serve(params, stop_ids, pad_id, max_len, source, max_seqs, prefix_reuse)
+
+    def _stop_ids(self, params: SamplingParams) -> list[int]:
+        """Token ids that end a response: eos, then the request's stop tokens (deduplicated)."""
+        return list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:

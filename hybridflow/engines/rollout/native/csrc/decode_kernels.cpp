@@ -59,9 +59,9 @@ inline __m256 exp_nonpositive(__m256 x) {
 // ------------------------------------------------------------------------------------------ dot products
 // A block of MR rows of x times NR rows of w, dot products along K (both row-major): decode attention's
 // query-key scores. With MR=3 heads, NR=3 key rows: 9 accumulators, 6 loads per 9 FMAs.
-// PREFETCH: also prefetch the rows of w `prefetch` floats ahead.
-template <int MR, int NR, bool PREFETCH>
-inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy, int64_t prefetch, bool add) {
+// It also prefetches the rows of w `prefetch` floats ahead.
+template <int MR, int NR>
+inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64_t ldy, int64_t prefetch) {
   __m256 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
@@ -69,7 +69,7 @@ inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
-    if (PREFETCH && (k & 15) == 0) {
+    if ((k & 15) == 0) {
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + prefetch + j * K + k), _MM_HINT_T0);
     }
@@ -101,7 +101,7 @@ inline void dot_block(const float* x, int64_t K, const float* w, float* y, int64
     for (int j = 0; j < NR; ++j) {
       float sum = sums[i * NR + j];
       for (int64_t t = k; t < K; ++t) sum += x[i * K + t] * w[j * K + t];
-      y[i * ldy + j] = add ? y[i * ldy + j] + sum : sum;
+      y[i * ldy + j] = sum;
     }
 }
 
@@ -226,11 +226,11 @@ template <int NR>
 inline void query_block(const float* Q, const float* keys, int64_t D, int64_t group, float* y, int64_t ldy) {
   const int64_t ahead = kPrefetchRows * D;
   int64_t g = 0;
-  for (; g + 4 <= group; g += 4) dot_block<4, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false);
+  for (; g + 4 <= group; g += 4) dot_block<4, NR>(Q + g * D, D, keys, y + g * ldy, ldy, ahead);
   switch (group - g) {
-    case 3: dot_block<3, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false); break;
-    case 2: dot_block<2, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false); break;
-    case 1: dot_block<1, NR, true>(Q + g * D, D, keys, y + g * ldy, ldy, ahead, false); break;
+    case 3: dot_block<3, NR>(Q + g * D, D, keys, y + g * ldy, ldy, ahead); break;
+    case 2: dot_block<2, NR>(Q + g * D, D, keys, y + g * ldy, ldy, ahead); break;
+    case 1: dot_block<1, NR>(Q + g * D, D, keys, y + g * ldy, ldy, ahead); break;
     default: break;
   }
 }
