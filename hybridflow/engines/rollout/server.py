@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import queue
 import threading
-import itertools
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
@@ -226,7 +226,7 @@ class GenerationServer:
         # batch: it decodes up to the largest budget and each response is cut to its own.
         groups: dict[SamplingParams, list[_Request]] = {}
         for request in batch:
-            groups.setdefault(dataclasses.replace(request.params, max_new_tokens=1), []).append(request)
+            groups.setdefault(_params_key(request.params), []).append(request)
         for key, requests in groups.items():
             start = time.perf_counter()
             params = dataclasses.replace(key, max_new_tokens=max(r.params.max_new_tokens for r in requests))

@@ -310,7 +310,7 @@ class LlamaFamilyForward:
         lengths: (num_active,) tokens already cached per slot (the new token goes at that cache position);
         span: 1 + max(lengths), the attention width -> float32 logits (num_active, vocab).
         """
-        if self.kernels is not None and tokens.device.type == "cpu" and cache.dtype == torch.float32:
+        if self.kernels is not None:  # set only for float32 CPU weights (checked in `__init__` and `bind`)
             return self._decode_with_kernels(tokens, positions, lengths, cache)
         num_active = tokens.numel()
         index = cache.decode_index(lengths)
