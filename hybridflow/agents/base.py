@@ -17,7 +17,7 @@ from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.server_manager import AsyncLLMServerManager
 from hybridflow.engines.rollout.base import SamplingParams
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.config import MultiTurnConfig
+from hybridflow.engines.rollout.config import MultiTurnConfig
 
 
 @dataclass

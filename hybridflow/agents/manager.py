@@ -8,7 +8,8 @@ row (`agent_name` field, else the configured default) with at most `agent.max_co
 then put the servers to sleep. Rows need their chat messages in `raw_prompt` (`data.return_raw_chat=True`).
 The output holds `prompts` (left-padded to the longest prompt), `responses` (right-padded to
 `response_length`), `response_mask` (1 only on model tokens), `input_ids`, `attention_mask` (1 on every real
-token, tool output included), `position_ids`, `rollout_log_probs`, and per-row `__num_turns__`; metrics
+token, tool output included), `position_ids` (response positions continue the prompt's over every real
+token), `rollout_log_probs`, and per-row `__num_turns__`; metrics
 (`num_turns/*`, `tool_calls/*`, tool error rate and latency, server batching) go to `meta_info['metrics']`.
 """
 
@@ -27,21 +28,10 @@ import hybridflow.agents.tool_agent  # noqa: F401  (registers tool_agent)
 from hybridflow.agents.base import AGENT_LOOPS, AgentLoopContext, AgentLoopOutput
 from hybridflow.agents.server_manager import AsyncLLMServerManager
 from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.output import build_rollout_output
+from hybridflow.engines.rollout.server import build_prompt_batch
 from hybridflow.protocol import DataProto
-from hybridflow.workers.config import RolloutConfig
-
-
-def sampling_params_from_config(rollout: RolloutConfig, response_length: int, validate: bool) -> SamplingParams:
-    """The per-request sampling parameters of training (or validation) rollouts."""
-    source = rollout.val_kwargs if validate else rollout
-    greedy = not source.do_sample or source.temperature == 0
-    return SamplingParams(
-        temperature=1.0 if greedy else source.temperature,
-        top_p=source.top_p,
-        top_k=source.top_k,
-        max_new_tokens=response_length,
-        do_sample=not greedy,
-    )
+from hybridflow.engines.rollout.config import RolloutConfig
 
 
 class AgentLoopManager:
@@ -79,7 +69,8 @@ class AgentLoopManager:
                 "agent loops need each row's chat messages in non_tensor_batch['raw_prompt']: set "
                 "data.return_raw_chat=True"
             )
-        params = sampling_params_from_config(self.rollout, self.response_length, prompts.meta_info.get("validate", False))
+        validate = prompts.meta_info.get("validate", False)
+        params = SamplingParams.from_config(self.rollout.val_kwargs if validate else self.rollout, self.response_length)
         wake = self.worker_group.wake_up_rollout_server()
         try:
             outputs = asyncio.run(self._run_all(prompts, params))
@@ -111,38 +102,46 @@ class AgentLoopManager:
 
 
 def build_output(outputs: Sequence[AgentLoopOutput], pad_token_id: int, response_length: int) -> DataProto:
-    """Pad the trajectories into the batch rollout's tensor layout (see the module docstring)."""
+    """The trajectories in the batch rollout's layout (see the module docstring), through the one assembly
+    every rollout backend uses (`build_rollout_output`): prompts left-padded to the longest, responses
+    right-padded to `response_length`, tool/user tokens attended but outside `response_mask`."""
+    prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id)
+    responses, attention, response_mask, log_probs = _pad_responses(outputs, pad_token_id, response_length)
+    return build_rollout_output(
+        prompts.batch["input_ids"],
+        prompts.batch["attention_mask"],
+        prompts.batch["position_ids"],
+        responses,
+        response_mask,
+        log_probs,
+        pad_token_id,
+        attention_response_mask=attention,
+        non_tensor={"__num_turns__": np.array([out.num_turns for out in outputs], dtype=np.int64)},
+    )
+
+
+def _pad_responses(
+    outputs: Sequence[AgentLoopOutput], pad_token_id: int, response_length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad each trajectory's response to `response_length`.
+
+    Returns responses (bs, response_length) int64, attention (1 on every real token), response_mask (1 on
+    model tokens) and log-probs (float32), all (bs, response_length).
+    """
     bs = len(outputs)
-    prompt_width = max(len(o.prompt_ids) for o in outputs)
-    prompts = torch.full((bs, prompt_width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((bs, prompt_width), dtype=torch.long)
     responses = torch.full((bs, response_length), pad_token_id, dtype=torch.long)
-    response_attention = torch.zeros((bs, response_length), dtype=torch.long)
+    attention = torch.zeros((bs, response_length), dtype=torch.long)
     response_mask = torch.zeros((bs, response_length), dtype=torch.long)
     log_probs = torch.zeros((bs, response_length), dtype=torch.float32)
     for row, out in enumerate(outputs):
-        if len(out.response_ids) > response_length:
-            raise ValueError(f"agent loop returned {len(out.response_ids)} response tokens > {response_length}")
-        n_prompt, n_response = len(out.prompt_ids), len(out.response_ids)
-        prompts[row, prompt_width - n_prompt :] = torch.tensor(out.prompt_ids)
-        prompt_mask[row, prompt_width - n_prompt :] = 1
-        responses[row, :n_response] = torch.tensor(out.response_ids, dtype=torch.long)
-        response_attention[row, :n_response] = 1
-        response_mask[row, :n_response] = torch.tensor(out.response_mask, dtype=torch.long)
-        log_probs[row, :n_response] = torch.tensor(out.response_logprobs, dtype=torch.float32)
-    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "response_mask": response_mask,
-        "rollout_log_probs": log_probs * response_mask,
-    }
-    num_turns = np.array([o.num_turns for o in outputs], dtype=np.int64)
-    return DataProto.from_dict(tensors=tensors, non_tensors={"__num_turns__": num_turns})
+        length = len(out.response_ids)
+        if length > response_length:
+            raise ValueError(f"agent loop returned {length} response tokens > {response_length}")
+        responses[row, :length] = torch.tensor(out.response_ids, dtype=torch.long)
+        attention[row, :length] = 1
+        response_mask[row, :length] = torch.tensor(out.response_mask, dtype=torch.long)
+        log_probs[row, :length] = torch.tensor(out.response_logprobs, dtype=torch.float32)
+    return responses, attention, response_mask, log_probs
 
 
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:

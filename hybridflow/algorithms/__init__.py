@@ -48,9 +48,15 @@ from hybridflow.algorithms.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
+from hybridflow.algorithms.config import (
+    AlgorithmConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
+    PolicyLossConfig,
+    PPOLossConfig,
+)
 from hybridflow.algorithms.policy_loss_registry import (
     POLICY_LOSSES,
-    PolicyLossConfig,
     compute_policy_loss_from_config,
     get_policy_loss_fn,
     register_policy_loss,
@@ -91,7 +97,11 @@ __all__ = [
     "compute_gpg_outcome_advantage",
     # policy losses
     "POLICY_LOSSES",
+    "AlgorithmConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
     "PolicyLossConfig",
+    "PPOLossConfig",
     "register_policy_loss",
     "get_policy_loss_fn",
     "compute_policy_loss_from_config",

@@ -15,17 +15,20 @@ Each registered loss has verl's calling convention minus the config object:
 - `dp_size`, `batch_num_tokens`, `global_batch_size`, `loss_scale_factor` go to `agg_loss` (see there)
   and make the loss independent of micro-batching and data-parallel size.
 
-The keyword defaults come from `PolicyLossConfig` (one place); `compute_policy_loss_from_config` in
+The keyword defaults come from `PPOLossConfig` (one place); `compute_policy_loss_from_config` in
 `policy_loss_registry.py` dispatches by name.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from hybridflow.algorithms.loss_agg import agg_loss
 from hybridflow.algorithms.masked import masked_mean
-from hybridflow.algorithms.policy_loss_registry import PolicyLossConfig, register_policy_loss
+from hybridflow.algorithms.config import PPOLossConfig
+from hybridflow.algorithms.policy_loss_registry import loss_hyperparameters, register_policy_loss
 
 __all__ = [
     "compute_policy_loss_vanilla",
@@ -38,7 +41,7 @@ __all__ = [
     "compute_policy_loss_geo_mean",
 ]
 
-_D = PolicyLossConfig()  # the single source of the keyword defaults below
+_D = SimpleNamespace(**loss_hyperparameters(PPOLossConfig()))  # the single source of the keyword defaults below
 
 
 def _clip_bounds(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None) -> tuple[float, float]:

@@ -1,55 +1,139 @@
-"""The settings `RLHFDataset` reads, as one frozen dataclass.
+"""The `data.*` sections of the RL and SFT trainers (verl's keys), read directly by the datasets and loaders.
 
-The trainer owns the user-facing `data.*` config (verl's keys); it builds an `RLHFDatasetConfig` from it:
-`data.prompt_key`, `data.max_prompt_length`, `data.truncation`, `data.filter_overlong_prompts`,
-`data.return_raw_chat` and `data.apply_chat_template_kwargs` map one to one onto the fields below.
+`DataFilesConfig` holds what both share (files, sample limits, order, chat-template arguments);
+`RLHFDataConfig` adds prompts and lengths for RL, `SFTDataConfig` prompt/response columns for SFT.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_positive, unsupported
+
+__all__ = ["DataFilesConfig", "MultiturnConfig", "RLHFDataConfig", "SFTDataConfig", "expand_path"]
+
+_TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "tokenize")
+
+
+def expand_path(path: str) -> Path:
+    """A config path as every loader opens it: `~` expanded."""
+    return Path(path).expanduser()
 
 
 @dataclass(frozen=True, kw_only=True)
-class RLHFDatasetConfig:
-    """How `RLHFDataset` turns parquet rows into left-padded prompt tensors."""
+class DataFilesConfig:
+    """Where the samples come from and in which order."""
+
+    train_files: list[str] = field(default_factory=list)
+    """Parquet files of training rows; one path or a list (`~` is expanded)."""
+    val_files: list[str] = field(default_factory=list)
+    """Parquet files for validation; empty disables validation."""
+    train_max_samples: int = -1
+    """Use at most this many training rows (the first ones); -1 uses all."""
+    val_max_samples: int = -1
+    """Use at most this many validation rows; -1 uses all."""
+    shuffle: bool = True
+    """Shuffle training rows (seeded, resumable)."""
+    seed: int = 1
+    """Seed of the data order."""
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for tokenizer.apply_chat_template (e.g. {enable_thinking: false})."""
+
+    def __post_init__(self) -> None:
+        check_at_least("train_max_samples", self.train_max_samples, -1, "-1 uses all rows")
+        check_at_least("val_max_samples", self.val_max_samples, -1, "-1 uses all rows")
+        if self.train_max_samples == 0 or self.val_max_samples == 0:
+            raise ConfigFieldError("train_max_samples", "train_max_samples/val_max_samples=0 would leave no rows; use -1")
+        clash = sorted(set(_TEMPLATE_RESERVED) & set(self.apply_chat_template_kwargs))
+        if clash:
+            raise ConfigFieldError(
+                "apply_chat_template_kwargs", f"apply_chat_template_kwargs may not set {clash}: the dataset sets them"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLHFDataConfig(DataFilesConfig):
+    """RL prompts (verl's parquet schema: prompt, data_source, reward_model.ground_truth) and lengths."""
 
     prompt_key: str = "prompt"
     """Column holding the chat messages (a list of {role, content})."""
-
+    reward_fn_key: str = "data_source"
+    """Column that picks each row's reward scorer."""
     max_prompt_length: int = 512
-    """Prompt length in tokens after the chat template; tensors are left-padded to exactly this length."""
-
+    """Prompt tokens after the chat template; prompts are left-padded to this length."""
+    max_response_length: int = 512
+    """Most tokens generated per response."""
+    train_batch_size: int = 1024
+    """Prompts per training step (each is sampled actor_rollout_ref.rollout.n times)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation generation batch; None takes the whole validation set at once."""
     truncation: Literal["error", "left", "right", "middle"] = "error"
-    """What to do with a prompt longer than `max_prompt_length` that was not filtered out:
-    'error' raises naming the row, 'left' keeps the last tokens, 'right' the first ones,
-    'middle' keeps both ends."""
-
+    """A prompt longer than max_prompt_length that was not filtered: error (names the row) | left (keep the
+    last tokens) | right (keep the first) | middle (keep both ends)."""
     filter_overlong_prompts: bool = True
-    """Drop prompts longer than `max_prompt_length` when the dataset is built (one warning with the count)."""
-
+    """Drop over-long prompts when the dataset is built (one warning with the count)."""
     return_raw_chat: bool = False
-    """Also return the chat messages as `raw_prompt` (needed by agent loops and chat-based rollouts)."""
-
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for `tokenizer.apply_chat_template` (e.g. {'enable_thinking': False})."""
+    """Keep the chat messages per sample as raw_prompt (agent loops need them)."""
+    tokenizer: Optional[str] = unsupported(None, "the tokenizer is actor_rollout_ref.model.tokenizer_path")
+    """Tokenizer of the dataset."""
+    dataloader_num_workers: int = unsupported(0, "prompts are tokenized up front; loader workers would break resume")
+    """Worker processes of the data loader."""
 
     def __post_init__(self) -> None:
-        if self.max_prompt_length < 1:
-            raise ValueError(
-                f"data.max_prompt_length must be >= 1, got {self.max_prompt_length}; set it to the longest prompt "
-                "(in tokens, after the chat template) you want to keep"
-            )
-        if self.truncation not in ("error", "left", "right", "middle"):
-            raise ValueError(
-                f"data.truncation must be one of 'error', 'left', 'right', 'middle', got {self.truncation!r}"
-            )
+        super().__post_init__()
         if not self.prompt_key:
-            raise ValueError("data.prompt_key must name a column, got an empty string")
-        reserved = {"messages", "add_generation_prompt", "tokenize"}
-        clash = reserved & set(self.apply_chat_template_kwargs)
-        if clash:
-            raise ValueError(
-                f"data.apply_chat_template_kwargs may not set {sorted(clash)}: the dataset sets them itself"
-            )
+            raise ConfigFieldError("prompt_key", "prompt_key must name a column, got an empty string")
+        check_positive("max_prompt_length", self.max_prompt_length)
+        check_positive("max_response_length", self.max_response_length)
+        check_positive("train_batch_size", self.train_batch_size)
+        check_positive("val_batch_size", self.val_batch_size, allow_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiturnConfig:
+    """Whole conversations instead of prompt/response pairs (SFT)."""
+
+    enable: bool = False
+    """Read conversations from messages_key; the loss covers assistant turns only."""
+    messages_key: str = "messages"
+    """Column of the conversation (a list of {role, content})."""
+    tools_key: str = "tools"
+    """Optional column of tool schemas passed to the chat template."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTDataConfig(DataFilesConfig):
+    """SFT samples and batch sizes (verl's SFT `data.*` keys)."""
+
+    prompt_key: str = "prompt"
+    """Single-turn: column of the prompt (a string, or chat messages)."""
+    response_key: str = "response"
+    """Single-turn: column of the response (a string)."""
+    prompt_dict_keys: list[str] = field(default_factory=list)
+    """Keys to descend into when the prompt column holds dicts (e.g. [question] for prompt_key=extra_info)."""
+    response_dict_keys: list[str] = field(default_factory=list)
+    """Keys to descend into when the response column holds dicts."""
+    multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)
+    """Multi-turn conversations."""
+    max_length: int = 1024
+    """Most tokens per sample after the chat template."""
+    truncation: Literal["error", "left", "right"] = "error"
+    """Longer samples: error (names the row) | left (keep the last tokens) | right (keep the first)."""
+    train_batch_size: int = 256
+    """Samples per optimizer step, over all ranks."""
+    micro_batch_size_per_gpu: int = 4
+    """Samples per forward/backward on one rank (gradient accumulation fills the batch); also the eval batch."""
+    micro_batch_size: Optional[int] = unsupported(None, "give micro_batch_size_per_gpu instead")
+    """Old global form of micro_batch_size_per_gpu."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("train_batch_size", self.train_batch_size)
+        check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        check_at_least("max_length", self.max_length, 2)
+        keys = (self.multiturn.messages_key,) if self.multiturn.enable else (self.prompt_key, self.response_key)
+        if not all(keys):
+            name = "multiturn.messages_key" if self.multiturn.enable else "prompt_key/response_key"
+            raise ConfigFieldError(name, f"{name} must name columns, got {keys}")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from hybridflow.data.config import RLHFDatasetConfig
+from hybridflow.data.config import RLHFDataConfig, expand_path
 
 __all__ = ["RLHFDataset", "collate_fn", "compute_position_ids"]
 
@@ -39,7 +39,8 @@ class RLHFDataset(Dataset):
     Args:
         data_files: a parquet path or a list of them; rows are concatenated in order.
         tokenizer: a Hugging Face tokenizer with a chat template.
-        config: `RLHFDatasetConfig` (the trainer maps `data.*` onto it).
+        config: the `data.*` section (`RLHFDataConfig`).
+        max_samples: keep only the first this many rows (-1: all), before length filtering.
 
     Each item is a dict:
         input_ids, attention_mask, position_ids: (max_prompt_length,) int64, left-padded;
@@ -57,9 +58,9 @@ class RLHFDataset(Dataset):
     """
 
     def __init__(self, data_files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any,
-                 config: RLHFDatasetConfig) -> None:
-        if not isinstance(config, RLHFDatasetConfig):
-            raise TypeError(f"config must be an RLHFDatasetConfig, got {type(config).__name__}")
+                 config: RLHFDataConfig, max_samples: int = -1) -> None:
+        if not isinstance(config, RLHFDataConfig):
+            raise TypeError(f"config must be an RLHFDataConfig, got {type(config).__name__}")
         self.config = config
         self.tokenizer = tokenizer
         self.data_files = _as_paths(data_files)
@@ -72,6 +73,8 @@ class RLHFDataset(Dataset):
                 _validate_row(row, str(path), row_index, config.prompt_key)
                 self._rows.append(row)
                 self._origins.append((str(path), row_index))
+        if max_samples > 0:
+            self._rows, self._origins = self._rows[:max_samples], self._origins[:max_samples]
         self._has_agent_name = any(_agent_name(row) is not None for row in self._rows)
         if config.filter_overlong_prompts or config.truncation == "error":
             self._check_lengths()
@@ -195,7 +198,7 @@ def collate_fn(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _as_paths(data_files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     if isinstance(data_files, (str, os.PathLike)):
         data_files = [data_files]
-    paths = [Path(p) for p in data_files]
+    paths = [expand_path(str(p)) for p in data_files]
     if not paths:
         raise ValueError("RLHFDataset needs at least one parquet file, got an empty list")
     for path in paths:

@@ -23,57 +23,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from hybridflow.data.config import SFTDataConfig, expand_path
 from hybridflow.data.rl_dataset import _clean_messages, _resolve_pad_token_id, compute_position_ids
 
-__all__ = ["SFTDataset", "SFTDatasetConfig", "tokenize_conversation"]
+__all__ = ["SFTDataset", "tokenize_conversation"]
 
 logger = logging.getLogger(__name__)
-
-TRUNCATIONS = ("error", "left", "right")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SFTDatasetConfig:
-    """How `SFTDataset` reads rows; the SFT trainer maps `data.*` onto it one to one."""
-
-    prompt_key: str = "prompt"
-    """Single-turn: column of the prompt (str, or a list of {role, content} messages)."""
-    response_key: str = "response"
-    """Single-turn: column of the response (str)."""
-    prompt_dict_keys: tuple[str, ...] = ()
-    """Keys to descend into when the prompt column holds dicts (e.g. ('question',))."""
-    response_dict_keys: tuple[str, ...] = ()
-    """Keys to descend into when the response column holds dicts (e.g. ('answer',))."""
-    multiturn: bool = False
-    """Read whole conversations from `messages_key` instead of prompt/response pairs."""
-    messages_key: str = "messages"
-    """Multi-turn: column of the conversation (a list of {role, content} messages)."""
-    tools_key: str = "tools"
-    """Multi-turn: optional column of tool schemas for the chat template."""
-    max_length: int = 1024
-    """Most tokens per sample (prompt + response after the chat template)."""
-    truncation: Literal["error", "left", "right"] = "error"
-    """Longer samples: error (names the row) | left (keep the last tokens) | right (keep the first tokens)."""
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for tokenizer.apply_chat_template."""
-
-    def __post_init__(self) -> None:
-        if self.max_length < 2:
-            raise ValueError(f"data.max_length must be >= 2, got {self.max_length}")
-        if self.truncation not in TRUNCATIONS:
-            raise ValueError(f"data.truncation={self.truncation!r} is not one of {list(TRUNCATIONS)}")
-        key_name = "data.multiturn.messages_key" if self.multiturn else "data.prompt_key/data.response_key"
-        keys = (self.messages_key,) if self.multiturn else (self.prompt_key, self.response_key)
-        if not all(keys):
-            raise ValueError(f"{key_name} must name columns, got {keys}")
 
 
 def tokenize_conversation(
@@ -145,14 +107,19 @@ class SFTDataset(Dataset):
     """
 
     def __init__(
-        self, data_files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, config: SFTDatasetConfig
+        self,
+        data_files: str | os.PathLike | Sequence[str | os.PathLike],
+        tokenizer: Any,
+        config: SFTDataConfig,
+        max_samples: int = -1,
     ) -> None:
+        """Tokenize every row of `data_files` (at most the first `max_samples` rows; -1: all)."""
         self.config = config
         self.tokenizer = tokenizer
         self.pad_token_id = _resolve_pad_token_id(tokenizer)
         if isinstance(data_files, (str, os.PathLike)):
             data_files = [data_files]
-        self.data_files = [Path(path) for path in data_files]
+        self.data_files = [expand_path(str(path)) for path in data_files]
         if not self.data_files:
             raise ValueError("SFTDataset needs at least one parquet file (data.train_files), got an empty list")
         self.samples: list[tuple[list[int], list[int]]] = []
@@ -161,6 +128,8 @@ class SFTDataset(Dataset):
             if not path.is_file():
                 raise FileNotFoundError(f"parquet file not found: {path}")
             for row_index, row in enumerate(pq.read_table(path).to_pylist()):
+                if 0 < max_samples <= len(self.samples):
+                    break
                 where = f"{path}: row {row_index}"
                 messages, tools = self._messages(row, where)
                 try:
@@ -181,10 +150,11 @@ class SFTDataset(Dataset):
 
     def _messages(self, row: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], Any]:
         config = self.config
-        if config.multiturn:
-            messages = _field(row, config.messages_key, (), where)
-            _check_messages(messages, config.messages_key, where)
-            tools = row.get(config.tools_key)
+        if config.multiturn.enable:
+            multiturn = config.multiturn
+            messages = _field(row, multiturn.messages_key, (), where)
+            _check_messages(messages, multiturn.messages_key, where)
+            tools = row.get(multiturn.tools_key)
             return list(messages), tools
         prompt = _field(row, config.prompt_key, config.prompt_dict_keys, where)
         response = _field(row, config.response_key, config.response_dict_keys, where)

@@ -47,16 +47,19 @@ def split_model_location(path_or_name: str | os.PathLike, gguf_file: str | None 
     return str(resolved), None
 
 
-def load_tokenizer(path_or_name: str | os.PathLike, *, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    path_or_name: str | os.PathLike, *, gguf_file: str | None = None, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """A tokenizer with a chat template and a pad token (eos when the checkpoint has none).
 
     Args:
         path_or_name: a catalogue name, a model directory, or a `.gguf` file.
         gguf_file: file name inside `path_or_name` when it is a directory holding a GGUF file.
+        trust_remote_code: allow tokenizer code shipped in the checkpoint directory.
     """
     directory, gguf = split_model_location(path_or_name, gguf_file)
     extra = {"gguf_file": gguf} if gguf else {}
-    tokenizer = AutoTokenizer.from_pretrained(directory, **extra)
+    tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code, **extra)
     return prepare_tokenizer(tokenizer)
 
 
@@ -78,6 +81,7 @@ def build_causal_lm(
     dtype: str | torch.dtype = "float32",
     gguf_file: str | None = None,
     attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """Load an HF causal LM on CPU from a catalogue name, a directory or a GGUF file.
 
@@ -89,9 +93,14 @@ def build_causal_lm(
         dtype: parameter dtype ('float32' on CPU).
         gguf_file: file name inside the directory `path_or_name`, for GGUF checkpoints.
         attn_implementation: 'sdpa', 'eager' or 'flex_attention'.
+        trust_remote_code: allow model code shipped in the checkpoint directory.
     """
     directory, gguf = split_model_location(path_or_name, gguf_file)
-    kwargs = {"dtype": to_torch_dtype(dtype), "attn_implementation": attn_implementation}
+    kwargs = {
+        "dtype": to_torch_dtype(dtype),
+        "attn_implementation": attn_implementation,
+        "trust_remote_code": trust_remote_code,
+    }
     if gguf:
         kwargs["gguf_file"] = gguf
     model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)

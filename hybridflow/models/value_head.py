@@ -20,6 +20,7 @@ def build_value_model(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = "sdpa",
     head_init_seed: int = 0,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """Token-level value model (`...ForTokenClassification`, `num_labels=1`, no dropout) from a checkpoint.
 
@@ -29,12 +30,14 @@ def build_value_model(
         attn_implementation: 'sdpa', 'eager' or 'flex_attention'.
         head_init_seed: seed of a newly initialised `score` head (normal(0, initializer_range), zero bias),
             identical on every rank and every run.
+        trust_remote_code: allow model code shipped in the checkpoint directory.
 
     Returns:
         A model whose `forward(input_ids, attention_mask, position_ids, use_cache=False).logits` is (bs, seq, 1).
     """
     directory, gguf = split_model_location(path_or_name)
     extra = {"gguf_file": gguf} if gguf else {}
+    extra["trust_remote_code"] = trust_remote_code
     config = AutoConfig.from_pretrained(directory, **extra)
     config.num_labels = 1
     # GenericForTokenClassification defaults to dropout 0.1; values must be deterministic.

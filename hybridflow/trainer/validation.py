@@ -6,57 +6,50 @@ Logged as verl does: `val-core/{data_source}/acc/mean@N` (and best@k / maj@k whe
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
-
-import numpy as np
 
 from hybridflow.algorithms import flatten_validation_metrics, process_validation_metrics
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.worker_setup import PROMPT_KEYS, rollout_inputs
+from hybridflow.trainer.generation import generate_batch
 
 logger = logging.getLogger(__name__)
 
 
+def run_validation(
+    generator: Any, val_batches: Iterable[dict], reward_fn: Any, *, n: int, pass_rows: bool, num_examples: int = 0
+) -> dict[str, float]:
+    """Validation metrics of `generator`'s policy over `val_batches`, scored by `reward_fn`.
 
-def run_validation(trainer: Any) -> dict[str, float]:
-    """Validation metrics of the trainer's current policy over its whole validation set."""
-    val = trainer.config.actor_rollout_ref.rollout.val_kwargs
+    `n` samples per prompt (validation sampling), `pass_rows` as in `generate_batch`; `num_examples` decoded
+    responses are logged with their scores.
+    """
     data_sources: list[str] = []
     uids: list[str] = []
     infos: dict[str, list[Any]] = defaultdict(list)
     examples: list[tuple[str, float]] = []
-    for batch_dict in trainer.val_dataloader:
-        batch = DataProto.from_single_dict(batch_dict)
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        batch = batch.repeat(val.n, interleave=True)
-        prompts = rollout_inputs(batch, trainer.config)
-        prompts.meta_info = {"validate": True}
-        output = trainer.generator.generate_sequences(prompts)
-        output.meta_info.pop("metrics", None)
-        batch.pop(batch_keys=list(PROMPT_KEYS))
-        batch = batch.union(output)
-        result = trainer.val_reward_fn(batch, return_dict=True)
-        scores = result["reward_tensor"].sum(-1).tolist()
+    for batch_dict in val_batches:
+        batch, _ = generate_batch(generator, batch_dict, n, pass_rows=pass_rows, validate=True)
+        result = reward_fn(batch)
+        scores = result.reward_tensor.sum(-1).tolist()
         infos["reward"].extend(scores)
-        for key, values in result.get("reward_extra_info", {}).items():
+        for key, values in result.extra_info.items():
             if len(values) == len(batch):
                 infos[key].extend(values)
         data_sources.extend(batch.non_tensor_batch["data_source"].tolist())
         uids.extend(batch.non_tensor_batch["uid"].tolist())
-        if len(examples) < trainer.config.trainer.log_val_generations:
-            examples.extend(_decode_examples(trainer, batch, scores))
-    for text, score in examples[: trainer.config.trainer.log_val_generations]:
+        if len(examples) < num_examples:
+            examples.extend(_decode_examples(reward_fn.tokenizer, batch, scores, num_examples))
+    for text, score in examples[:num_examples]:
         logger.info("validation sample (score %.2f): %s", score, text)
     infos = {key: values for key, values in infos.items() if len(values) == len(uids)}
     return flatten_validation_metrics(process_validation_metrics(data_sources, uids, infos))
 
 
-def _decode_examples(trainer: Any, batch: DataProto, scores: list[float]) -> list[tuple[str, float]]:
-    tokenizer = trainer.reward_fn.tokenizer
+def _decode_examples(tokenizer: Any, batch: DataProto, scores: list[float], limit: int) -> list[tuple[str, float]]:
     texts = []
-    for row in range(min(len(batch), trainer.config.trainer.log_val_generations)):
+    for row in range(min(len(batch), limit)):
         mask = batch.batch["response_mask"][row].bool()
         texts.append((tokenizer.decode(batch.batch["responses"][row][mask]), scores[row]))
     return texts

@@ -1,26 +1,14 @@
-"""Build the role worker groups of a run: colocated in one Ray resource pool (or in-process in local mode)."""
+"""Build the role worker groups of an RL run: colocated in one process per rank (Ray or in the driver)."""
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.protocol import DataProto
-from hybridflow.single_controller.local import LocalWorkerGroup
-from hybridflow.single_controller.ray import (
-    RayClassWithInitArgs,
-    RayWorkerGroup,
-    ResourcePoolManager,
-    create_colocated_worker_cls,
-)
+from hybridflow.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
 from hybridflow.trainer.config import PPOConfig, critic_enabled, uses_reference
-from hybridflow.utils.device import device_count
+from hybridflow.trainer.scaffold import WorkerProcesses, worker_runtime
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker
-from hybridflow.workers.config import WorkerRuntimeConfig
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,36 +17,16 @@ class WorkerGroups:
 
     actor_rollout: Any
     critic: Any | None
-    owner: Any  # the fused group (Ray) whose actors host every role
-    pool_manager: ResourcePoolManager | None
+    processes: WorkerProcesses
 
     def shutdown(self) -> None:
-        """Kill the worker processes and release their placement groups."""
-        if isinstance(self.owner, RayWorkerGroup):
-            self.owner.shutdown()
-        if self.pool_manager is not None:
-            for pool in self.pool_manager.pools.values():
-                pool.release()
-
-
-def runtime_config(config: PPOConfig, total_training_steps: int) -> WorkerRuntimeConfig:
-    """What each worker needs beyond its role config."""
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    threads = config.trainer.num_threads_per_worker
-    if threads == 0 and device_count() == 0:
-        threads = max(1, (os.cpu_count() or 1) // world)  # share the cores among the CPU workers
-    return WorkerRuntimeConfig(
-        prompt_length=config.data.max_prompt_length,
-        response_length=config.data.max_response_length,
-        total_training_steps=total_training_steps,
-        seed=config.trainer.seed,
-        num_threads=threads,
-    )
+        """Kill the worker processes and release their placement group."""
+        self.processes.shutdown()
 
 
 def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerGroups:
     """Start one process per rank hosting actor+rollout(+ref)(+critic), and split it into role groups."""
-    runtime = runtime_config(config, total_training_steps)
+    runtime = worker_runtime(config.trainer, total_training_steps)
     role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
     classes = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role, runtime)}
     if critic_enabled(config):
@@ -73,34 +41,13 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
             "max_concurrency": rollout.agent.max_concurrent_requests_per_replica,
             "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": "2"}},
         })
-    fused = create_colocated_worker_cls(classes)
-    if config.trainer.local_mode:
-        owner = LocalWorkerGroup(fused, world_size=1)
-        manager = None
-    else:
-        use_gpu = device_count() > 0 and config.trainer.device != "cpu"
-        manager = ResourcePoolManager(
-            {"global_pool": [config.trainer.n_gpus_per_node] * config.trainer.nnodes},
-            {"actor_rollout": "global_pool", "critic": "global_pool"},
-            use_gpu=use_gpu,
-        )
-        owner = RayWorkerGroup(manager.get_resource_pool("actor_rollout"), fused, name_prefix="hybridflow")
-    groups = owner.spawn(list(classes))
+    processes = WorkerProcesses(config.trainer, create_colocated_worker_cls(classes), name_prefix="hybridflow")
+    groups = processes.group.spawn(list(classes))
     critic = groups.get("critic")
     if critic is not None:
         critic.init_model()
     groups["actor_rollout"].init_model()
-    return WorkerGroups(actor_rollout=groups["actor_rollout"], critic=critic, owner=owner, pool_manager=manager)
-
-
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
-"""The tensors a rollout reads; the trainer pops them from the batch and takes the rollout's versions."""
-
-
-def rollout_inputs(batch: DataProto, config: PPOConfig) -> DataProto:
-    """The part of `batch` the generator reads: prompt tensors; agent loops also get every row field."""
-    keep_rows = config.actor_rollout_ref.rollout.mode == "async"
-    return batch.select(batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if keep_rows else [], meta_info_keys=[])
+    return WorkerGroups(actor_rollout=groups["actor_rollout"], critic=critic, processes=processes)
 
 
 def build_generator(config: PPOConfig, actor_rollout: Any, tokenizer: Any) -> Any:
@@ -116,5 +63,5 @@ def build_generator(config: PPOConfig, actor_rollout: Any, tokenizer: Any) -> An
     tools = load_tools(multi_turn.tool_config_path) if multi_turn.tool_config_path else {}
     interactions = load_interactions(multi_turn.interaction_config_path) if multi_turn.interaction_config_path else {}
     return AgentLoopManager(
-        actor_rollout, rollout, tokenizer, config.data.max_response_length, tools=tools, interactions=interactions
+        actor_rollout, rollout, tokenizer, rollout.response_length, tools=tools, interactions=interactions
     )

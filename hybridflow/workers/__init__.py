@@ -1,6 +1,7 @@
-"""Role workers the driver calls: the hybrid-engine actor/rollout/ref worker and the critic."""
+"""Role workers the driver calls: the hybrid-engine actor/rollout/ref worker, the critic and the SFT worker."""
 
 from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
 from hybridflow.workers.critic import CriticWorker
+from hybridflow.workers.sft import SFTWorker
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker"]
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "SFTWorker"]

@@ -14,18 +14,15 @@ import time
 
 import torch
 
+from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
-from hybridflow.engines.training import build_fsdp_engine
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
-from hybridflow.workers.config import (
-    ActorRolloutRefConfig,
-    WorkerRuntimeConfig,
-    build_engine_config,
-    prepare_worker_process,
-)
+from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
+from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import make_actor_loss_fn, mean_metrics, run_update
 
 logger = logging.getLogger(__name__)
@@ -54,22 +51,27 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the models of this role (collective when the group has several ranks)."""
-        model_path, self.tokenizer = prepare_worker_process(self, self.runtime, self.config.model)
+        runtime, model = self.runtime, self.config.model
+        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
         actor = self.config.actor
         if self.is_actor:
-            engine_config = build_engine_config(
-                actor.optim, actor.fsdp_config, self.config.model, actor.ppo_micro_batch_size_per_gpu, actor.grad_clip,
-                self.runtime.total_training_steps,
+            engine_config = FSDPEngineConfig(
+                model=model,
+                fsdp=actor.fsdp_config,
+                optim=actor.optim,
+                micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
+                total_training_steps=runtime.total_training_steps,
             )
             self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
         # LoRA: the reference is the actor's own model with the adapter disabled (no second model in memory).
         if self.is_ref and not (self.actor_engine is not None and self.actor_engine.lora_scaling is not None):
             ref = self.config.ref
-            ref_config = build_engine_config(
-                actor.optim, ref.fsdp_config, self.config.model, ref.log_prob_micro_batch_size_per_gpu, actor.grad_clip, -1
-            )
             # A separate reference is the base model: never wrapped in (or loaded with) LoRA adapters.
-            ref_config = dataclasses.replace(ref_config, lora_rank=0, lora_adapter_path=None)
+            ref_config = FSDPEngineConfig(
+                model=dataclasses.replace(model, lora_rank=0, lora_adapter_path=None),
+                fsdp=ref.fsdp_config,
+                micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
+            )
             self.ref_engine = build_fsdp_engine(model_path, ref_config, tokenizer=self.tokenizer)
         if self.is_rollout:
             self._build_rollout(model_path)
@@ -89,14 +91,13 @@ class ActorRolloutRefWorker(Worker):
         shares = self._rollout_shares_module
         model = self._actor_hf_module() if shares else build_causal_lm(model_path, dtype="float32")
         self._rollout_weights_stale = self.actor_engine is not None and not shares
-        val = rollout.val_kwargs
         # Backend-specific settings of the rollout config, for the backends that take them.
         extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization} if rollout.name == "vllm" else {}
         self.rollout = rollout_cls(
             model,
             self.tokenizer,
-            self._sampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.do_sample),
-            val_sampling_params=self._sampling(val.temperature, val.top_p, val.top_k, val.do_sample),
+            SamplingParams.from_config(rollout, rollout.response_length),
+            val_sampling_params=SamplingParams.from_config(rollout.val_kwargs, rollout.response_length),
             **extra,
         )
 
@@ -104,17 +105,6 @@ class ActorRolloutRefWorker(Worker):
         """The actor's HF model; for LoRA the model inside the peft wrapper, its adapters active."""
         module = self.actor_engine.module
         return module.get_base_model() if self.actor_engine.lora_scaling is not None else module
-
-    def _sampling(self, temperature: float, top_p: float, top_k: int, do_sample: bool) -> SamplingParams:
-        greedy = not do_sample or temperature == 0
-        return SamplingParams(
-            temperature=1.0 if greedy else temperature,
-            top_p=top_p,
-            top_k=top_k,
-            n=1,  # the trainer repeats prompts itself (uids per prompt), as verl does
-            max_new_tokens=self.runtime.response_length,
-            do_sample=not greedy,
-        )
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -161,7 +151,7 @@ class ActorRolloutRefWorker(Worker):
                 self.tokenizer.pad_token_id,
                 max_batch_size=agent.max_concurrent_requests_per_replica,
                 batch_wait_s=agent.server_batch_wait_s,
-                max_model_len=self.runtime.prompt_length + self.runtime.response_length,
+                max_model_len=self.config.rollout.prompt_length + self.config.rollout.response_length,
             )
         self._server.start()
         return {"timing_s/update_weights": update_weights_s}
@@ -188,16 +178,20 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` and `entropys` (bs, response_len) under the current actor, at the rollout temperature."""
+        """`old_log_probs` (bs, response_len) under the current actor at the rollout's log-prob temperature; the
+        policy's mean token entropy on this rank's responses is returned as the metric `actor/entropy`."""
         start = time.perf_counter()
         log_probs, entropy = self.actor_engine.compute_log_prob(
             data,
-            temperature=self._temperature(data),
+            temperature=self.config.rollout.log_prob_temperature,
             calculate_entropy=True,
             micro_batch_size=self.config.rollout.log_prob_micro_batch_size_per_gpu,
         )
-        metrics = {"timing_s/compute_log_prob": time.perf_counter() - start}
-        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy}, meta_info={"metrics": metrics})
+        metrics = {
+            "actor/entropy": float(masked_mean(entropy, data.batch["response_mask"].to(entropy.dtype))),
+            "timing_s/compute_log_prob": time.perf_counter() - start,
+        }
+        return DataProto.from_dict({"old_log_probs": log_probs}, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -207,14 +201,11 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no ref)")
         log_probs, _ = (self.actor_engine if use_base else self.ref_engine).compute_log_prob(
             data,
-            temperature=self._temperature(data),
+            temperature=self.config.rollout.log_prob_temperature,
             micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu,
             disable_adapter=use_base,
         )
         return DataProto.from_dict({"ref_log_prob": log_probs})
-
-    def _temperature(self, data: DataProto) -> float:
-        return float(data.meta_info.get("temperature", self.config.rollout.temperature) or 1.0)
 
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -235,7 +226,7 @@ class ActorRolloutRefWorker(Worker):
             shuffle=actor.shuffle,
             seed=self.runtime.seed + self._update_count,
             make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts),
-            temperature=self._temperature(data),
+            temperature=self.config.rollout.log_prob_temperature,
             calculate_entropy=actor.entropy_coeff != 0,
             metric_prefix="actor",
         )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from hybridflow.engines.training import build_fsdp_engine
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
-from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig, build_engine_config, prepare_worker_process
+from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig
+from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
 
 
@@ -22,11 +23,14 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the backbone with a fresh value head (collective when sharded)."""
-        model_path, self.tokenizer = prepare_worker_process(self, self.runtime, self.config.model)
-        critic = self.config
-        engine_config = build_engine_config(
-            critic.optim, critic.fsdp_config, critic.model, critic.ppo_micro_batch_size_per_gpu, critic.grad_clip,
-            self.runtime.total_training_steps,
+        critic, runtime = self.config, self.runtime
+        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, critic.model)
+        engine_config = FSDPEngineConfig(
+            model=critic.model,
+            fsdp=critic.model.fsdp_config,
+            optim=critic.optim,
+            micro_batch_size_per_gpu=critic.ppo_micro_batch_size_per_gpu,
+            total_training_steps=runtime.total_training_steps,
         )
         self.engine = build_fsdp_engine(model_path, engine_config, model_kind="value", tokenizer=self.tokenizer)
 
@@ -46,7 +50,7 @@ class CriticWorker(Worker):
             mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.world_size,
             micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
             epochs=self.config.ppo_epochs,
-            shuffle=False,
+            shuffle=self.config.shuffle,
             seed=self.runtime.seed + self._update_count,
             make_loss_fn=lambda counts: make_critic_loss_fn(self.config, counts),
             metric_prefix="critic",

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.algorithms import agg_loss, compute_value_loss, kl_penalty, masked_mean
-from hybridflow.algorithms.policy_loss_registry import PolicyLossConfig, compute_policy_loss_from_config
+from hybridflow.algorithms.policy_loss_registry import compute_policy_loss_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers.config import ActorConfig, CriticConfig
 
@@ -40,23 +40,10 @@ def compute_global_counts(response_mask: torch.Tensor) -> GlobalCounts:
     return GlobalCounts(num_tokens=max(counts[0].item(), 1.0), num_seqs=max(counts[1].item(), 1.0), dp_size=dp_size)
 
 
-def policy_loss_config(actor: ActorConfig) -> PolicyLossConfig:
-    """The algorithms layer's loss hyper-parameters from the actor config."""
-    return PolicyLossConfig(
-        loss_mode=actor.policy_loss.loss_mode,
-        loss_agg_mode=actor.loss_agg_mode,
-        clip_ratio=actor.clip_ratio,
-        clip_ratio_low=actor.clip_ratio_low,
-        clip_ratio_high=actor.clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c,
-    )
-
-
 def make_actor_loss_fn(
     actor: ActorConfig, counts: GlobalCounts
 ) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]:
     """`loss_fn(outputs, micro_batch)` for the training engine: policy loss - entropy bonus + KL loss."""
-    loss_config = policy_loss_config(actor)
     agg = dict(dp_size=counts.dp_size, batch_num_tokens=counts.num_tokens, global_batch_size=counts.num_seqs)
 
     def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
@@ -64,7 +51,7 @@ def make_actor_loss_fn(
         mask = batch["response_mask"].to(outputs["log_probs"].device).float()
         log_prob = outputs["log_probs"]
         pg_loss, metrics = compute_policy_loss_from_config(
-            loss_config,
+            actor,
             old_log_prob=batch["old_log_probs"].to(log_prob.device),
             log_prob=log_prob,
             advantages=batch["advantages"].to(log_prob.device),

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from hybridflow.engines.rollout import ROLLOUTS, HFRollout, SamplingParams
-from hybridflow.engines.rollout.native.rollout import assemble_outputs
+from hybridflow.engines.rollout.output import build_rollout_output
 from hybridflow.engines.rollout.vllm_convert import (
     VLLM_INSTALL_HINT,
     choose_logprobs_mode,
@@ -168,15 +168,17 @@ def test_layout_matches_the_hf_backend():
     rows = [[5, 9, eos], [4, 4, 4, 4, 4], [eos]]
     row_log_probs = [[-1.0, -2.0, -3.0], [-0.5] * 5, [-0.25]]
     result = compute_generation_result(rows, row_log_probs, 5, [eos], pad)
-    ours = assemble_outputs(prompt_ids, prompt_mask, prompt_pos, result)
+    ours = build_rollout_output(
+        prompt_ids, prompt_mask, prompt_pos, result.tokens, result.response_mask(), result.log_probs, pad
+    )
 
     generated = torch.tensor([[5, 9, eos, pad, pad], [4, 4, 4, 4, 4], [eos, pad, pad, pad, pad]])
     hf_log_probs = torch.tensor([[-1.0, -2.0, -3.0, -7.0, -7.0], [-0.5] * 5, [-0.25, -7.0, -7.0, -7.0, -7.0]])
-    params = SamplingParams(max_new_tokens=5)
-    reference = HFRollout._pad_outputs(prompt_ids, prompt_mask, prompt_pos, generated, hf_log_probs, params, [eos], pad)
-    assert ours.keys() == reference.keys()
-    for key in reference:
-        assert torch.equal(ours[key], reference[key]), key
+    padded = HFRollout._pad_responses(generated, hf_log_probs, SamplingParams(max_new_tokens=5), [eos], pad)
+    reference = build_rollout_output(prompt_ids, prompt_mask, prompt_pos, *padded, pad)
+    assert sorted(ours.batch.keys()) == sorted(reference.batch.keys())
+    for key in reference.batch.keys():
+        assert torch.equal(ours.batch[key], reference.batch[key]), key
 
 
 # ---------------------------------------------------------------- weight hand-over files

@@ -13,7 +13,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards import (
-    BatchRewardManager, DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, ScoringConfig,
+    BatchRewardManager, DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, RewardResult, ScoringConfig,
     compute_overlong_penalty, get_reward_manager_cls, load_custom_reward_fn)
 
 PAD, EOS = 0, 1
@@ -69,16 +69,16 @@ SAMPLES = [
 def test_naive_puts_scores_on_the_last_valid_token(managers: list) -> None:
     manager = NaiveRewardManager(CharTokenizer(), num_examine=1, format_score=0.1, scoring=FAST)
     managers.append(manager)
-    result = manager(make_batch(SAMPLES), return_dict=True)
-    rewards = result["reward_tensor"]
+    result = manager(make_batch(SAMPLES))
+    assert isinstance(result, RewardResult)
+    rewards = result.reward_tensor
     assert rewards.shape == (4, RESPONSE_LEN) and rewards.dtype == torch.float32
     expected = torch.zeros(4, RESPONSE_LEN)
     expected[0, 7], expected[1, 6], expected[2, 7], expected[3, 7] = 1.0, 0.1, 1.0, 1.0
     torch.testing.assert_close(rewards, expected)
-    assert result["reward_extra_info"]["score"] == pytest.approx([1.0, 0.1, 1.0, 1.0])
-    assert result["reward_extra_info"]["acc"] == [1.0, 0.0, 1.0, 1.0]
-    assert result["reward_metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}
-    torch.testing.assert_close(manager(make_batch(SAMPLES)), expected)  # return_dict=False: the tensor
+    assert result.extra_info["score"] == pytest.approx([1.0, 0.1, 1.0, 1.0])
+    assert result.extra_info["acc"] == [1.0, 0.0, 1.0, 1.0]
+    assert result.metrics == {"reward/errors": 0.0, "reward/timeouts": 0.0}
 
 
 def test_full_length_response_and_empty_response(managers: list) -> None:
@@ -86,7 +86,7 @@ def test_full_length_response_and_empty_response(managers: list) -> None:
     managers.append(manager)
     batch = make_batch([("q", "#### 123", "openai/gsm8k", "123"), ("q", "", "openai/gsm8k", "1")])
     batch.batch["attention_mask"][1, PROMPT_LEN:] = 0  # no response token at all
-    rewards = manager(batch)
+    rewards = manager(batch).reward_tensor
     assert rewards[0].tolist() == [0.0] * 7 + [1.0]  # 8 tokens, no eos: the reward is on index 7
     assert rewards[1].abs().sum() == 0
 
@@ -112,11 +112,11 @@ def test_errors_and_timeouts_score_zero_and_are_counted(tmp_path: Path, managers
                ("q", "boom2", "any", "x"), ("q", "no", "any", "yes")]
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.pool"):
-        result = manager(make_batch(samples), return_dict=True)
+        result = manager(make_batch(samples))
     assert time.monotonic() - start < 6.0
-    assert result["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
-    assert result["reward_metrics"] == {"reward/errors": 2.0, "reward/timeouts": 1.0}
-    info = result["reward_extra_info"]
+    assert result.reward_tensor.sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert result.metrics == {"reward/errors": 2.0, "reward/timeouts": 1.0}
+    info = result.extra_info
     assert info["pred"] == ["yes", None, None, None, "no"]
     assert info["acc"] == [1.0, 0.0, 0.0, 0.0, 0.0]
     tracebacks = [r for r in caplog.records if "First error" in r.getMessage()]
@@ -133,7 +133,7 @@ def test_unknown_data_source_fails_in_the_driver(managers: list) -> None:
 def test_batch_manager(tmp_path: Path, managers: list) -> None:
     manager = BatchRewardManager(CharTokenizer(), scoring=FAST)
     managers.append(manager)
-    rewards = manager(make_batch(SAMPLES))
+    rewards = manager(make_batch(SAMPLES)).reward_tensor
     assert rewards.sum(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
     assert rewards[0, 7] == 1.0
 
@@ -143,12 +143,12 @@ def test_batch_manager(tmp_path: Path, managers: list) -> None:
                     "    return [len(s) / 10 for s in solution_strs]\n")
     custom = BatchRewardManager(CharTokenizer(), compute_score=load_custom_reward_fn(path, "score"), scoring=FAST)
     managers.append(custom)
-    result = custom(make_batch(SAMPLES[:2]), return_dict=True)
-    assert result["reward_tensor"][0, 7].item() == pytest.approx(0.7)
-    assert result["reward_tensor"][1, 6].item() == pytest.approx(0.6)
-    failed = custom(make_batch(SAMPLES), return_dict=True)
-    assert failed["reward_tensor"].abs().sum() == 0
-    assert failed["reward_metrics"]["reward/errors"] == 4.0
+    result = custom(make_batch(SAMPLES[:2]))
+    assert result.reward_tensor[0, 7].item() == pytest.approx(0.7)
+    assert result.reward_tensor[1, 6].item() == pytest.approx(0.6)
+    failed = custom(make_batch(SAMPLES))
+    assert failed.reward_tensor.abs().sum() == 0
+    assert failed.metrics["reward/errors"] == 4.0
 
 
 def test_overlong_penalty_values() -> None:
@@ -163,13 +163,13 @@ def test_dapo_adds_the_overlong_penalty(managers: list) -> None:
     managers.append(manager)
     batch = make_batch([("q", "#### 42", "openai/gsm8k", "42"), ("q", "#### 4", "openai/gsm8k", "4"),
                         ("q", "####", "openai/gsm8k", "4")])
-    result = manager(batch, return_dict=True)
+    result = manager(batch)
     # valid lengths (with eos) 8, 7, 5 -> penalties -1.0, -0.75, -0.25
-    rewards = result["reward_tensor"]
+    rewards = result.reward_tensor
     assert rewards[0, 7].item() == pytest.approx(0.0)
     assert rewards[1, 6].item() == pytest.approx(0.25)
     assert rewards[2, 4].item() == pytest.approx(-0.25)
-    info = result["reward_extra_info"]
+    info = result.extra_info
     assert info["score"] == [1.0, 1.0, 0.0]
     assert info["overlong_reward"] == pytest.approx([-1.0, -0.75, -0.25])
     assert info["overlong"] == [True, True, True]
@@ -182,12 +182,14 @@ def test_dapo_config_is_checked() -> None:
         DAPORewardManager(CharTokenizer(), max_resp_len=8, overlong_buffer_cfg=OverlongBufferConfig(enable=True, len=8))
 
 
-def test_precomputed_rm_scores_pass_through(managers: list) -> None:
-    manager = NaiveRewardManager(CharTokenizer(), scoring=FAST)
+@pytest.mark.parametrize("manager_cls", [NaiveRewardManager, BatchRewardManager, DAPORewardManager])
+def test_precomputed_rm_scores_pass_through(manager_cls: type, managers: list) -> None:
+    manager = manager_cls(CharTokenizer(), scoring=FAST)
     managers.append(manager)
     batch = make_batch(SAMPLES[:1])
     batch.batch["rm_scores"] = torch.full((1, RESPONSE_LEN), 0.5)
-    assert manager(batch).eq(0.5).all()
+    result = manager(batch)
+    assert result.reward_tensor.eq(0.5).all() and result.extra_info == {} and result.metrics == {}
 
 
 def test_registry() -> None:

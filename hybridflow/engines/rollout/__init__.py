@@ -12,6 +12,7 @@ install command.
 from __future__ import annotations
 
 from hybridflow.engines.rollout.base import OVERRIDABLE_KEYS, BaseRollout, SamplingParams
+from hybridflow.engines.rollout.config import AgentLoopConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
 from hybridflow.engines.rollout.hf import HFRollout
 from hybridflow.engines.rollout.native import NativeRollout
 from hybridflow.utils.registry import Registry
@@ -21,4 +22,15 @@ ROLLOUTS.register("hf", HFRollout)
 ROLLOUTS.register("native", NativeRollout)
 ROLLOUTS.register_lazy("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout")
 
-__all__ = ["OVERRIDABLE_KEYS", "ROLLOUTS", "BaseRollout", "HFRollout", "NativeRollout", "SamplingParams"]
+__all__ = [
+    "OVERRIDABLE_KEYS",
+    "ROLLOUTS",
+    "AgentLoopConfig",
+    "BaseRollout",
+    "HFRollout",
+    "MultiTurnConfig",
+    "NativeRollout",
+    "RolloutConfig",
+    "SamplingConfig",
+    "SamplingParams",
+]

@@ -6,8 +6,12 @@ A rollout turns a batch of left-padded prompts into a batch of prompt+response s
     responses    (bs, response_len)  generated ids, right-padded with the pad id after the first eos
     input_ids    (bs, prompt_len + response_len)
     attention_mask, position_ids     same shape as input_ids; response positions continue the prompt's
-    response_mask (bs, response_len) 1 up to and including the first eos, 0 after
-    rollout_log_probs (bs, response_len)  log-prob of each sampled token under softmax(logits / temperature)
+    response_mask (bs, response_len) 1 up to and including the first eos, 0 after (agent loops: 1 on model
+                                     tokens only; tool/user tokens have attention 1 and response_mask 0)
+    rollout_log_probs (bs, response_len)  log-prob of each sampled token under softmax(logits / temperature),
+                                     0 where response_mask is 0
+
+`hybridflow.engines.rollout.output.build_rollout_output` assembles it, for every backend and the agent loops.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from hybridflow.engines.rollout.config import SamplingConfig
 from hybridflow.protocol import DataProto
 
 OVERRIDABLE_KEYS = ("do_sample", "temperature", "top_p", "top_k", "n", "max_new_tokens", "stop_token_ids")
@@ -28,37 +33,37 @@ OVERRIDABLE_KEYS = ("do_sample", "temperature", "top_p", "top_k", "n", "max_new_
 
 
 @dataclass(frozen=True, kw_only=True)
-class SamplingParams:
-    """How to sample responses."""
+class SamplingParams(SamplingConfig):
+    """One generation call's sampling: `SamplingConfig`'s fields plus the length limit and stop tokens.
 
-    temperature: float = 1.0
-    """Logits are divided by it before top-k/top-p and sampling; log-probs use the same scaling."""
-    top_p: float = 1.0
-    """Nucleus sampling mass; 1.0 disables."""
-    top_k: int = -1
-    """Sample among the k most likely tokens; -1 disables."""
-    n: int = 1
-    """Responses per prompt; rows come out interleaved (prompt 0 n times, then prompt 1, ...)."""
+    Greedy calls (`SamplingConfig.is_greedy`) are normalised to `do_sample=False`, so a backend only reads
+    `do_sample`; `temperature` then only scales the reported log-probs (`log_prob_temperature`).
+    """
+
     max_new_tokens: int = 256
     """Maximum response length (verl's `rollout.response_length`); responses are right-padded to it."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end a response like eos (the tokenizer's eos always does)."""
-    do_sample: bool = True
-    """False: greedy decoding (validation); temperature then only scales the reported log-probs."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or (self.do_sample and self.temperature == 0):
-            raise ValueError(
-                f"temperature must be > 0 when sampling, got {self.temperature}; use do_sample=False for greedy"
-            )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+        super().__post_init__()
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.is_greedy and self.do_sample:
+            object.__setattr__(self, "do_sample", False)  # temperature 0 is verl's way of asking for greedy
+
+    @classmethod
+    def from_config(cls, config: SamplingConfig, max_new_tokens: int, n: int = 1) -> SamplingParams:
+        """The call parameters of a rollout or validation config; `n` defaults to 1 because the trainer
+        repeats each prompt `config.n` times itself (one uid per prompt, as verl does)."""
+        return cls(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            n=n,
+            do_sample=config.do_sample,
+            max_new_tokens=max_new_tokens,
+        )
 
     def as_overrides(self) -> dict[str, Any]:
         """These parameters as `meta_info` overrides: `base.with_overrides(p.as_overrides()) == p` for any base."""
@@ -73,14 +78,7 @@ class SamplingParams:
         changes = {key: meta_info[key] for key in OVERRIDABLE_KEYS if key in meta_info}
         if "stop_token_ids" in changes:
             changes["stop_token_ids"] = tuple(changes["stop_token_ids"])
-        if changes.get("temperature") == 0:  # verl passes temperature 0 for greedy
-            changes.setdefault("do_sample", False)
         return dataclasses.replace(self, **changes) if changes else self
-
-    @property
-    def log_prob_temperature(self) -> float:
-        """Temperature of the reported log-probs: `temperature`, or 1.0 when it is 0 (greedy)."""
-        return self.temperature if self.temperature > 0 else 1.0
 
 
 class BaseRollout(abc.ABC):

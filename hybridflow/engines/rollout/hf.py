@@ -17,8 +17,9 @@ from torch import nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from hybridflow.engines.logprob import compute_response_mask, compute_response_position_ids
+from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
+from hybridflow.engines.rollout.output import build_rollout_output
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
 
@@ -94,11 +95,22 @@ class HFRollout(BaseRollout):
             prompts = prompts.repeat(params.n, interleave=True)
         chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]
         parts = [self._generate(chunk, params) for chunk in chunks]
-        tensors = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
+        responses, response_mask, log_probs = (torch.cat(columns) for columns in zip(*parts))
+        return build_rollout_output(
+            prompts.batch["input_ids"],
+            prompts.batch["attention_mask"],
+            prompts.batch["position_ids"],
+            responses,
+            response_mask,
+            log_probs,
+            self.tokenizer.pad_token_id,
+            non_tensor=prompts.non_tensor_batch,
+            meta_info=prompts.meta_info,
+        )
 
     @torch.no_grad()
-    def _generate(self, prompts: DataProto, params: SamplingParams) -> dict[str, torch.Tensor]:
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One `generate` call: (responses, response_mask, log_probs), each (bs, max_new_tokens)."""
         prompt_ids = prompts.batch["input_ids"].to(self.device)
         prompt_mask = prompts.batch["attention_mask"].to(self.device)
         prompt_pos = prompts.batch["position_ids"].to(self.device)
@@ -113,8 +125,7 @@ class HFRollout(BaseRollout):
             logits_processor=self._logits_processors(params, recorder),
         )
         generated = sequences[:, prompt_ids.size(1) :]
-        log_probs = recorder.finish(generated)
-        return self._pad_outputs(prompt_ids, prompt_mask, prompt_pos, generated, log_probs, params, eos_ids, pad_id)
+        return self._pad_responses(generated, recorder.finish(generated), params, eos_ids, pad_id)
 
     @staticmethod
     def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> GenerationConfig:
@@ -142,17 +153,13 @@ class HFRollout(BaseRollout):
         return processors
 
     @staticmethod
-    def _pad_outputs(
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        prompt_pos: torch.Tensor,
-        generated: torch.Tensor,
-        log_probs: torch.Tensor,
-        params: SamplingParams,
-        eos_ids: list[int],
-        pad_id: int,
-    ) -> dict[str, torch.Tensor]:
-        """Right-pad to `max_new_tokens`, cut after the first eos, and assemble the verl layout (on CPU)."""
+    def _pad_responses(
+        generated: torch.Tensor, log_probs: torch.Tensor, params: SamplingParams, eos_ids: list[int], pad_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-pad `generate`'s new tokens to `max_new_tokens` and cut them after the first eos.
+
+        generated, log_probs: (bs, num_new) -> responses, response_mask, log_probs: (bs, max_new_tokens).
+        """
         bs, num_new = generated.shape
         length = params.max_new_tokens
         responses = generated.new_full((bs, length), pad_id)
@@ -161,17 +168,7 @@ class HFRollout(BaseRollout):
         padded_log_probs[:, :num_new] = log_probs
         produced = (torch.arange(length, device=generated.device) < num_new).long()
         response_mask = compute_response_mask(responses, eos_ids) * produced
-        responses = torch.where(response_mask.bool(), responses, pad_id)
-        outputs = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
-            "position_ids": torch.cat([prompt_pos, compute_response_position_ids(prompt_pos, length)], dim=1),
-            "response_mask": response_mask,
-            "rollout_log_probs": padded_log_probs * response_mask,
-        }
-        return {key: value.cpu() for key, value in outputs.items()}
+        return responses, response_mask, padded_log_probs
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
-from hybridflow.engines.rollout.native.rollout import assemble_outputs
+from hybridflow.engines.rollout.output import build_rollout_output
 from hybridflow.engines.rollout.vllm_convert import (
     VLLM_INSTALL_HINT,
     choose_logprobs_mode,
@@ -218,8 +218,17 @@ class VLLMRollout(BaseRollout):
             prompt_ids, prompt_mask, prompt_pos = (
                 t.repeat_interleave(params.n, 0) for t in (prompt_ids, prompt_mask, prompt_pos)
             )
-        tensors = assemble_outputs(prompt_ids, prompt_mask, prompt_pos, result)
-        return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
+        return build_rollout_output(
+            prompt_ids,
+            prompt_mask,
+            prompt_pos,
+            result.tokens,
+            result.response_mask(),
+            result.log_probs,
+            self.tokenizer.pad_token_id,
+            non_tensor=prompts.non_tensor_batch,
+            meta_info=prompts.meta_info,
+        )
 
     def _warn_log_prob_mismatch(self, params: SamplingParams) -> None:
         reason = describe_log_prob_mismatch(params, self.logprobs_mode)

@@ -1,21 +1,27 @@
-"""Typed, frozen configuration of the training engine: optimizer/scheduler and FSDP2 settings.
+"""The training engine's config: the optimizer and its schedule, FSDP2 sharding, and what one engine is built from.
 
-Field names follow verl (`optim.lr`, `optim.lr_warmup_steps_ratio`, `micro_batch_size_per_gpu`, ...) so a
-verl user finds them under `actor_rollout_ref.actor` / `critic`.
+`OptimConfig` and `FSDPConfig` are the sections verl users know as `actor.optim.*` / `actor.fsdp_config.*`
+(also `critic.*`, `ref.fsdp_config`, and `optim.*` / `model.fsdp_config.*` in SFT). `FSDPEngineConfig` only
+nests them with the model section; it copies nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Optional
 
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+from hybridflow.models.config import ModelConfig
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_range, unsupported
+
+__all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW and learning-rate schedule."""
+    """AdamW and its learning-rate schedule (verl's `optim.*` keys)."""
 
+    optimizer: Literal["AdamW"] = "AdamW"
+    """Optimizer class; AdamW is the one implemented."""
     lr: float = 1e-6
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -25,88 +31,108 @@ class OptimConfig:
     weight_decay: float = 0.01
     """AdamW decoupled weight decay."""
     lr_warmup_steps: int = -1
-    """Linear warm-up steps; -1 uses `lr_warmup_steps_ratio * total_training_steps`."""
+    """Linear warm-up steps; -1 derives them from lr_warmup_steps_ratio."""
     lr_warmup_steps_ratio: float = 0.0
-    """Warm-up as a fraction of `total_training_steps` (used when `lr_warmup_steps` is -1)."""
+    """Warm-up as a fraction of the schedule's steps (used when lr_warmup_steps is -1)."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
-    """Schedule after warm-up: constant, linear decay to `min_lr_ratio`, or cosine decay to `min_lr_ratio`."""
+    """Schedule after warm-up: constant, linear decay to min_lr_ratio, or cosine decay to min_lr_ratio."""
     min_lr_ratio: float = 0.0
-    """Final learning rate as a fraction of `lr` for the linear and cosine schedules."""
-    total_training_steps: int = -1
-    """Scheduler length in `lr_scheduler_step()` calls; the trainer fills it in. -1: unknown (constant only)."""
-    grad_clip: float = 1.0
+    """Final learning rate of the linear and cosine schedules as a fraction of lr."""
+    clip_grad: float = 1.0
     """Max global gradient norm; 0 disables clipping (the norm is still measured and reported)."""
+    total_training_steps: int = -1
+    """Length of the schedule in optimizer-schedule steps; -1 takes the trainer's total number of steps."""
+    warmup_style: Optional[str] = unsupported(None, "verl renamed it; use lr_scheduler_type")
+    """Old name of lr_scheduler_type."""
 
     def __post_init__(self) -> None:
-        if self.lr < 0:
-            raise ValueError(f"optim.lr must be >= 0, got {self.lr}")
-        if not 0.0 <= self.lr_warmup_steps_ratio <= 1.0:
-            raise ValueError(f"optim.lr_warmup_steps_ratio must be in [0, 1], got {self.lr_warmup_steps_ratio}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.grad_clip < 0:
-            raise ValueError(f"optim.grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
-        if self.lr_scheduler_type != "constant" and self.total_training_steps <= 0:
-            raise ValueError(
-                f"optim.lr_scheduler_type={self.lr_scheduler_type!r} needs optim.total_training_steps > 0, "
-                f"got {self.total_training_steps}; set it or use lr_scheduler_type='constant'"
-            )
-        if self.lr_warmup_steps < 0 and self.lr_warmup_steps_ratio > 0 and self.total_training_steps <= 0:
-            raise ValueError(
-                f"optim.lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} needs optim.total_training_steps > 0; "
-                "set total_training_steps or give lr_warmup_steps directly"
-            )
+        check_at_least("lr", self.lr, 0.0)
+        check_range("lr_warmup_steps_ratio", self.lr_warmup_steps_ratio, 0.0, 1.0, high_open=True)
+        check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_at_least("clip_grad", self.clip_grad, 0.0, "0 disables clipping")
+        check_at_least("weight_decay", self.weight_decay, 0.0)
+        check_at_least("lr_warmup_steps", self.lr_warmup_steps, -1, "-1 derives it from lr_warmup_steps_ratio")
+        for index, beta in enumerate(self.betas):
+            check_range(f"betas[{index}]", beta, 0.0, 1.0, high_open=True)
 
-    @property
-    def num_warmup_steps(self) -> int:
-        """Warm-up length in scheduler steps, from `lr_warmup_steps` or the ratio."""
+    def num_warmup_steps(self, total_steps: int) -> int:
+        """Warm-up length in scheduler steps, from `lr_warmup_steps` or the ratio of `total_steps`."""
         if self.lr_warmup_steps >= 0:
             return self.lr_warmup_steps
-        return int(self.lr_warmup_steps_ratio * max(self.total_training_steps, 0))
+        return int(self.lr_warmup_steps_ratio * max(total_steps, 0))
+
+    def schedule_steps(self, trainer_total_steps: int) -> int:
+        """The schedule's length: `total_training_steps` when set, else the trainer's total."""
+        return self.total_training_steps if self.total_training_steps > 0 else trainer_total_steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPConfig:
+    """How a model is sharded (FSDP2) and what is offloaded (verl's `fsdp_config.*` keys)."""
+
+    param_offload: bool = False
+    """Keep sharded parameters and gradients on the CPU (FSDP2 CPUOffloadPolicy; the optimizer step runs there)."""
+    optimizer_offload: bool = False
+    """Move optimizer state to the CPU between updates."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2, faster)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype of parameters in forward/backward: auto is bfloat16 on GPU, float32 on CPU. Master weights and
+    optimizer state stay float32."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the gradient reduce-scatter."""
+    model_dtype: Literal["fp32", "float32"] = "fp32"
+    """Dtype the weights are loaded in before sharding (float32 only)."""
+    fsdp_size: int = unsupported(-1, "hybrid sharding groups are not implemented; every rank shards over all ranks")
+    """Ranks per FSDP sharding group (-1: all ranks)."""
+    offload_policy: bool = unsupported(False, "use param_offload, which applies FSDP2's CPUOffloadPolicy")
+    """FSDP2 CPU offload of parameters, gradients and optimizer state."""
+    forward_prefetch: bool = unsupported(False, "explicit forward prefetching is not implemented")
+    """Prefetch the next layer's all-gather during forward."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPModelConfig(ModelConfig):
+    """A model section that carries its own sharding (verl's `critic.model.*` and SFT's `model.*`)."""
+
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding, precision and offload of this model."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FSDPEngineConfig:
-    """FSDP2 training engine: sharding, precision, memory savers and micro-batching."""
+    """Everything one training engine is built from: the model section, sharding, optimizer, micro-batching."""
 
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model and its LoRA, gradient-checkpointing and padding-removal settings."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding, precision and offload."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     micro_batch_size_per_gpu: int = 1
     """Sequences per forward/backward on one rank; gradients are accumulated over micro-batches."""
-    param_dtype: Dtype = "auto"
-    """Compute dtype of parameters in forward/backward; 'auto': bfloat16 on GPU, float32 on CPU.
-    Master weights and optimizer state stay float32."""
-    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the gradient reduce-scatter."""
-    gradient_checkpointing: bool = False
-    """Recompute decoder-layer activations in backward (saves memory, costs ~30% more compute)."""
-    param_offload: bool = False
-    """Keep sharded parameters and gradients on CPU (FSDP2 CPUOffloadPolicy; the optimizer step then runs on CPU)."""
-    optimizer_offload: bool = False
-    """Move optimizer state to CPU between updates (the worker calls `offload_to_cpu` / `load_to_device`)."""
-    reshard_after_forward: bool = True
-    """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2, faster)."""
-    use_remove_padding: bool = False
-    """Pack the non-pad tokens of a micro-batch into one row (position ids restart per sequence)."""
+    total_training_steps: int = -1
+    """Trainer steps of the run (the schedule's length unless optim.total_training_steps is set); -1: unknown."""
     attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
     """Attention kernel used by the model."""
-    lora_rank: int = 0
-    """LoRA adapter rank (peft); 0 trains all weights. With LoRA only the adapters train and the base weights
-    stay frozen (the reference policy is the same model with the adapter disabled)."""
-    lora_alpha: float = 16
-    """LoRA scaling numerator (update = lora_alpha / lora_rank * B @ A)."""
-    target_modules: str | tuple[str, ...] = "all-linear"
-    """Modules that get adapters: 'all-linear' (every linear layer but the output head) or module names."""
-    lora_adapter_path: str | None = None
-    """A peft adapter directory to continue training (its adapter_config.json sets rank and alpha)."""
 
     def __post_init__(self) -> None:
-        if self.micro_batch_size_per_gpu < 1:
-            raise ValueError(f"micro_batch_size_per_gpu must be >= 1, got {self.micro_batch_size_per_gpu}")
-        if self.lora_rank < 0:
-            raise ValueError(f"lora_rank must be >= 0 (0 disables LoRA), got {self.lora_rank}")
+        check_at_least("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, 1)
+        steps = self.optim.schedule_steps(self.total_training_steps)
+        if self.optim.lr_scheduler_type != "constant" and steps <= 0:
+            raise ConfigFieldError(
+                "optim.lr_scheduler_type",
+                f"optim.lr_scheduler_type={self.optim.lr_scheduler_type!r} needs the number of training steps; set "
+                "optim.total_training_steps or use lr_scheduler_type=constant",
+            )
+        if self.optim.lr_warmup_steps < 0 and self.optim.lr_warmup_steps_ratio > 0 and steps <= 0:
+            raise ConfigFieldError(
+                "optim.lr_warmup_steps_ratio",
+                f"optim.lr_warmup_steps_ratio={self.optim.lr_warmup_steps_ratio} needs the number of training steps; "
+                "set optim.total_training_steps or give optim.lr_warmup_steps",
+            )
 
     @property
-    def use_lora(self) -> bool:
-        """True when the engine trains LoRA adapters instead of all weights."""
-        return self.lora_rank > 0 or self.lora_adapter_path is not None
+    def schedule_steps(self) -> int:
+        """Length of the learning-rate schedule."""
+        return self.optim.schedule_steps(self.total_training_steps)

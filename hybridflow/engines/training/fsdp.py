@@ -76,20 +76,20 @@ def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.devic
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
-    param_dtype = resolve_param_dtype(config.param_dtype, device)
+    param_dtype = resolve_param_dtype(config.fsdp.dtype, device)
     mp_policy = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
-        reduce_dtype=to_torch_dtype(config.reduce_dtype),
+        reduce_dtype=to_torch_dtype(config.fsdp.reduce_dtype),
     )
     # Pinned memory needs an accelerator: CPUOffloadPolicy() fails on CPU-only hosts.
-    offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if config.param_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if config.fsdp.param_offload else OffloadPolicy()
     kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
     layer_names = set(getattr(module, "_no_split_modules", None) or ())
     layers = [sub for sub in module.modules() if type(sub).__name__ in layer_names]
     if not layers:
         logger.warning("no decoder layers (%s) found in %s; sharding the root only", layer_names, type(module).__name__)
     for layer in layers:
-        fully_shard(layer, reshard_after_forward=config.reshard_after_forward, **kwargs)
+        fully_shard(layer, reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs)
     # The root's parameters (embeddings, final norm, head) are needed again right after forward.
     fully_shard(module, reshard_after_forward=False, **kwargs)
     return module
@@ -105,20 +105,22 @@ def build_fsdp_engine(
     """Load a model (catalogue name, directory or `.gguf`) in float32 on every rank and wrap it in an engine.
 
     `model_kind='value'` loads a token-level value model (`build_value_model`) for critics and reward models.
-    With `config.use_lora` the causal LM is wrapped in LoRA adapters (`apply_lora`) before sharding.
+    With `config.model.use_lora` the causal LM is wrapped in LoRA adapters (`apply_lora`) before sharding.
     """
+    model = config.model
+    load = dict(dtype="float32", attn_implementation=config.attn_implementation, trust_remote_code=model.trust_remote_code)
     if model_kind == "causal_lm":
-        module = build_causal_lm(model_path, dtype="float32", attn_implementation=config.attn_implementation)
+        module = build_causal_lm(model_path, **load)
     elif model_kind == "value":
-        module = build_value_model(model_path, dtype="float32", attn_implementation=config.attn_implementation)
+        module = build_value_model(model_path, **load)
     else:
         raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm' or 'value'")
-    if config.use_lora:
+    if model.use_lora:
         if model_kind != "causal_lm":
             raise ValueError("LoRA (lora_rank > 0) is supported for causal LMs only, not value models")
         module = apply_lora(
-            module, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
-            target_modules=config.target_modules, adapter_path=config.lora_adapter_path,
+            module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
+            target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
         )
     return FSDPEngine(module, config, model_kind=model_kind, tokenizer=tokenizer)
 
@@ -142,15 +144,15 @@ class FSDPEngine:
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1
         self.device = get_torch_device(dist_local_rank())
-        self.param_dtype = resolve_param_dtype(config.param_dtype, self.device)
+        self.param_dtype = resolve_param_dtype(config.fsdp.dtype, self.device)
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
-        if config.gradient_checkpointing:
+        if config.model.enable_gradient_checkpointing:
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        if not (self.is_sharded and config.param_offload):
+        if not (self.is_sharded and config.fsdp.param_offload):
             module.to(self.device)
         self.module = apply_fsdp2(module, config, self.device) if self.is_sharded else module
         self.optimizer = build_optimizer(self.module, config.optim)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, config.optim)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, config)
 
     # ------------------------------------------------------------------ forward
     def forward_micro_batch(
@@ -165,7 +167,7 @@ class FSDPEngine:
         tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
         response_length = _get(micro_batch, "responses").size(1)
         with self._autocast():
-            if self.config.use_remove_padding:
+            if self.config.model.use_remove_padding:
                 return self._forward_packed(tensors, response_length, temperature, calculate_entropy)
             return self._forward_padded(tensors, response_length, temperature, calculate_entropy)
 
@@ -259,7 +261,7 @@ class FSDPEngine:
         return result
 
     def _clip_and_step(self) -> tuple[float, bool]:
-        max_norm = self.config.optim.grad_clip if self.config.optim.grad_clip > 0 else math.inf
+        max_norm = self.config.optim.clip_grad if self.config.optim.clip_grad > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         if not math.isfinite(norm):
@@ -421,7 +423,7 @@ class FSDPEngine:
     def _move(self, device: torch.device, *, model: bool, optimizer: bool) -> None:
         if self.device.type == "cpu":
             return
-        if model and not self.config.param_offload:
+        if model and not self.config.fsdp.param_offload:
             self.module.to(device)
         if optimizer:
             for state in self.optimizer.state.values():

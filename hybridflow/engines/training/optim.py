@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from hybridflow.engines.training.config import OptimConfig
+from hybridflow.engines.training.config import FSDPEngineConfig, OptimConfig
 
 
 def build_optimizer(module: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
@@ -46,12 +46,15 @@ def compute_lr_multiplier(
     raise ValueError(f"lr_scheduler_type={scheduler_type!r} is not known; use constant, linear or cosine")
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, config: FSDPEngineConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR following `compute_lr_multiplier`; call `.step()` once per training step."""
+    optim, total_steps = config.optim, config.schedule_steps
     multiplier = functools.partial(
         compute_lr_multiplier,
-        num_warmup_steps=optim.num_warmup_steps,
-        total_steps=optim.total_training_steps,
+        num_warmup_steps=optim.num_warmup_steps(total_steps),
+        total_steps=total_steps,
         scheduler_type=optim.lr_scheduler_type,
         min_lr_ratio=optim.min_lr_ratio,
     )

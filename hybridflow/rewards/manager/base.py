@@ -1,5 +1,6 @@
-"""What every reward manager shares: the `REWARD_MANAGERS` registry, decoding responses, turning scorer
-outcomes into a `(bs, response_len)` reward tensor, `reward_extra_info` lists and error/timeout counts."""
+"""What every reward manager shares: the `REWARD_MANAGERS` registry, the `RewardResult` every manager's
+`__call__(data)` returns, decoding responses, and turning scorer outcomes into a `(bs, response_len)` reward
+tensor, per-sample extra-info lists and error/timeout counts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import functools
 import logging
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,8 +18,8 @@ from hybridflow.rewards.pool import ScoreOutcome
 from hybridflow.rewards.score import resolve_scorer
 from hybridflow.utils.registry import Registry
 
-__all__ = ["REWARD_MANAGERS", "DecodedBatch", "ScoredBatch", "bind_scorers", "decode_batch",
-           "get_reward_manager_cls", "log_examples", "reward_output", "unpack_outcomes"]
+__all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardResult", "ScoredBatch", "bind_scorers", "build_reward_result",
+           "decode_batch", "get_reward_manager_cls", "log_examples", "precomputed_reward", "unpack_outcomes"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,28 @@ REWARD_MANAGERS: Registry[type] = Registry("reward manager")
 def get_reward_manager_cls(name: str) -> type:
     """The reward manager class registered as `name` (verl's name for this lookup)."""
     return REWARD_MANAGERS.get(name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardResult:
+    """What a reward manager returns for a batch: token-level rewards for training, per-sample columns for
+    validation metrics, and batch counts for logging."""
+
+    reward_tensor: torch.Tensor
+    """(bs, response_len) float32: each sample's reward on its last valid response token, 0 elsewhere."""
+    extra_info: dict[str, list[Any]] = field(default_factory=dict)
+    """Per-sample columns of bs values each (`score`, `acc`, keys the scorers return); validation aggregates
+    them per data source (verl's `reward_extra_info`)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Batch metrics the trainer logs: `reward/errors`, `reward/timeouts` (scorer calls that failed)."""
+
+
+def precomputed_reward(data: DataProto) -> RewardResult | None:
+    """The reward model's `rm_scores` (bs, response_len) when `data.batch` has them (used as they are),
+    else None: the manager scores the batch itself."""
+    if "rm_scores" not in data.batch.keys():
+        return None
+    return RewardResult(reward_tensor=data.batch["rm_scores"])
 
 
 @dataclass
@@ -121,15 +144,14 @@ def _fill_value(values: list[Any]) -> Any:
     return 0.0 if present and all(isinstance(v, numbers.Real) for v in present) else None
 
 
-def reward_output(data: DataProto, decoded: DecodedBatch, scored: ScoredBatch, rewards: Sequence[float],
-                  extra_columns: dict[str, list[Any]] | None = None) -> dict[str, Any]:
-    """{'reward_tensor': (bs, response_len) float32 with rewards[i] on sample i's last valid response token
-    (a row with an empty response stays 0), 'reward_extra_info': dict of per-sample lists,
-    'reward_metrics': {'reward/errors', 'reward/timeouts'} counts}.
+def build_reward_result(data: DataProto, decoded: DecodedBatch, scored: ScoredBatch, rewards: Sequence[float],
+                        extra_columns: dict[str, list[Any]] | None = None) -> RewardResult:
+    """The `RewardResult` with rewards[i] on sample i's last valid response token (a row with an empty
+    response stays 0) and the scorers' error/timeout counts as metrics.
 
-    reward_extra_info always has 'score' (the scorer's score) and 'acc' (the scorer's 'acc', else 1.0 when
-    the score reaches full marks 1.0); keys a scorer's dict returns for some samples are filled with 0.0
-    (numbers) or None for the others.
+    extra_info always has 'score' (the scorer's score) and 'acc' (the scorer's 'acc', else 1.0 when the
+    score reaches full marks 1.0); keys a scorer's dict returns for some samples are filled with 0.0
+    (numbers) or None for the others; `extra_columns` are added as they are.
     """
     responses = data.batch["responses"]
     reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
@@ -147,11 +169,11 @@ def reward_output(data: DataProto, decoded: DecodedBatch, scored: ScoredBatch, r
         fill = _fill_value(column)
         info[key] = [fill if key not in detail else detail[key] for detail in scored.details]
     info.update(extra_columns or {})
-    return {
-        "reward_tensor": reward_tensor.to(responses.device),
-        "reward_extra_info": info,
-        "reward_metrics": {"reward/errors": float(scored.num_errors), "reward/timeouts": float(scored.num_timeouts)},
-    }
+    return RewardResult(
+        reward_tensor=reward_tensor.to(responses.device),
+        extra_info=info,
+        metrics={"reward/errors": float(scored.num_errors), "reward/timeouts": float(scored.num_timeouts)},
+    )
 
 
 def log_examples(decoded: DecodedBatch, scores: Sequence[float], num_examine: int) -> None:

@@ -7,11 +7,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, decode_batch, log_examples, reward_output, unpack_outcomes)
+    REWARD_MANAGERS, RewardResult, build_reward_result, decode_batch, log_examples, precomputed_reward,
+    unpack_outcomes)
 from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
 from hybridflow.rewards.score import default_compute_score_batched, resolve_scorer
 
@@ -39,11 +38,10 @@ class BatchRewardManager:
         self.format_score = format_score
         self.pool = ScorerPool(scoring)
 
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """Same inputs and outputs as `NaiveRewardManager.__call__`."""
-        if "rm_scores" in data.batch.keys():
-            tensor = data.batch["rm_scores"]
-            return {"reward_tensor": tensor, "reward_extra_info": {}, "reward_metrics": {}} if return_dict else tensor
+    def __call__(self, data: DataProto) -> RewardResult:
+        """Same input and output as `NaiveRewardManager.__call__`."""
+        if (precomputed := precomputed_reward(data)) is not None:
+            return precomputed
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         fn = self.compute_score
         if fn is None:
@@ -56,8 +54,7 @@ class BatchRewardManager:
         outcomes = _split(outcome, len(decoded.data_sources))
         scored = unpack_outcomes(outcomes)
         log_examples(decoded, scored.scores, self.num_examine)
-        output = reward_output(data, decoded, scored, scored.scores)
-        return output if return_dict else output["reward_tensor"]
+        return build_reward_result(data, decoded, scored, scored.scores)
 
     def close(self) -> None:
         """Stop the scorer processes."""

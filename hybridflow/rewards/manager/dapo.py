@@ -12,10 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from hybridflow.protocol import DataProto
-from hybridflow.rewards.manager.base import REWARD_MANAGERS, decode_batch, log_examples, reward_output
+from hybridflow.rewards.manager.base import (
+    REWARD_MANAGERS, RewardResult, build_reward_result, decode_batch, log_examples, precomputed_reward)
 from hybridflow.rewards.manager.naive import score_each
 from hybridflow.rewards.pool import ScorerPool, ScoringConfig
 
@@ -36,7 +35,7 @@ class OverlongBufferConfig:
     """The penalty at `max_resp_len` (the ramp's depth)."""
 
     log: bool = False
-    """Also return per-sample `overlong_reward` and `overlong` in reward_extra_info."""
+    """Also return per-sample `overlong_reward` and `overlong` in `RewardResult.extra_info`."""
 
 
 def compute_overlong_penalty(response_lengths: Sequence[int], max_resp_len: int, buffer_len: int,
@@ -78,12 +77,11 @@ class DAPORewardManager:
         self.format_score = format_score
         self.pool = ScorerPool(scoring)
 
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """Same inputs and outputs as `NaiveRewardManager.__call__`; the reward is score + penalty, while
-        reward_extra_info['score'] keeps the scorer's score."""
-        if "rm_scores" in data.batch.keys():
-            tensor = data.batch["rm_scores"]
-            return {"reward_tensor": tensor, "reward_extra_info": {}, "reward_metrics": {}} if return_dict else tensor
+    def __call__(self, data: DataProto) -> RewardResult:
+        """Same input and output as `NaiveRewardManager.__call__`; the reward is score + penalty, while
+        extra_info['score'] keeps the scorer's score."""
+        if (precomputed := precomputed_reward(data)) is not None:
+            return precomputed
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
         rewards = list(scored.scores)
@@ -95,8 +93,7 @@ class DAPORewardManager:
             if self.overlong.log:
                 extra = {"overlong_reward": penalties, "overlong": [p < 0 for p in penalties]}
         log_examples(decoded, rewards, self.num_examine)
-        output = reward_output(data, decoded, scored, rewards, extra)
-        return output if return_dict else output["reward_tensor"]
+        return build_reward_result(data, decoded, scored, rewards, extra)
 
     def close(self) -> None:
         """Stop the scorer processes."""

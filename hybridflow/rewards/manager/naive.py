@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, bind_scorers, decode_batch, log_examples, reward_output, unpack_outcomes)
+    REWARD_MANAGERS, RewardResult, bind_scorers, build_reward_result, decode_batch, log_examples, precomputed_reward,
+    unpack_outcomes)
 from hybridflow.rewards.pool import ScorerPool, ScoringConfig
 
 __all__ = ["NaiveRewardManager", "score_each"]
@@ -50,18 +49,15 @@ class NaiveRewardManager:
         self.format_score = format_score
         self.pool = ScorerPool(scoring)
 
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """data: see `decode_batch`. Returns the (bs, response_len) reward tensor, or with `return_dict`
-        {'reward_tensor', 'reward_extra_info', 'reward_metrics'} (see `reward_output`). Precomputed
-        `rm_scores` in data.batch are returned as they are."""
-        if "rm_scores" in data.batch.keys():
-            tensor = data.batch["rm_scores"]
-            return {"reward_tensor": tensor, "reward_extra_info": {}, "reward_metrics": {}} if return_dict else tensor
+    def __call__(self, data: DataProto) -> RewardResult:
+        """data: see `decode_batch`. Returns the rewards, extra info and metrics (see `build_reward_result`);
+        precomputed `rm_scores` in data.batch are returned as they are (`precomputed_reward`)."""
+        if (precomputed := precomputed_reward(data)) is not None:
+            return precomputed
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
         log_examples(decoded, scored.scores, self.num_examine)
-        output = reward_output(data, decoded, scored, scored.scores)
-        return output if return_dict else output["reward_tensor"]
+        return build_reward_result(data, decoded, scored, scored.scores)
 
     def close(self) -> None:
         """Stop the scorer processes."""

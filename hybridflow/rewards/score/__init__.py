@@ -18,7 +18,7 @@ from typing import Any
 from hybridflow.rewards.score import code, countdown, gsm8k, math, reasoning_gym
 from hybridflow.utils.registry import Registry
 
-__all__ = ["SCORERS", "default_compute_score", "default_compute_score_batched", "resolve_scorer"]
+__all__ = ["SCORERS", "default_compute_score", "default_compute_score_batched", "has_scorer", "resolve_scorer"]
 
 SCORERS: Registry[Callable[..., float | dict]] = Registry("reward scorer")
 
@@ -59,6 +59,11 @@ SCORERS.register("countdown", _score_countdown)
 for _name in ("openai_humaneval", "code"):  # 'code/<anything>' resolves to 'code'
     SCORERS.register(_name, _score_code)
 SCORERS.register("reasoning_gym", _score_reasoning_gym)
+
+
+def has_scorer(data_source: str) -> bool:
+    """Whether `resolve_scorer` finds a scorer for `data_source` (without loading it)."""
+    return data_source in SCORERS or ("/" in data_source and data_source.split("/", 1)[0] in SCORERS)
 
 
 def resolve_scorer(data_source: str) -> Callable[..., float | dict]:

@@ -1,12 +1,16 @@
-"""Typed trainer config (Hydra structured configs with verl's keys), composition and validation."""
+"""The trainers' typed config trees (verl's keys): composition, `--help`, and validation before any work."""
 
-from hybridflow.trainer.config.loader import compose_config, load_config, to_typed
-from hybridflow.trainer.config.schema import PPOConfig
+from hybridflow.trainer.config.loader import PPO_TREE, SFT_TREE, ConfigTree, compose_config, load_config, to_typed
+from hybridflow.trainer.config.schema import PPOConfig, SFTConfig
 from hybridflow.trainer.config.validate import BatchSizes, critic_enabled, uses_reference, validate_config
 
 __all__ = [
+    "PPO_TREE",
+    "SFT_TREE",
     "BatchSizes",
+    "ConfigTree",
     "PPOConfig",
+    "SFTConfig",
     "compose_config",
     "critic_enabled",
     "load_config",

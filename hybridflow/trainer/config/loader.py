@@ -1,86 +1,165 @@
-"""Compose the trainer config: schema defaults <- YAML file <- command-line overrides, then type it and check it."""
+"""Compose a trainer's config: dataclass defaults (with verl's interpolations) <- YAML file <- overrides, then type it.
+
+Hydra composes an untyped tree in struct mode (an unknown key fails there), OmegaConf resolves the
+interpolations, and `build_config` builds the frozen dataclasses, checking every value's type and running
+every component's `__post_init__`. Each failure is one ValueError naming the key, the value and the fix.
+"""
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridflow.trainer.config.schema import PPOConfig
+from hybridflow.trainer.config.schema import PPO_DERIVED, PPOConfig, SFTConfig
+from hybridflow.utils.config import build_config, defaults_tree, describe_fields
 
 CONFIG_DIR = Path(__file__).resolve().parent
-SCHEMA_NAME = "ppo_trainer_schema"
 
 
-def _unlock(node: Any) -> None:
-    """Frozen dataclasses give read-only nodes at every level; overrides must be able to change values."""
-    OmegaConf.set_readonly(node, False)
-    if isinstance(node, DictConfig):
-        for key in node.keys():
-            child = node._get_node(key)
-            if isinstance(child, (DictConfig, ListConfig)):
-                _unlock(child)
+@dataclass(frozen=True)
+class ConfigTree:
+    """One trainer's config: its root class, packaged YAML, interpolated defaults and accepted key spellings."""
+
+    root: type
+    """The root dataclass."""
+    config_name: str
+    """The packaged YAML file (without .yaml) composed by default."""
+    schema_name: str
+    """Name under which the defaults are registered for YAML `defaults:` lists."""
+    derived: Mapping[str, str] = field(default_factory=dict)
+    """Keys whose default is an interpolation of another key (verl's)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Other spellings verl accepts for a key (`model.partial_pretrain` -> `model.path`), rewritten in overrides."""
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    """Keys of earlier hybridflow versions -> their place now; refused with that hint."""
+
+    def all_keys(self) -> list[str]:
+        """Every leaf key of the tree."""
+        return [item.key for item in describe_fields(self.root, derived=self.derived)]
 
 
-def schema_node(schema: type = PPOConfig) -> DictConfig:
-    """The structured config of `schema` with writable values (types and keys still enforced)."""
-    node = OmegaConf.structured(schema)
-    _unlock(node)
-    return node
+PPO_TREE = ConfigTree(
+    PPOConfig,
+    "ppo_trainer",
+    "ppo_trainer_schema",
+    derived=PPO_DERIVED,
+    renamed={
+        "ray_init": "ray_kwargs.ray_init",
+        "critic.fsdp_config": "critic.model.fsdp_config",
+        "reward_model.timeout_s": "reward_model.scoring.timeout_s",
+    },
+)
+SFT_TREE = ConfigTree(
+    SFTConfig,
+    "sft_trainer",
+    "sft_trainer_schema",
+    aliases={
+        "model.partial_pretrain": "model.path",
+        "optim.lr_scheduler": "optim.lr_scheduler_type",
+        "optim.warmup_steps_ratio": "optim.lr_warmup_steps_ratio",
+    },
+    renamed={"ray_init": "ray_kwargs.ray_init"},
+)
 
 
-def _register_schema(name: str, schema: type) -> None:
-    from hydra.core.config_store import ConfigStore
+def schema_defaults(tree: ConfigTree) -> dict[str, Any]:
+    """The tree's defaults as nested plain values, with the derived keys set to their interpolations."""
+    defaults = defaults_tree(tree.root)
+    for key, interpolation in tree.derived.items():
+        *parents, leaf = key.split(".")
+        node = defaults
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise AssertionError(f"derived key {key} is not a field of {tree.root.__name__}")
+        node[leaf] = interpolation
+    return defaults
 
-    ConfigStore.instance().store(name=name, node=schema_node(schema))
+
+_OVERRIDE = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[^=~+][^=]*?)(?P<rest>=.*)?$")
+
+
+def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
+    """Overrides with aliases replaced by their key; a renamed key raises ValueError with its new place."""
+    rewritten = []
+    for item in overrides:
+        match = _OVERRIDE.match(item)
+        if match is None:
+            rewritten.append(item)
+            continue
+        key = match["key"].strip()
+        for old, new in tree.renamed.items():
+            if key == old or key.startswith(old + "."):
+                raise ValueError(f"{key} is now {new + key[len(old):]}; rename it in the command line or YAML")
+        key = tree.aliases.get(key, key)
+        rewritten.append(f"{match['prefix'] or ''}{key}{match['rest'] or ''}")
+    return rewritten
 
 
 def compose_config(
-    overrides: list[str] | None = None,
-    config_name: str = "ppo_trainer",
+    overrides: Sequence[str] | None = None,
+    tree: ConfigTree = PPO_TREE,
+    config_name: str | None = None,
     config_dir: str | Path | None = None,
-    schema: type = PPOConfig,
-    schema_name: str = SCHEMA_NAME,
 ) -> DictConfig:
-    """The merged (untyped) config for `overrides` in Hydra's override syntax; ValueError names a bad key."""
+    """The merged, unresolved config for Hydra-syntax `overrides`; ValueError names a bad key."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    _register_schema(schema_name, schema)
+    ConfigStore.instance().store(name=tree.schema_name, node=OmegaConf.create(schema_defaults(tree)))
     GlobalHydra.instance().clear()
+    overrides = rewrite_overrides(list(overrides or []), tree)
     try:
         with initialize_config_dir(config_dir=str(Path(config_dir or CONFIG_DIR).resolve()), version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides or []))
+            return compose(config_name=config_name or tree.config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ValueError(_explain(err)) from err
+        raise ValueError(_explain(err, tree)) from err
 
 
-def _explain(err: Exception) -> str:
+def _explain(err: Exception, tree: ConfigTree) -> str:
     """Hydra/OmegaConf errors, shortened to the key, the value and what to do (causes included)."""
-    lines, key, current = [], None, err
+    lines, current = [], err
     while current is not None:
         first = str(current).strip().splitlines()[0] if str(current).strip() else type(current).__name__
         if first not in lines:
             lines.append(first)
-        key = key or getattr(current, "full_key", None)
         current = current.__cause__ or current.__context__
     message = ": ".join(lines)
-    if "Could not override" in message or "not in struct" in message:
-        message += " (unknown key: check the spelling; `--cfg job` prints every key)"
-    return message + (f" (key: {key})" if key and key not in message else "")
+    unknown = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", message)
+    if unknown:
+        key = unknown.group(1) or unknown.group(2)
+        hint = next((new for old, new in tree.renamed.items() if key == old or key.startswith(old + ".")), None)
+        if hint:
+            message += f" ({key} is now {hint})"
+        else:
+            close = difflib.get_close_matches(key, tree.all_keys(), n=3, cutoff=0.6)
+            message += f" (unknown key{'; did you mean ' + ', '.join(close) if close else ''}; `--help` lists every key)"
+    return message
 
 
-def to_typed(cfg: DictConfig, schema: type = PPOConfig) -> Any:
-    """The frozen dataclass tree for `cfg`; runs every `__post_init__` check."""
+def to_typed(cfg: DictConfig, tree: ConfigTree = PPO_TREE) -> Any:
+    """The frozen dataclass tree of a composed config: interpolations resolved, every value checked."""
     try:
-        return OmegaConf.to_object(cfg)
+        values = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
-        raise ValueError(_explain(err)) from err
+        raise ValueError(_explain(err, tree)) from err
+    return build_config(tree.root, values)
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer") -> PPOConfig:
-    """Compose, type and check the trainer config (cross-component checks: `validate.validate_config`)."""
-    return to_typed(compose_config(overrides, config_name))
+def load_config(
+    overrides: Sequence[str] | None = None,
+    tree: ConfigTree = PPO_TREE,
+    config_name: str | None = None,
+    config_dir: str | Path | None = None,
+) -> Any:
+    """Compose, type and check a trainer config (cross-component checks: `validate.validate_config`)."""
+    return to_typed(compose_config(overrides, tree, config_name, config_dir), tree)

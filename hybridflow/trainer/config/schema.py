@@ -1,233 +1,224 @@
-"""The PPO/GRPO trainer's config: one frozen dataclass per component, verl's key names, each default once.
+"""The trainers' root configs: they nest each component's own section under verl's keys and define nothing twice.
 
-Worker-facing components (model, actor, rollout, ref, critic) are defined in `hybridflow.workers.config`.
-
-YAML files and command-line overrides only change values. Each class checks its own fields in
-`__post_init__`; checks that span components (batch arithmetic, registry names, files) live in
-`validate.py`. Fixed choices are `str` fields checked against a tuple: OmegaConf 2.3, which builds
-these structured configs, rejects `Literal` annotations.
+Components own their sections (`data`, `algorithms`, `models`, `engines`, `rewards`, `workers`); this module
+adds only what belongs to a run (`trainer.*`, `ray_kwargs.*`) and `PPO_DERIVED`, verl's interpolations: keys
+whose default is another key's value (the critic's mini-batch defaults to the actor's, the rollout's lengths
+to `data.*`), so a user who sets one gets both. YAML files and overrides only change values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Literal, Optional
 
-from hybridflow.workers.config import (
-    ActorRolloutRefConfig,
-    CriticConfig,
-    check_choice,
-    check_positive,
-)
+from hybridflow.algorithms.config import AlgorithmConfig
+from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
+from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
+from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_positive, unsupported
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
+
+__all__ = [
+    "PPOConfig",
+    "PPO_DERIVED",
+    "PPOTrainerConfig",
+    "RayInitConfig",
+    "RayKwargsConfig",
+    "RunConfig",
+    "SFTConfig",
+    "SFTTrainerConfig",
+]
+
+Logger = Literal["console", "file", "tensorboard", "wandb", "mlflow"]
 
 
-# ----------------------------------------------------------------------------- data
+# ----------------------------------------------------------------------------- a run
 @dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """Where prompts come from and how long prompts and responses may be."""
-
-    train_files: list[str] = field(default_factory=list)
-    """Parquet files of training prompts (verl schema: prompt, data_source, reward_model.ground_truth)."""
-    val_files: list[str] = field(default_factory=list)
-    """Parquet files for validation; empty disables validation."""
-    prompt_key: str = "prompt"
-    """Column holding the chat messages."""
-    max_prompt_length: int = 512
-    """Prompt tokens after the chat template; prompts are left-padded to this length."""
-    max_response_length: int = 512
-    """Most tokens generated per response."""
-    train_batch_size: int = 1024
-    """Prompts per training step (each is sampled actor_rollout_ref.rollout.n times)."""
-    val_batch_size: Optional[int] = None
-    """Prompts per validation generation batch; None takes the whole validation set at once."""
-    truncation: str = "error"
-    """Prompt longer than max_prompt_length and not filtered: error | left | right | middle."""
-    filter_overlong_prompts: bool = True
-    """Drop over-long prompts when the dataset is built (counted and logged)."""
-    return_raw_chat: bool = False
-    """Keep the chat messages per sample (agent loops need them)."""
-    shuffle: bool = True
-    """Shuffle training prompts (seeded, resumable)."""
-    seed: int = 1
-    """Seed of the data order."""
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for tokenizer.apply_chat_template."""
-
-    def __post_init__(self) -> None:
-        check_positive("data.train_batch_size", self.train_batch_size)
-        check_positive("data.val_batch_size", self.val_batch_size, allow_none=True)
-        check_positive("data.max_prompt_length", self.max_prompt_length)
-        check_positive("data.max_response_length", self.max_response_length)
-        check_choice("data.truncation", self.truncation, ("error", "left", "right", "middle"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class OverlongBufferConfig:
-    """DAPO's soft penalty for responses near the length limit."""
-
-    enable: bool = False
-    """Turn the penalty on."""
-    len: int = 0
-    """Tokens before max_response_length where the penalty starts."""
-    penalty_factor: float = 1.0
-    """Penalty at the limit."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RewardModelConfig:
-    """Rule-based reward managers (and, later, model-based reward)."""
-
-    enable: bool = False
-    """Use a learned reward model (not supported yet by this trainer)."""
-    reward_manager: str = "naive"
-    """naive | batch | dapo, or a registered custom manager."""
-    timeout_s: float = 10.0
-    """A scorer running longer than this scores 0 and is counted in reward/timeouts."""
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    """DAPO overlong penalty (reward_manager=dapo)."""
-
-    def __post_init__(self) -> None:
-        check_positive("reward_model.timeout_s", self.timeout_s)
-        if self.enable:
-            raise ValueError(
-                "reward_model.enable=True (a learned reward model) is not supported by this trainer yet; "
-                "use rule-based rewards (reward_model.enable=False) or custom_reward_function.path"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class CustomRewardFunctionConfig:
-    """A user scoring function loaded from a file."""
-
-    path: Optional[str] = None
-    """Python file defining the function; None uses the built-in scorers by data_source."""
-    name: str = "compute_score"
-    """Function name in that file."""
-
-
-# ----------------------------------------------------------------------------- algorithm and trainer
-@dataclass(frozen=True, kw_only=True)
-class KLControlConfig:
-    """Coefficient of the KL-in-reward penalty."""
-
-    type: str = "fixed"
-    """fixed | adaptive."""
-    kl_coef: float = 0.001
-    """Initial coefficient."""
-    horizon: int = 10000
-    """Adaptive controller horizon."""
-    target_kl: float = 0.1
-    """Adaptive controller target."""
-
-    def __post_init__(self) -> None:
-        check_choice("algorithm.kl_ctrl.type", self.type, ("fixed", "adaptive"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlgorithmConfig:
-    """Advantage estimation and reward shaping."""
-
-    adv_estimator: str = "gae"
-    """A registered estimator: gae | grpo | grpo_passk | rloo | opo | reinforce_plus_plus | remax | gpg | ..."""
-    gamma: float = 1.0
-    """Discount factor."""
-    lam: float = 1.0
-    """GAE lambda."""
-    norm_adv_by_std_in_grpo: bool = True
-    """False gives Dr.GRPO."""
-    use_kl_in_reward: bool = False
-    """Subtract a KL penalty from token rewards."""
-    kl_penalty: str = "kl"
-    """KL estimator in the reward penalty."""
-    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    """Penalty coefficient controller."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """The run: size, length, logging, validation and checkpoints."""
+class RunConfig:
+    """What every trainer's run has: its name, logging, size, length, checkpoints and placement."""
 
     project_name: str = "hybridflow"
     """Tracking project."""
     experiment_name: str = "run"
     """Tracking run name."""
-    logger: list[str] = field(default_factory=lambda: ["console"])
-    """Any of console, file, tensorboard, wandb, mlflow."""
+    logger: list[Logger] = field(default_factory=lambda: ["console"])
+    """Where metrics go: any of console, file, tensorboard, wandb, mlflow (one name or a list)."""
     nnodes: int = 1
     """Nodes in the Ray cluster used."""
     n_gpus_per_node: int = 1
     """Workers per node: accelerators per node on GPU hosts, CPU workers on CPU hosts."""
     total_epochs: int = 1
-    """Passes over the training prompts."""
+    """Passes over the training data."""
     total_training_steps: Optional[int] = None
     """Stop after this many steps (None: total_epochs x batches per epoch)."""
-    critic_warmup: int = 0
-    """Steps that update only the critic."""
     test_freq: int = -1
     """Validate every N steps (-1: only at the end)."""
     val_before_train: bool = True
     """Validate before the first step."""
-    val_only: bool = False
-    """Only validate the loaded policy (logged at step 0), no training."""
     save_freq: int = -1
-    """Checkpoint every N steps (-1: only at the end if default_local_dir is set)."""
+    """Checkpoint every N steps (-1: only at the end)."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    """Checkpoint directory (global_step_N/ below it)."""
-    resume_mode: str = "auto"
-    """auto (latest checkpoint if any) | disable | resume_path."""
+    """Checkpoints (global_step_N/) and metrics of the run (`~` is expanded)."""
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    """auto (latest checkpoint in default_local_dir, if any) | disable | resume_path."""
     resume_from_path: Optional[str] = None
-    """Checkpoint directory for resume_mode=resume_path."""
-    max_actor_ckpt_to_keep: Optional[int] = None
-    """Older checkpoints are deleted beyond this many; None keeps all."""
-    log_val_generations: int = 0
-    """Validation samples printed per validation."""
+    """A global_step_N directory for resume_mode=resume_path (`~` is expanded)."""
     seed: int = 1
     """Seed of model init, sampling and shuffling."""
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (cuda if present, else cpu) | cpu | cuda."""
     local_mode: bool = False
-    """Run workers in the driver process without Ray (debugging; needs n_gpus_per_node=1)."""
+    """Run the one worker in the driver process without Ray (debugging; needs n_gpus_per_node=1, nnodes=1)."""
     num_threads_per_worker: int = 0
     """torch threads per worker on CPU hosts; 0 divides the cores among the workers."""
 
     def __post_init__(self) -> None:
-        allowed = ("console", "file", "tensorboard", "wandb", "mlflow")
-        for name in self.logger:
-            check_choice("trainer.logger entry", name, allowed)
-        check_positive("trainer.nnodes", self.nnodes)
-        check_positive("trainer.n_gpus_per_node", self.n_gpus_per_node)
-        check_positive("trainer.total_epochs", self.total_epochs)
-        check_positive("trainer.total_training_steps", self.total_training_steps, allow_none=True)
-        check_choice("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
-        check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
+        check_positive("nnodes", self.nnodes)
+        check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        check_positive("total_epochs", self.total_epochs)
+        check_positive("total_training_steps", self.total_training_steps, allow_none=True)
+        check_at_least("num_threads_per_worker", self.num_threads_per_worker, 0)
         if self.resume_mode == "resume_path" and not self.resume_from_path:
-            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
-        if self.local_mode and self.nnodes * self.n_gpus_per_node != 1:
-            raise ValueError(
-                f"trainer.local_mode=True runs one worker in the driver; set trainer.n_gpus_per_node=1 "
-                f"trainer.nnodes=1 (got {self.nnodes} x {self.n_gpus_per_node})"
+            raise ConfigFieldError("resume_mode", "resume_mode=resume_path needs resume_from_path=<global_step_N dir>")
+        if self.local_mode and self.world_size != 1:
+            raise ConfigFieldError(
+                "local_mode",
+                f"local_mode=True runs one worker in the driver; set n_gpus_per_node=1 nnodes=1 "
+                f"(got {self.nnodes} x {self.n_gpus_per_node})",
             )
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks (nnodes x n_gpus_per_node)."""
+        return self.nnodes * self.n_gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class PPOTrainerConfig(RunConfig):
+    """The RL run: RunConfig plus critic warm-up, validation-only runs and checkpoint retention."""
+
+    critic_warmup: int = 0
+    """Steps that update only the critic (must be below the number of steps)."""
+    val_only: bool = False
+    """Only validate the loaded policy (logged at step 0), no training."""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    """Older checkpoints are deleted beyond this many; None keeps all."""
+    max_critic_ckpt_to_keep: Optional[int] = None
+    """verl's separate critic limit; checkpoints hold actor and critic together, so it must equal the actor's."""
+    log_val_generations: int = 0
+    """Validation samples printed per validation."""
+    balance_batch: bool = unsupported(False, "batches are split over ranks in order, without token balancing")
+    """Reorder each batch so every rank gets about the same number of tokens (verl's default is True)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_at_least("critic_warmup", self.critic_warmup, 0)
+        check_positive("max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, allow_none=True)
+        if self.max_critic_ckpt_to_keep not in (None, self.max_actor_ckpt_to_keep):
+            raise ConfigFieldError(
+                "max_critic_ckpt_to_keep",
+                f"max_critic_ckpt_to_keep={self.max_critic_ckpt_to_keep} differs from max_actor_ckpt_to_keep="
+                f"{self.max_actor_ckpt_to_keep}; one checkpoint directory holds both, so set only max_actor_ckpt_to_keep",
+            )
+        check_at_least("log_val_generations", self.log_val_generations, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTTrainerConfig(RunConfig):
+    """The SFT run: RunConfig plus checkpoint retention."""
+
+    project_name: str = "hybridflow-sft"
+    """Tracking project."""
+    experiment_name: str = "sft"
+    """Tracking run name."""
+    max_ckpt_to_keep: Optional[int] = None
+    """Older checkpoints are deleted beyond this many; None keeps all."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("max_ckpt_to_keep", self.max_ckpt_to_keep, allow_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RayInitConfig:
-    """How the driver starts or joins Ray."""
+    """How the driver starts or joins Ray (`ray_kwargs.ray_init.*`)."""
 
     address: Optional[str] = None
     """Existing cluster address; None starts the embedded local cluster (RAY_ADDRESS also works)."""
     num_cpus: Optional[int] = None
     """CPUs of the embedded cluster; None uses the machine's cores (at least the workers' needs)."""
 
+    def __post_init__(self) -> None:
+        check_positive("num_cpus", self.num_cpus, allow_none=True)
+
 
 @dataclass(frozen=True, kw_only=True)
-class PPOConfig:
-    """The whole trainer config (the root that command-line overrides address)."""
+class RayKwargsConfig:
+    """Ray settings (verl's `ray_kwargs`)."""
 
-    data: DataConfig = field(default_factory=DataConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    """Arguments of ray.init."""
+
+
+# ----------------------------------------------------------------------------- roots
+@dataclass(frozen=True, kw_only=True)
+class PPOConfig:
+    """The whole PPO/GRPO config (the root that command-line overrides address)."""
+
+    data: RLHFDataConfig = field(default_factory=RLHFDataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    trainer: PPOTrainerConfig = field(default_factory=PPOTrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+
+
+_ACTOR = "actor_rollout_ref.actor"
+_ROLLOUT = "actor_rollout_ref.rollout"
+
+PPO_DERIVED: dict[str, str] = {
+    f"{_ROLLOUT}.prompt_length": "${data.max_prompt_length}",
+    f"{_ROLLOUT}.response_length": "${data.max_response_length}",
+    f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu": f"${{{_ACTOR}.ppo_micro_batch_size_per_gpu}}",
+    f"{_ROLLOUT}.log_prob_use_dynamic_bsz": f"${{{_ACTOR}.use_dynamic_bsz}}",
+    f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": f"${{{_ROLLOUT}.log_prob_micro_batch_size_per_gpu}}",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": f"${{{_ACTOR}.use_dynamic_bsz}}",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": f"${{{_ACTOR}.ulysses_sequence_parallel_size}}",
+    f"{_ACTOR}.optim.clip_grad": f"${{{_ACTOR}.grad_clip}}",
+    "critic.model.path": "${actor_rollout_ref.model.path}",
+    "critic.model.tokenizer_path": "${actor_rollout_ref.model.tokenizer_path}",
+    "critic.model.trust_remote_code": "${actor_rollout_ref.model.trust_remote_code}",
+    "critic.ppo_mini_batch_size": f"${{{_ACTOR}.ppo_mini_batch_size}}",
+    "critic.ppo_micro_batch_size_per_gpu": f"${{{_ACTOR}.ppo_micro_batch_size_per_gpu}}",
+    "critic.forward_micro_batch_size_per_gpu": "${critic.ppo_micro_batch_size_per_gpu}",
+    "critic.use_dynamic_bsz": f"${{{_ACTOR}.use_dynamic_bsz}}",
+    "critic.forward_max_token_len_per_gpu": "${critic.ppo_max_token_len_per_gpu}",
+    "critic.ppo_epochs": f"${{{_ACTOR}.ppo_epochs}}",
+    "critic.shuffle": f"${{{_ACTOR}.shuffle}}",
+    "critic.loss_agg_mode": f"${{{_ACTOR}.loss_agg_mode}}",
+    "critic.optim.clip_grad": "${critic.grad_clip}",
+}
+"""verl's interpolations: each key's default is the value of the key it names (set it to break the link)."""
+
+
+def _sft_optim() -> OptimConfig:
+    return OptimConfig(lr=1e-5, betas=(0.9, 0.95), lr_warmup_steps_ratio=0.1, lr_scheduler_type="cosine")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """The whole SFT config (verl's SFT keys; `model.partial_pretrain` is verl's name for `model.path`)."""
+
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: FSDPModelConfig = field(default_factory=FSDPModelConfig)
+    optim: OptimConfig = field(default_factory=_sft_optim)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+
+
+SFT_DERIVED: dict[str, str] = {}
+"""SFT has no interpolated defaults."""

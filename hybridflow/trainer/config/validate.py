@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridflow.data.config import expand_path
 from hybridflow.trainer.config.schema import PPOConfig
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
@@ -115,6 +116,8 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_names(cfg)
     _check_algorithm(cfg)
     _check_files(cfg)
+    _check_rows(cfg)
+    _check_rewards(cfg)
     _check_agent_loops(cfg)
     _check_lengths(cfg)
     _check_environment(cfg)
@@ -169,12 +172,19 @@ def _check_algorithm(cfg: PPOConfig) -> None:
             f"algorithm.adv_estimator={estimator!r} needs actor_rollout_ref.rollout.n >= 2 (it compares samples "
             f"of the same prompt), got {n}; set actor_rollout_ref.rollout.n=4 or more"
         )
+    if cfg.trainer.total_training_steps is not None and cfg.trainer.critic_warmup >= cfg.trainer.total_training_steps:
+        raise ValueError(
+            f"trainer.critic_warmup={cfg.trainer.critic_warmup} leaves no actor update in "
+            f"trainer.total_training_steps={cfg.trainer.total_training_steps}; lower it"
+        )
+    if cfg.trainer.critic_warmup > 0 and not critic_enabled(cfg):
+        raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic (algorithm.adv_estimator=gae)")
     if estimator == "gae" and cfg.critic.enable is False:
         raise ValueError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False; enable it or use grpo")
-    if cfg.actor_rollout_ref.rollout.do_sample is False and n > 1:
+    if cfg.actor_rollout_ref.rollout.is_greedy and n > 1:
         raise ValueError(
-            f"actor_rollout_ref.rollout.n={n} with do_sample=False gives {n} identical responses per prompt; "
-            "set do_sample=True or n=1"
+            f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "
+            "identical responses per prompt; sample (do_sample=True, temperature > 0) or set n=1"
         )
 
 
@@ -185,11 +195,99 @@ def _check_files(cfg: PPOConfig) -> None:
         raise ValueError("trainer.val_only=True needs data.val_files; give the parquet files to validate on")
     for key, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in paths:
-            if not Path(path).is_file():
+            if not expand_path(path).is_file():
                 raise ValueError(f"{key} entry {path!r} does not exist; write it with hybridflow/data/preprocess/")
     custom = cfg.custom_reward_function
-    if custom.path is not None and not Path(custom.path).is_file():
+    if custom.path is not None and not expand_path(custom.path).is_file():
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
+    check_model_location("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path)
+    if critic_enabled(cfg):
+        check_model_location("critic.model.path", cfg.critic.model.path)
+        check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)
+    check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
+
+
+def check_model_location(key: str, location: str | None) -> None:
+    """A catalogue name, an existing directory or a .gguf file (`~` expanded as the loader does); None passes."""
+    from hybridflow.models.catalogue import MODEL_CATALOGUE
+
+    if location is None or location in MODEL_CATALOGUE:
+        return
+    path = expand_path(location)
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+        raise ValueError(
+            f"{key}={location!r} is not a catalogue name ({', '.join(MODEL_CATALOGUE.names())}), an existing model "
+            "directory, nor a .gguf file"
+        )
+
+
+def check_resume_path(resume_mode: str, resume_from_path: str | None) -> None:
+    """With resume_mode=resume_path, the directory must be a global_step_N checkpoint that exists."""
+    if resume_mode != "resume_path" or resume_from_path is None:
+        return
+    from hybridflow.trainer import checkpoint_dirs
+
+    path = expand_path(resume_from_path)
+    if not path.is_dir():
+        raise ValueError(f"trainer.resume_from_path={resume_from_path!r} does not exist")
+    try:
+        checkpoint_dirs.step_of(path)
+    except ValueError as err:
+        raise ValueError(f"trainer.resume_from_path={resume_from_path!r}: {err}") from None
+
+
+def _check_rows(cfg: PPOConfig) -> None:
+    """Every data_source of the training and validation files has a scorer (unless a custom function scores
+    them), and every agent_name is a registered agent loop; reads only those columns."""
+    import pyarrow.parquet as pq
+
+    key = cfg.data.reward_fn_key
+    for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        for path in paths:
+            columns = pq.read_schema(expand_path(path)).names
+            if key not in columns:
+                raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
+            table = pq.read_table(expand_path(path), columns=[c for c in (key, "agent_name") if c in columns])
+            if cfg.custom_reward_function.path is None:
+                _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
+            if "agent_name" in columns:
+                _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)
+
+
+def _check_scorers(data_sources: list[str], where: str) -> None:
+    from hybridflow.rewards.score import has_scorer
+
+    missing = [source for source in data_sources if not has_scorer(source)]
+    if missing:
+        raise ValueError(
+            f"{where}: no reward scorer for data_source {missing}; register one in hybridflow.rewards.score.SCORERS "
+            "or set custom_reward_function.path"
+        )
+
+
+def _check_agent_names(names: list[str], path: str) -> None:
+    from hybridflow.agents.base import AGENT_LOOPS
+    from hybridflow.agents.manager import AgentLoopManager  # noqa: F401  (registers the built-in loops)
+
+    unknown = [name for name in names if name not in AGENT_LOOPS]
+    if unknown:
+        raise ValueError(f"{path}: agent_name {unknown} is not a registered agent loop; known: {AGENT_LOOPS.names()}")
+
+
+def _check_rewards(cfg: PPOConfig) -> None:
+    buffer, manager = cfg.reward_model.overlong_buffer, cfg.reward_model.reward_manager
+    if not buffer.enable:
+        return
+    if manager != "dapo":
+        raise ValueError(
+            f"reward_model.overlong_buffer.enable=True needs reward_model.reward_manager=dapo, got {manager!r}"
+        )
+    if not 0 < buffer.len < cfg.data.max_response_length:
+        raise ValueError(
+            f"reward_model.overlong_buffer.len={buffer.len} must be in 1..{cfg.data.max_response_length - 1} "
+            "(below data.max_response_length)"
+        )
 
 
 def _check_agent_loops(cfg: PPOConfig) -> None:
@@ -230,7 +328,7 @@ def model_context_length(model_path: str) -> int | None:
 
     from hybridflow import env
 
-    directory = Path(model_path)
+    directory = expand_path(model_path)
     if model_path in MODEL_CATALOGUE:
         catalogue_gguf_path(model_path)  # raises with the install command if the package is missing
         directory = env.cache_dir() / "models" / model_path
@@ -252,11 +350,16 @@ def _check_lengths(cfg: PPOConfig) -> None:
         )
 
 
-def _check_environment(cfg: PPOConfig) -> None:
-    for name in cfg.trainer.logger:
+def check_logger_packages(loggers: list[str]) -> None:
+    """Each tracking backend's package is importable."""
+    for name in loggers:
         package = LOGGER_PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise ValueError(f"trainer.logger includes {name!r} but {package} is not installed; pip install {package}")
+
+
+def _check_environment(cfg: PPOConfig) -> None:
+    check_logger_packages(cfg.trainer.logger)
     if cfg.trainer.device == "cuda":
         import torch
 

@@ -1,7 +1,7 @@
-"""Supervised fine-tuning: typed config (verl's SFT keys), `SFTWorker` on the FSDP2 engine, `SFTTrainer`."""
+"""Supervised fine-tuning: the driver (`SFTTrainer`, `run_sft`) and its config checks; the worker is
+`hybridflow.workers.SFTWorker`, the config `hybridflow.trainer.config.SFTConfig`."""
 
-from hybridflow.trainer.sft.config import SFTConfig, validate_sft_config
 from hybridflow.trainer.sft.trainer import SFTTrainer, run_sft
-from hybridflow.trainer.sft.worker import SFTWorker
+from hybridflow.trainer.sft.validate import validate_sft_config
 
-__all__ = ["SFTConfig", "SFTTrainer", "SFTWorker", "run_sft", "validate_sft_config"]
+__all__ = ["SFTTrainer", "run_sft", "validate_sft_config"]

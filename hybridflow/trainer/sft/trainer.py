@@ -12,88 +12,62 @@ for LoRA, `driver_state.pt`), written atomically; `hybridflow merge --local_dir 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from hybridflow.data import build_sampler
-from hybridflow.data.sft_dataset import SFTDataset, SFTDatasetConfig
-from hybridflow.models import MODEL_CATALOGUE, catalogue_tokenizer_path, load_tokenizer, resolve_model_path
+from hybridflow.data.config import SFTDataConfig
+from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.engines.training import FSDPEngineConfig
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.local import LocalWorkerGroup
-from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from hybridflow.trainer import checkpoint_dirs
-from hybridflow.trainer.run import init_ray
-from hybridflow.trainer.sft.config import SFTConfig
-from hybridflow.trainer.sft.worker import SFTRuntime, SFTWorker
+from hybridflow.single_controller.ray import RayClassWithInitArgs
+from hybridflow.trainer import checkpointing
+from hybridflow.trainer.config.schema import SFTConfig
+from hybridflow.trainer.scaffold import (
+    WorkerProcesses,
+    build_tokenizer,
+    build_tracking,
+    build_train_loader,
+    build_val_loader,
+    due,
+    init_ray,
+    run_dir,
+    total_steps,
+    worker_metrics,
+    worker_runtime,
+)
 from hybridflow.trainer.tracking import Tracking
-from hybridflow.utils.device import device_count
+from hybridflow.workers import SFTWorker
 
 logger = logging.getLogger(__name__)
 
-DRIVER_STATE = "driver_state.pt"
 
-
-def build_sft_dataset(cfg: SFTConfig, files: list[str], tokenizer: Any) -> SFTDataset:
-    """The dataset of `files` with the `data.*` settings."""
-    data = cfg.data
-    config = SFTDatasetConfig(
-        prompt_key=data.prompt_key,
-        response_key=data.response_key,
-        prompt_dict_keys=tuple(data.prompt_dict_keys),
-        response_dict_keys=tuple(data.response_dict_keys),
-        multiturn=data.multiturn.enable,
-        messages_key=data.multiturn.messages_key,
-        tools_key=data.multiturn.tools_key,
-        max_length=data.max_length,
-        truncation=data.truncation,
-        apply_chat_template_kwargs=dict(data.apply_chat_template_kwargs),
-    )
-    return SFTDataset(files, tokenizer, config)
-
-
-def build_sft_dataloaders(cfg: SFTConfig, tokenizer: Any) -> tuple[DataLoader, DataLoader | None]:
-    """Training loader (seeded, resumable sampler, full batches only) and validation loader."""
-    train_set = build_sft_dataset(cfg, list(cfg.data.train_files), tokenizer)
-    batch_size = cfg.data.train_batch_size
-    if len(train_set) < batch_size:
-        raise ValueError(f"data.train_batch_size={batch_size} is larger than the {len(train_set)} training samples")
-    train_loader = DataLoader(
-        train_set,
-        batch_size=batch_size,
-        sampler=build_sampler(train_set, shuffle=cfg.data.shuffle, seed=cfg.data.seed),
-        collate_fn=train_set.collate,
-        drop_last=True,
-        num_workers=0,  # keeps the sampler position exact for resume
-    )
-    if not cfg.data.val_files:
+def build_sft_dataloaders(data: SFTDataConfig, tokenizer: Any) -> tuple[DataLoader, DataLoader | None]:
+    """Training loader (seeded, resumable sampler, full batches only) and validation loader of `data.*`."""
+    train_set = SFTDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
+    train_loader = build_train_loader(train_set, data.train_batch_size, data.shuffle, data.seed, train_set.collate)
+    if not data.val_files:
         return train_loader, None
-    val_set = build_sft_dataset(cfg, list(cfg.data.val_files), tokenizer)
-    val_loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, collate_fn=val_set.collate, num_workers=0)
-    return train_loader, val_loader
+    val_set = SFTDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
+    return train_loader, build_val_loader(val_set, data.train_batch_size, val_set.collate)
 
 
-def build_sft_worker_group(cfg: SFTConfig, total_training_steps: int) -> tuple[Any, RayResourcePool | None]:
-    """One SFTWorker per rank: in the driver (`trainer.local_mode`) or as Ray actors over gloo/nccl."""
-    world = cfg.trainer.world_size
-    threads = cfg.trainer.num_threads_per_worker
-    use_gpu = device_count() > 0 and cfg.trainer.device != "cpu"
-    if threads == 0 and not use_gpu:
-        threads = max(1, (os.cpu_count() or 1) // world)  # share the cores among the CPU workers
-    runtime = SFTRuntime(total_training_steps=total_training_steps, num_threads=threads)
-    worker = RayClassWithInitArgs(SFTWorker, cfg, runtime)
-    if cfg.trainer.local_mode:
-        group, pool = LocalWorkerGroup(worker, world_size=1), None
-    else:
-        pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=use_gpu, name_prefix="sft")
-        group = RayWorkerGroup(pool, worker, name_prefix="hybridflow_sft")
-    group.init_model()
-    return group, pool
+def build_sft_workers(cfg: SFTConfig, total_training_steps: int) -> WorkerProcesses:
+    """One SFTWorker per rank (in the driver with `trainer.local_mode`), models loaded."""
+    engine_config = FSDPEngineConfig(
+        model=cfg.model,
+        fsdp=cfg.model.fsdp_config,
+        optim=cfg.optim,
+        micro_batch_size_per_gpu=cfg.data.micro_batch_size_per_gpu,
+        total_training_steps=total_training_steps,
+    )
+    worker = RayClassWithInitArgs(SFTWorker, engine_config, worker_runtime(cfg.trainer, total_training_steps))
+    processes = WorkerProcesses(cfg.trainer, worker, name_prefix="hybridflow_sft")
+    processes.group.init_model()
+    return processes
 
 
 class SFTTrainer:
@@ -104,21 +78,24 @@ class SFTTrainer:
         self.config = config
         self.train_loader, self.val_loader = train_loader, val_loader
         self.tracking, self.console = tracking, console
-        total = len(train_loader) * config.trainer.total_epochs
-        self.total_training_steps = min(total, config.trainer.total_training_steps or total)
+        self.total_training_steps = total_steps(config.trainer, len(train_loader))
         self.global_steps = 0
-        self.workers: Any = None
-        self.pool: RayResourcePool | None = None
+        self.processes: WorkerProcesses | None = None
         self.history: list[dict[str, float]] = []
+
+    @property
+    def workers(self) -> Any:
+        """The SFT worker group."""
+        return self.processes.group
 
     def init_workers(self) -> None:
         """Start the workers and load the model."""
-        self.workers, self.pool = build_sft_worker_group(self.config, self.total_training_steps)
+        self.processes = build_sft_workers(self.config, self.total_training_steps)
 
     def fit(self) -> dict[str, float]:
         """Train until `total_training_steps`; returns {'val/loss_before', 'val/loss', ...} where measured."""
         cfg = self.config.trainer
-        self.global_steps = self._maybe_resume()
+        self.global_steps = self._resume()
         summary: dict[str, float] = {}
         if self.val_loader is not None and cfg.val_before_train and self.global_steps == 0:
             summary["val/loss_before"] = self.validate()
@@ -128,10 +105,10 @@ class SFTTrainer:
                 self.global_steps += 1
                 metrics = self.train_step(batch)
                 is_last = self.global_steps >= self.total_training_steps
-                if self.val_loader is not None and _due(cfg.test_freq, self.global_steps, is_last):
+                if self.val_loader is not None and due(cfg.test_freq, self.global_steps, is_last):
                     metrics["val/loss"] = summary["val/loss"] = self.validate()
-                if _due(cfg.save_freq, self.global_steps, is_last):
-                    self.save()
+                if due(cfg.save_freq, self.global_steps, is_last):
+                    self.save_checkpoint()
                 self._log(metrics, step=self.global_steps)
                 if is_last:
                     break
@@ -141,9 +118,8 @@ class SFTTrainer:
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One optimizer step; returns the step's metrics (loss averaged over ranks)."""
         start = time.perf_counter()
-        output = self.workers.train_step(DataProto.from_single_dict(batch))
+        metrics = worker_metrics(self.workers.train_step(DataProto.from_single_dict(batch)))
         elapsed = time.perf_counter() - start
-        metrics = {key: sum(values) / len(values) for key, values in output.meta_info["metrics"].items()}
         num_tokens = int(batch["attention_mask"].sum())
         metrics.update({
             "timing_s/step": elapsed,
@@ -166,37 +142,23 @@ class SFTTrainer:
         return nll / max(tokens, 1.0)
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self) -> Path:
+    def save_checkpoint(self) -> Path:
         """Checkpoint step `global_steps` atomically (staged, then renamed)."""
-        cfg = self.config.trainer
-        root = Path(cfg.default_local_dir).resolve()  # Ray workers may run in another directory
-        staging = checkpoint_dirs.staging_dir(root, self.global_steps)
-        self.workers.save_checkpoint(str(staging))
-        state = {"global_steps": self.global_steps, "sampler": self.train_loader.sampler.state_dict()}
-        torch.save(state, staging / DRIVER_STATE)
-        final = checkpoint_dirs.commit_step(root, self.global_steps, staging, cfg.max_ckpt_to_keep)
-        logger.info("saved checkpoint %s", final)
-        return final
+        return checkpointing.save_checkpoint(
+            run_dir(self.config.trainer),
+            self.global_steps,
+            lambda staging: self.workers.save_checkpoint(str(staging)),
+            {"sampler": self.train_loader.sampler.state_dict()},
+            self.config.trainer.max_ckpt_to_keep,
+        )
 
-    def _maybe_resume(self) -> int:
-        cfg = self.config.trainer
-        if cfg.resume_mode == "disable":
+    def _resume(self) -> int:
+        path = checkpointing.find_resume_dir(self.config.trainer, run_dir(self.config.trainer))
+        if path is None:
             return 0
-        if cfg.resume_mode == "resume_path":
-            path = Path(cfg.resume_from_path).resolve()
-            checkpoint_dirs.step_of(path)
-        else:
-            root = Path(cfg.default_local_dir).resolve()
-            step = checkpoint_dirs.latest_step(root)
-            if step is None:
-                return 0
-            path = checkpoint_dirs.step_dir(root, step)
-        if not (path / DRIVER_STATE).is_file():
-            raise FileNotFoundError(f"{path} holds no {DRIVER_STATE}: not a complete SFT checkpoint")
-        state = torch.load(path / DRIVER_STATE, weights_only=False)
+        state = checkpointing.load_driver_state(path)
         self.workers.load_checkpoint(str(path))
         self.train_loader.sampler.load_state_dict(state["sampler"])
-        logger.info("resumed from %s at step %d", path, state["global_steps"])
         return int(state["global_steps"])
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
@@ -208,34 +170,18 @@ class SFTTrainer:
 
     def shutdown(self) -> None:
         """Stop the workers and release their resources."""
-        if isinstance(self.workers, RayWorkerGroup):
-            self.workers.shutdown()
-        if self.pool is not None:
-            self.pool.release()
-
-
-def _due(freq: int, step: int, is_last: bool) -> bool:
-    return is_last or (freq > 0 and step % freq == 0)
-
-
-def build_sft_tokenizer(cfg: SFTConfig) -> Any:
-    """The driver's tokenizer (catalogue models: tokenizer only, without converting the weights here)."""
-    location = cfg.model.tokenizer_path or cfg.model.partial_pretrain
-    if location in MODEL_CATALOGUE:
-        return load_tokenizer(catalogue_tokenizer_path(location))
-    return load_tokenizer(resolve_model_path(location))
+        if self.processes is not None:
+            self.processes.shutdown()
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Run an SFT job from a checked config; returns the validation/training loss summary."""
-    tokenizer = build_sft_tokenizer(cfg)
-    train_loader, val_loader = build_sft_dataloaders(cfg, tokenizer)
-    run_dir = Path(cfg.trainer.default_local_dir)
+    tokenizer = build_tokenizer(cfg.model)
+    train_loader, val_loader = build_sft_dataloaders(cfg.data, tokenizer)
     # The console backend shows RL keys; SFT prints its own line per step (see SFTTrainer._log).
-    backends = [name for name in cfg.trainer.logger if name != "console"]
-    tracking = Tracking(backends, run_dir, cfg.trainer.project_name, cfg.trainer.experiment_name, asdict(cfg))
+    tracking = build_tracking(cfg.trainer, cfg, [name for name in cfg.trainer.logger if name != "console"])
     if not cfg.trainer.local_mode:
-        init_ray(cfg)
+        init_ray(cfg.ray_kwargs.ray_init, cfg.trainer.world_size)
     trainer = SFTTrainer(cfg, train_loader, val_loader, tracking, console="console" in cfg.trainer.logger)
     try:
         trainer.init_workers()

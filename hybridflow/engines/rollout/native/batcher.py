@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +23,7 @@ import torch
 from hybridflow.engines.rollout.base import SamplingParams
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
+from hybridflow.engines.rollout.native.prefix_cache import PrefixCache
 from hybridflow.engines.rollout.native.sampler import sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ class GenerationResult:
     """(rows,) int64, tokens generated including the stop token."""
     stats: dict[str, float] = field(default_factory=dict)
     """Wall times in seconds (`prefill_s`, `decode_s`, `first_token_s`) and `num_decode_steps`."""
+
+    def response_mask(self) -> torch.Tensor:
+        """(rows, max_new_tokens) int64: 1 on the generated tokens (stop token included), 0 on padding."""
+        steps = torch.arange(self.tokens.size(1), device=self.tokens.device)
+        return (steps[None, :] < self.num_generated[:, None]).long()
 
 
 @dataclass
@@ -124,44 +130,6 @@ class _Run:
         )
 
 
-_MIN_REUSED_TOKENS = 8
-"""Shorter shared prefixes are prefilled again with the batch (a reuse costs its own forward)."""
-
-
-class _Parking:
-    """Finished sequences' caches kept for their conversation's next turn, in dedicated cache slots."""
-
-    def __init__(self, cache: KVCache, slots: range) -> None:
-        self.cache = cache
-        self.free = list(slots)
-        self.parked: OrderedDict[int, list[int]] = OrderedDict()  # slot -> cached token ids, oldest first
-
-    def park(self, slot: int, token_ids: list[int]) -> None:
-        """Copy `slot`'s first len(token_ids) positions into a parking slot (evicting the oldest if full)."""
-        if len(token_ids) < _MIN_REUSED_TOKENS or not (self.free or self.parked):
-            return
-        if not self.free:
-            evicted, _ = self.parked.popitem(last=False)
-            self.free.append(evicted)
-        target = self.free.pop()
-        self.cache.copy_slot(slot, target, len(token_ids))
-        self.parked[target] = token_ids
-
-    def longest_prefix(self, prompt: list[int]) -> tuple[int, int] | None:
-        """(parking slot, tokens to reuse) of the longest parked sequence that `prompt` starts with, taken out
-        of the parking; None if none is long enough. At least one prompt token is left to feed."""
-        best, best_len = None, 0
-        for slot, token_ids in self.parked.items():
-            if len(token_ids) > best_len and prompt[: len(token_ids)] == token_ids:
-                best, best_len = slot, len(token_ids)
-        reused = min(best_len, len(prompt) - 1)
-        if best is None or reused < _MIN_REUSED_TOKENS:
-            return None
-        del self.parked[best]
-        self.free.append(best)  # free again once its positions are copied out (before the next park)
-        return best, reused
-
-
 class RequestSource(Protocol):
     """Where `ContinuousBatcher.serve` gets requests and delivers responses (the generation server)."""
 
@@ -173,6 +141,64 @@ class RequestSource(Protocol):
 
     def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
         """Deliver one finished response."""
+
+
+@dataclass
+class _Serving:
+    """What `serve` tracks besides its `_Run`: the request in each output row, the free rows, the rows
+    waiting for a slot and the prefix cache. A delivered response frees its row for the next request."""
+
+    run: _Run
+    source: RequestSource
+    max_len: int
+    prefix_cache: PrefixCache
+    keys: list[Hashable | None]  # the source's key of the request in each row
+    prompt_ids: list[list[int]]  # each row's prompt, to match against parked sequences
+    free_rows: list[int]
+    waiting: deque[int] = field(default_factory=deque)
+
+    def take(self) -> list[tuple[Hashable, list[int], int]] | None:
+        """New requests for the free rows, waiting for one while nothing is admitted or waiting; None ends
+        the run (the source ended and nothing is left to decode)."""
+        idle = self.run.num_active == 0 and not self.waiting
+        requests = self.source.take(len(self.free_rows), block=idle) if self.free_rows else []
+        if requests is None:
+            return None if idle else []  # finish what is admitted; the source is asked again next step
+        return requests
+
+    def enqueue(self, key: Hashable, prompt: list[int], max_new_tokens: int) -> None:
+        """Put a request into a free row (cleared) and queue the row for a slot."""
+        if len(prompt) + max_new_tokens > self.max_len:
+            raise ValueError(
+                f"request {key!r}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
+                f"server's max_len {self.max_len}"
+            )
+        run, row = self.run, self.free_rows.pop()
+        device = run.tokens.device
+        self.keys[row] = key
+        self.prompt_ids[row] = list(prompt)
+        run.prompts[row] = torch.tensor(prompt, dtype=torch.long, device=device)
+        run.positions[row] = torch.arange(len(prompt), device=device)
+        run.stats["prompt_tokens"] += len(prompt)
+        run.limits[row] = max_new_tokens
+        run.tokens[row] = run.pad_id
+        run.log_probs[row] = 0.0
+        run.num_generated[row] = 0
+        self.waiting.append(row)
+
+    def deliver(self, rows: list[int], slots: list[int]) -> None:
+        """`_Run.on_retire`: park each finished sequence's cache, hand its response to the source and free
+        its row. Runs before the slots are compacted, while they still hold the sequences' K/V."""
+        run = self.run
+        for row, slot in zip(rows, slots):
+            count, limit = int(run.num_generated[row]), int(run.limits[row])
+            response = run.tokens[row, :count].tolist()
+            cached = int(run.slots.length[slot])  # prompt + response, less the last token (never fed)
+            self.prefix_cache.park(slot, (self.prompt_ids[row] + response)[:cached])
+            reason = "length" if count >= limit else "stop"
+            self.source.finish(self.keys[row], response, run.log_probs[row, :count].tolist(), reason)
+            self.keys[row] = None
+            self.free_rows.append(row)
 
 
 class ContinuousBatcher:
@@ -237,83 +263,73 @@ class ContinuousBatcher:
         At most `max_seqs` (default `max_num_seqs`) are decoded at once. Returns the run's stats
         (`decoded_rows / num_decode_steps` is the mean batch of a decode step).
 
-        Prefix reuse: a finished sequence's K/V stay in one of `max_seqs` parking slots (least recently
-        parked evicted first). A request whose prompt starts with a parked sequence's tokens (the next turn
-        of a conversation: previous prompt + response + new messages) takes over that cache and prefills
-        only the rest (`stats`: `prefix_hits`, `reused_tokens` of `prompt_tokens`). Parked caches live as
-        long as the run, which ends before weights change (the server stops around weight updates).
+        Prefix reuse: a finished sequence's K/V stay in one of `max_seqs` parking slots (a `PrefixCache`;
+        least recently parked evicted first). A request whose prompt starts with a parked sequence's tokens
+        (the next turn of a conversation: previous prompt + response + new messages) takes over that cache
+        and prefills only the rest (`stats`: `prefix_hits`, `reused_tokens` of `prompt_tokens`). Parked
+        caches live as long as the run, which ends before weights change (the server stops around weight
+        updates).
         """
         if params.n != 1:
             raise ValueError(f"serve decodes one response per request, got n={params.n}")
+        serving = self._start_serving(params, stop_ids, pad_id, max_len, source, max_seqs, prefix_reuse)
+        while (requests := serving.take()) is not None:
+            for key, prompt, max_new_tokens in requests:
+                serving.enqueue(key, prompt, max_new_tokens)
+            self._resume_prefixes(serving)
+            self._fill_slots(serving.run, serving.waiting)
+            if serving.run.num_active:
+                self._step(serving.run)
+        return dict(serving.run.stats)
+
+    def _start_serving(
+        self,
+        params: SamplingParams,
+        stop_ids: list[int],
+        pad_id: int,
+        max_len: int,
+        source: RequestSource,
+        max_seqs: int | None,
+        prefix_reuse: bool,
+    ) -> _Serving:
+        """Reserve the cache (decode slots, then as many parking slots) and start an empty run of `capacity`
+        rows, which `_Serving.enqueue` fills as requests arrive."""
         device = self.cache.device
         capacity = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
         park_base = _round_up(capacity, _ROWS_MULTIPLE)  # decode steps never pad into the parking slots
         park_slots = capacity if prefix_reuse else 0
         self.cache.reserve(park_base + park_slots, max_len)
         self.forward.bind(max_len)
-        empty = [torch.empty(0, dtype=torch.long)] * capacity  # rows are filled as requests arrive
+        empty = [torch.empty(0, dtype=torch.long)] * capacity
         run = _Run.create(
             list(empty), list(empty), params, stop_ids, pad_id, capacity, capacity, max_len, self.cache.num_slots,
             device, limits=torch.zeros(capacity, dtype=torch.long, device=device),
         )
-        keys: list[Hashable | None] = [None] * capacity
-        free_rows = list(range(capacity - 1, -1, -1))
-        waiting: deque[int] = deque()
-        prompt_ids: list[list[int]] = [[] for _ in range(capacity)]
-        parking = _Parking(self.cache, range(park_base, park_base + park_slots))
         run.stats.update(prefix_hits=0, reused_tokens=0, prompt_tokens=0)
+        serving = _Serving(
+            run=run,
+            source=source,
+            max_len=max_len,
+            prefix_cache=PrefixCache(self.cache, range(park_base, park_base + park_slots)),
+            keys=[None] * capacity,
+            prompt_ids=[[] for _ in range(capacity)],
+            free_rows=list(range(capacity - 1, -1, -1)),
+        )
+        run.on_retire = serving.deliver
+        return serving
 
-        def deliver(rows: list[int], slots: list[int]) -> None:
-            for row, slot in zip(rows, slots):
-                count, limit = int(run.num_generated[row]), int(run.limits[row])
-                response = run.tokens[row, :count].tolist()
-                cached = int(run.slots.length[slot])  # prompt + response, less the last token (never fed)
-                parking.park(slot, (prompt_ids[row] + response)[:cached])
-                reason = "length" if count >= limit else "stop"
-                source.finish(keys[row], response, run.log_probs[row, :count].tolist(), reason)
-                keys[row] = None
-                free_rows.append(row)
-
-        run.on_retire = deliver
-        while True:
-            idle = run.num_active == 0 and not waiting
-            new = source.take(len(free_rows), block=idle) if free_rows else []
-            if new is None:
-                if idle:
-                    break
-                new = []  # finish what is admitted; the source is asked again next step
-            for key, prompt, max_new_tokens in new:
-                if len(prompt) + max_new_tokens > max_len:
-                    raise ValueError(
-                        f"request {key!r}: {len(prompt)} prompt + {max_new_tokens} new tokens exceed the "
-                        f"server's max_len {max_len}"
-                    )
-                row = free_rows.pop()
-                keys[row] = key
-                prompt_ids[row] = list(prompt)
-                run.prompts[row] = torch.tensor(prompt, dtype=torch.long, device=device)
-                run.positions[row] = torch.arange(len(prompt), device=device)
-                run.stats["prompt_tokens"] += len(prompt)
-                run.limits[row] = max_new_tokens
-                run.tokens[row] = pad_id
-                run.log_probs[row] = 0.0
-                run.num_generated[row] = 0
-                waiting.append(row)
-            for row in list(waiting):  # continuations of parked sequences prefill only their new tokens
-                if run.num_active >= run.capacity:
-                    break
-                found = parking.longest_prefix(prompt_ids[row])
-                if found is not None:
-                    waiting.remove(row)
-                    self._resume(run, row, *found)
-            self._retire(run)
-            while waiting and run.capacity > run.num_active:
-                self._admit(run, waiting)
-                self._retire(run)
-            if run.num_active == 0:
-                continue
-            self._step(run)
-        return dict(run.stats)
+    def _resume_prefixes(self, serving: _Serving) -> None:
+        """Start waiting requests that continue a parked sequence from its cache (they prefill only their
+        new tokens), while slots are free; then retire those whose first token already ends them."""
+        run = serving.run
+        for row in list(serving.waiting):
+            if run.num_active >= run.capacity:
+                break
+            found = serving.prefix_cache.longest_prefix(serving.prompt_ids[row])
+            if found is not None:
+                serving.waiting.remove(row)
+                self._resume(run, row, *found)
+        self._retire(run)
 
     def _resume(self, run: _Run, row: int, park_slot: int, reused: int) -> None:
         """Start `row` in the next free slot from a parked cache holding its first `reused` prompt tokens."""
@@ -337,15 +353,20 @@ class ContinuousBatcher:
     def _loop(self, run: _Run, waiting: deque[int]) -> GenerationResult:
         start = time.perf_counter()
         while True:
-            while waiting and run.capacity - run.num_active >= run.params.n:
-                self._admit(run, waiting)
-                self._retire(run)
+            self._fill_slots(run, waiting)
             if run.num_active == 0:
                 break
             self._step(run)
         run.stats["total_s"] = time.perf_counter() - start
         logger.debug("native rollout: %s", run.stats)
         return GenerationResult(run.tokens, run.log_probs, run.num_generated, dict(run.stats))
+
+    def _fill_slots(self, run: _Run, waiting: deque[int]) -> None:
+        """Admit waiting prompts while `n` slots are free; retiring after each admission frees the slots of
+        sequences whose first token already ends them."""
+        while waiting and run.capacity - run.num_active >= run.params.n:
+            self._admit(run, waiting)
+            self._retire(run)
 
     def _admit(self, run: _Run, waiting: deque[int]) -> None:
         """Move as many waiting prompts as fit into free slots, prefilling them in length-sorted chunks."""

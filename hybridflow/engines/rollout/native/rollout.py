@@ -15,12 +15,12 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from hybridflow.engines.logprob import compute_response_position_ids
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
-from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, GenerationResult, RequestSource
+from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, RequestSource
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
+from hybridflow.engines.rollout.output import build_rollout_output
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
 
@@ -104,8 +104,17 @@ class NativeRollout(BaseRollout):
             prompt_ids, prompt_mask, prompt_pos = (
                 t.repeat_interleave(params.n, 0) for t in (prompt_ids, prompt_mask, prompt_pos)
             )
-        tensors = assemble_outputs(prompt_ids, prompt_mask, prompt_pos, result)
-        return DataProto.from_dict(tensors=tensors, non_tensors=prompts.non_tensor_batch, meta_info=prompts.meta_info)
+        return build_rollout_output(
+            prompt_ids,
+            prompt_mask,
+            prompt_pos,
+            result.tokens,
+            result.response_mask(),
+            result.log_probs,
+            self.tokenizer.pad_token_id,
+            non_tensor=prompts.non_tensor_batch,
+            meta_info=prompts.meta_info,
+        )
 
     def serve(
         self,
@@ -157,24 +166,3 @@ class NativeRollout(BaseRollout):
             self.model.to(self.device)
         self.cache.restore()
 
-
-def assemble_outputs(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, prompt_pos: torch.Tensor, result: GenerationResult
-) -> dict[str, torch.Tensor]:
-    """The verl layout (see `hybridflow.engines.rollout.base`) on CPU.
-
-    prompt_ids, prompt_mask, prompt_pos: (rows, prompt_len); result tensors: (rows, max_new_tokens).
-    """
-    length = result.tokens.size(1)
-    steps = torch.arange(length, device=result.tokens.device)
-    response_mask = (steps[None, :] < result.num_generated[:, None]).long()
-    outputs = {
-        "prompts": prompt_ids,
-        "responses": result.tokens,
-        "input_ids": torch.cat([prompt_ids, result.tokens], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
-        "position_ids": torch.cat([prompt_pos, compute_response_position_ids(prompt_pos, length)], dim=1),
-        "response_mask": response_mask,
-        "rollout_log_probs": result.log_probs * response_mask,
-    }
-    return {key: value.cpu() for key, value in outputs.items()}

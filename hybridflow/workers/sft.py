@@ -10,55 +10,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 
-from hybridflow.engines.training import build_fsdp_engine
-from hybridflow.engines.training.config import FSDPEngineConfig, OptimConfig
-from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
-from hybridflow.trainer.sft.config import SFTConfig
+from hybridflow.workers.config import WorkerRuntimeConfig
 from hybridflow.workers.ppo_update import compute_global_counts
-
-
-@dataclass(frozen=True, kw_only=True)
-class SFTRuntime:
-    """What the driver derives for its workers."""
-
-    total_training_steps: int
-    """Length of the learning-rate schedule in steps."""
-    num_threads: int = 0
-    """torch intra-op threads of this worker; 0 leaves torch's default."""
-
-
-def build_sft_engine_config(cfg: SFTConfig, total_training_steps: int) -> FSDPEngineConfig:
-    """The training engine's config from the SFT config (verl's SFT optimizer keys mapped onto the engine's)."""
-    optim, model, fsdp = cfg.optim, cfg.model, cfg.model.fsdp_config
-    return FSDPEngineConfig(
-        optim=OptimConfig(
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-            lr_warmup_steps_ratio=optim.warmup_steps_ratio,
-            lr_scheduler_type=optim.lr_scheduler,
-            min_lr_ratio=optim.min_lr_ratio,
-            total_training_steps=total_training_steps,
-            grad_clip=optim.clip_grad,
-        ),
-        micro_batch_size_per_gpu=cfg.data.micro_batch_size_per_gpu,
-        param_dtype=fsdp.dtype,
-        gradient_checkpointing=model.enable_gradient_checkpointing,
-        param_offload=fsdp.param_offload,
-        optimizer_offload=fsdp.optimizer_offload,
-        reshard_after_forward=fsdp.reshard_after_forward,
-        use_remove_padding=model.use_remove_padding,
-        lora_rank=model.lora_rank,
-        lora_alpha=model.lora_alpha,
-        target_modules=model.target_modules_value,
-        lora_adapter_path=model.lora_adapter_path,
-    )
+from hybridflow.workers.process import prepare_worker_process
 
 
 def with_targets(data: DataProto) -> DataProto:
@@ -81,24 +41,17 @@ def sft_loss_fn(num_tokens: float, dp_size: int):
 class SFTWorker(Worker):
     """One data-parallel rank of SFT."""
 
-    def __init__(self, config: SFTConfig, runtime: SFTRuntime) -> None:
+    def __init__(self, engine_config: FSDPEngineConfig, runtime: WorkerRuntimeConfig) -> None:
         super().__init__()
-        self.config, self.runtime = config, runtime
+        self.engine_config, self.runtime = engine_config, runtime
         self.engine = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the model (LoRA-wrapped if configured) and its optimizer (collective with several ranks)."""
-        if self.runtime.num_threads > 0:
-            torch.set_num_threads(self.runtime.num_threads)
-        torch.manual_seed(self.config.trainer.seed)
-        if self.world_size > 1:
-            self.init_distributed()
-        model = self.config.model
-        model_path = resolve_model_path(model.partial_pretrain)
-        self.tokenizer = load_tokenizer(model.tokenizer_path or model_path)
-        engine_config = build_sft_engine_config(self.config, self.runtime.total_training_steps)
-        self.engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
+        runtime, model = self.runtime, self.engine_config.model
+        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
+        self.engine = build_fsdp_engine(model_path, self.engine_config, tokenizer=self.tokenizer)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def train_step(self, data: DataProto) -> DataProto:

@@ -1,0 +1,156 @@
+"""The rollout's config (`actor_rollout_ref.rollout.*`): sampling, the engine, the generation server and the
+turn limits of agent loops.
+
+`SamplingConfig` is defined once: `RolloutConfig` extends it (training sampling) and `val_kwargs` is one
+(validation sampling). `SamplingParams.from_config` turns either into one call's parameters, with the greedy
+rule of `SamplingConfig.is_greedy` in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from hybridflow.utils.config import (
+    ConfigFieldError,
+    check_at_least,
+    check_positive,
+    check_range,
+    unsupported,
+)
+
+__all__ = ["AgentLoopConfig", "MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How responses are sampled."""
+
+    temperature: float = 1.0
+    """Logits are divided by it before sampling; 0 means greedy. Log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 disables."""
+    n: int = 1
+    """Responses per prompt (the GRPO group size; mean@n, best@n, maj@n in validation)."""
+    do_sample: bool = True
+    """False is greedy decoding."""
+
+    def __post_init__(self) -> None:
+        check_at_least("temperature", self.temperature, 0.0, "0 is greedy")
+        check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if self.top_k == 0 or self.top_k < -1:
+            raise ConfigFieldError("top_k", f"top_k={self.top_k} must be -1 (disabled) or >= 1")
+        check_positive("n", self.n)
+
+    @property
+    def is_greedy(self) -> bool:
+        """The one greedy rule: no sampling, or temperature 0 (verl's way of asking for greedy)."""
+        return not self.do_sample or self.temperature == 0
+
+    @property
+    def log_prob_temperature(self) -> float:
+        """What logits are divided by for log-probs: the temperature, or 1.0 for greedy decoding."""
+        return 1.0 if self.is_greedy else self.temperature
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiTurnConfig:
+    """Multi-turn generation with tools and interactions (`rollout.mode=async`, agent `tool_agent`)."""
+
+    enable: bool = False
+    """Use the tool agent loop for rows without an `agent_name`."""
+    max_assistant_turns: int = 5
+    """Model turns per trajectory."""
+    max_user_turns: int = 3
+    """Interaction (simulated user) turns per trajectory."""
+    max_tokens_per_turn: Optional[int] = None
+    """New tokens per model turn (None: whatever is left of data.max_response_length)."""
+    max_parallel_calls: int = 4
+    """Tool calls executed from one model turn; extra calls get an error message."""
+    max_tool_response_length: int = 256
+    """Characters of a tool's output kept in the conversation."""
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    """Which part of a long tool output is cut."""
+    tool_config_path: Optional[str] = None
+    """YAML file listing the tools (verl's format: `tools: [{class_name|name, config, tool_schema}]`)."""
+    interaction_config_path: Optional[str] = None
+    """YAML file listing interactions (`interaction: [{name, class_name, config}]`)."""
+    format: Literal["hermes"] = "hermes"
+    """Tool-call format parsed from model text."""
+
+    def __post_init__(self) -> None:
+        check_positive("max_assistant_turns", self.max_assistant_turns)
+        check_positive("max_parallel_calls", self.max_parallel_calls)
+        check_positive("max_tokens_per_turn", self.max_tokens_per_turn, allow_none=True)
+        check_positive("max_tool_response_length", self.max_tool_response_length)
+        check_at_least("max_user_turns", self.max_user_turns, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentLoopConfig:
+    """How the driver runs agent loops against the rollout replicas' generation servers."""
+
+    default_agent_loop: str = "single_turn_agent"
+    """Loop for rows without an `agent_name` field (tool_agent when multi_turn.enable)."""
+    max_concurrent_loops: int = 64
+    """Agent loops in flight at once; their requests are batched by each replica's server."""
+    max_concurrent_requests_per_replica: int = 64
+    """Worker threads serving requests per rollout replica (the Ray actor's max_concurrency)."""
+    server_batch_wait_s: float = 0.2
+    """A replica's server starts a batch once no request has come for this long (at most 10x it after the
+    first): concurrent loops' requests arrive spread out by the driver's tokenization and Ray, and a batch
+    that starts too early leaves them for the next one. Small against a batch's generation time."""
+
+    def __post_init__(self) -> None:
+        check_positive("max_concurrent_loops", self.max_concurrent_loops)
+        check_positive("max_concurrent_requests_per_replica", self.max_concurrent_requests_per_replica)
+        check_at_least("server_batch_wait_s", self.server_batch_wait_s, 0.0)
+
+
+def _val_sampling() -> SamplingConfig:
+    return SamplingConfig(temperature=0.0, do_sample=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(SamplingConfig):
+    """Generation of responses: the engine, its sampling, and how log-probs are recomputed."""
+
+    name: str = "hf"
+    """Rollout engine: hf | native | vllm."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync (batch generate) | async (generation server for agent loops)."""
+    prompt_length: int = 512
+    """Prompt tokens (the trainer sets it from data.max_prompt_length)."""
+    response_length: int = 512
+    """Most tokens generated per response (the trainer sets it from data.max_response_length)."""
+    log_prob_micro_batch_size_per_gpu: int = 8
+    """Samples per forward when recomputing old log-probs."""
+    log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
+    """Old global form of log_prob_micro_batch_size_per_gpu."""
+    log_prob_use_dynamic_bsz: bool = unsupported(False, "token-budget micro-batches are not implemented yet")
+    """Form log-prob micro-batches by token count."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Token budget of a log-prob micro-batch with log_prob_use_dynamic_bsz."""
+    tensor_model_parallel_size: int = unsupported(1, "the rollout engines run one replica per rank, without TP")
+    """Tensor-parallel ranks of one rollout replica."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of accelerator memory the vllm engine may take."""
+    free_cache_engine: bool = True
+    """Free the rollout engine's KV cache after generation (hybrid engine)."""
+    engine_kwargs: dict[str, Any] = unsupported({}, "extra engine arguments are not passed to the rollout engines")
+    """Extra keyword arguments per engine."""
+    val_kwargs: SamplingConfig = field(default_factory=_val_sampling)
+    """Sampling of validation rollouts (greedy by default)."""
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    """Agent loops (mode=async)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Tools, interactions and turn limits of the tool agent loop."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("prompt_length", self.prompt_length)
+        check_positive("response_length", self.response_length)
+        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)

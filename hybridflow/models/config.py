@@ -1,0 +1,79 @@
+"""`ModelConfig`: which weights a role loads and how they are adapted (verl's `*.model.*` keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hybridflow.utils.config import ConfigFieldError, unsupported
+
+__all__ = ["ModelConfig", "check_lora_adapter_path"]
+
+
+def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -> None:
+    """Raise unless `path` is None or a peft adapter directory used with LoRA (`~` expanded as the loader does)."""
+    if path is None:
+        return
+    if lora_rank <= 0:
+        raise ConfigFieldError(field_name, f"{field_name}={path!r} needs LoRA: set lora_rank > 0 (the adapter's rank)")
+    if not (Path(path).expanduser() / "adapter_config.json").is_file():
+        raise ConfigFieldError(
+            field_name,
+            f"{field_name}={path!r} is not a peft adapter directory (no adapter_config.json); point it at an SFT "
+            "checkpoint's lora_adapter/ folder",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The weights of one model and the changes made to them before training."""
+
+    path: str = "smollm2-135m-instruct"
+    """A catalogue name (smollm2-135m-instruct), a local HF directory, or a .gguf file (`~` is expanded)."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer location when it differs from path; None uses path."""
+    trust_remote_code: bool = False
+    """Allow model and tokenizer code shipped inside the checkpoint directory (transformers' trust_remote_code)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in backward (saves memory, costs about 30% more compute)."""
+    use_remove_padding: bool = False
+    """Pack the non-pad tokens of a micro-batch into one row in training and log-prob forwards."""
+    lora_rank: int = 0
+    """LoRA rank; 0 trains all weights."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator (update = lora_alpha / lora_rank * B @ A)."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works)."""
+    lora_adapter_path: Optional[str] = None
+    """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
+    override_config: dict[str, Any] = unsupported({}, "HF config overrides are not applied to loaded models")
+    """Values to override in the model's HF config."""
+    external_lib: Optional[str] = unsupported(None, "models are loaded from transformers' own classes only")
+    """Python module imported to register custom model classes."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigFieldError("path", "path is empty; set a catalogue name, HF directory or .gguf file")
+        if self.lora_rank < 0:
+            raise ConfigFieldError("lora_rank", f"lora_rank={self.lora_rank} must be >= 0 (0 trains all weights)")
+        check_lora_adapter_path("lora_adapter_path", self.lora_adapter_path, self.lora_rank)
+
+    @property
+    def use_lora(self) -> bool:
+        """True when the engine trains LoRA adapters instead of all weights."""
+        return self.lora_rank > 0 or self.lora_adapter_path is not None
+
+    @property
+    def lora_target_modules(self) -> str | tuple[str, ...]:
+        """`target_modules` as peft takes it: 'all-linear' or a tuple of module names."""
+        modules = self.target_modules
+        if modules == "all-linear":
+            return modules
+        names = modules.split(",") if isinstance(modules, str) else modules
+        return tuple(name.strip() for name in names if name.strip())
+
+    @property
+    def tokenizer_location(self) -> str:
+        """Where the tokenizer is loaded from."""
+        return self.tokenizer_path or self.path

@@ -1,0 +1,36 @@
+"""The generation stage shared by training steps and validation: repeat prompts, generate, join the outputs."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.scaffold import worker_metrics
+
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+"""The tensors a rollout reads; the trainer drops them from the batch and takes the rollout's versions."""
+
+
+def generate_batch(
+    generator: Any, batch_dict: dict, n: int, *, pass_rows: bool, validate: bool
+) -> tuple[DataProto, dict[str, float]]:
+    """`n` responses per prompt of `batch_dict` (each prompt's samples share a `uid`), joined to the prompt rows.
+
+    `generator` is the actor/rollout worker group or the agent-loop manager; `pass_rows` sends every row field
+    along (agent loops read them); `validate` selects the validation sampling. Returns the batch and the
+    generator's metrics.
+    """
+    batch = DataProto.from_single_dict(batch_dict)
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    batch = batch.repeat(n, interleave=True)
+    prompts = batch.select(
+        batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if pass_rows else [], meta_info_keys=[]
+    )
+    prompts.meta_info = {"validate": validate}
+    output = generator.generate_sequences(prompts)
+    metrics = worker_metrics(output)
+    batch.pop(batch_keys=list(PROMPT_KEYS))
+    return batch.union(output), metrics

@@ -1,0 +1,160 @@
+"""What every trainer's driver builds the same way: tokenizer, data loaders, worker processes, Ray, tracking.
+
+Each function takes the config sections it reads, never a trainer object, so the PPO and SFT trainers (and
+users' own drivers) share them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+from hybridflow import env
+from hybridflow.data import build_sampler
+from hybridflow.data.config import expand_path
+from hybridflow.models import MODEL_CATALOGUE, catalogue_tokenizer_path, load_tokenizer, resolve_model_path
+from hybridflow.models.config import ModelConfig
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.local import LocalWorkerGroup
+from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from hybridflow.trainer.config.schema import RayInitConfig, RunConfig
+from hybridflow.trainer.tracking import Tracking
+from hybridflow.utils.device import device_count
+from hybridflow.workers.config import WorkerRuntimeConfig
+
+
+def build_tokenizer(model: ModelConfig) -> Any:
+    """The driver's tokenizer (catalogue models: the tokenizer only, without converting the weights here)."""
+    location = model.tokenizer_location
+    if location in MODEL_CATALOGUE:
+        return load_tokenizer(catalogue_tokenizer_path(location))
+    return load_tokenizer(resolve_model_path(location), trust_remote_code=model.trust_remote_code)
+
+
+def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
+                       collate_fn: Callable[[list], Any]) -> DataLoader:
+    """Full batches only, in a seeded order that `sampler.state_dict()` can resume exactly."""
+    if len(dataset) < batch_size:
+        raise ValueError(
+            f"data.train_batch_size={batch_size} is larger than the {len(dataset)} usable training samples; "
+            "lower it or add data"
+        )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=build_sampler(dataset, shuffle=shuffle, seed=seed),
+        collate_fn=collate_fn,
+        drop_last=True,
+        num_workers=0,  # keeps the sampler position exact for resume
+    )
+
+
+def build_val_loader(dataset: Dataset, batch_size: int | None, collate_fn: Callable[[list], Any]) -> DataLoader:
+    """Every validation sample once, in order (`batch_size` None: all at once)."""
+    return DataLoader(dataset, batch_size=batch_size or len(dataset), shuffle=False, collate_fn=collate_fn, num_workers=0)
+
+
+def use_accelerator(run: RunConfig) -> bool:
+    """Whether workers get accelerators: `trainer.device`, with auto meaning 'if the driver sees one'."""
+    return run.device != "cpu" and device_count() > 0
+
+
+def worker_runtime(run: RunConfig, total_training_steps: int) -> WorkerRuntimeConfig:
+    """Seed, schedule length and torch threads of each worker (CPU workers share the machine's cores)."""
+    threads = run.num_threads_per_worker
+    if threads == 0 and not use_accelerator(run):
+        threads = max(1, (os.cpu_count() or 1) // run.world_size)
+    return WorkerRuntimeConfig(total_training_steps=total_training_steps, seed=run.seed, num_threads=threads)
+
+
+class WorkerProcesses:
+    """The processes that host a trainer's workers: in the driver (local mode) or Ray actors in one pool."""
+
+    def __init__(self, run: RunConfig, worker: RayClassWithInitArgs, name_prefix: str) -> None:
+        """Start one process per rank (`trainer.nnodes x n_gpus_per_node`) for `worker`."""
+        self.pool: RayResourcePool | None = None
+        if run.local_mode:
+            self.group: Any = LocalWorkerGroup(worker, world_size=1)
+            return
+        self.pool = RayResourcePool(
+            [run.n_gpus_per_node] * run.nnodes, use_gpu=use_accelerator(run), name_prefix=f"{name_prefix}_pool"
+        )
+        self.group = RayWorkerGroup(self.pool, worker, name_prefix=name_prefix)
+
+    def shutdown(self) -> None:
+        """Kill the worker processes and release their placement group."""
+        if isinstance(self.group, RayWorkerGroup):
+            self.group.shutdown()
+        if self.pool is not None:
+            self.pool.release()
+
+
+def init_ray(ray_init: RayInitConfig, world_size: int) -> None:
+    """Join `ray_init.address` / RAY_ADDRESS, or start the embedded cluster sized for the workers."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = ray_init.address or env.ray_address()
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    num_cpus = ray_init.num_cpus or max(os.cpu_count() or 1, world_size)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+
+
+def build_tracking(run: RunConfig, config: Any, backends: Sequence[str] | None = None) -> Tracking:
+    """Tracking of the run into `trainer.default_local_dir` with the whole config recorded."""
+    return Tracking(
+        list(run.logger if backends is None else backends),
+        run_dir(run),
+        run.project_name,
+        run.experiment_name,
+        asdict(config),
+    )
+
+
+def run_dir(run: RunConfig) -> Path:
+    """The run's directory (checkpoints and metrics), absolute: Ray workers may run elsewhere."""
+    return expand_path(run.default_local_dir).resolve()
+
+
+def total_steps(run: RunConfig, batches_per_epoch: int) -> int:
+    """`trainer.total_training_steps`, or epochs x batches per epoch, whichever is smaller."""
+    total = batches_per_epoch * run.total_epochs
+    return min(total, run.total_training_steps or total)
+
+
+def due(freq: int, step: int, is_last: bool) -> bool:
+    """Whether a periodic action (validation, checkpoint) runs at `step`: every `freq` steps and at the end."""
+    return is_last or (freq > 0 and step % freq == 0)
+
+
+def worker_metrics(output: DataProto) -> dict[str, float]:
+    """The metrics a worker method returned (`meta_info['metrics']`, a list per rank after the gather), averaged
+    over ranks and removed from `output` so they do not travel on with the batch."""
+    merged = output.meta_info.pop("metrics", {})
+    return {key: float(np.mean(value)) for key, value in merged.items()}
+
+
+@contextlib.contextmanager
+def timer(name: str, timing: dict[str, float]) -> Iterator[None]:
+    """Add the wall time of the block to `timing[name]` (seconds)."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def progress_bar(total: int, done: int):
+    """A tqdm bar over training steps."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, desc="training steps", unit="step", dynamic_ncols=True)

@@ -1,0 +1,26 @@
+"""Per-process setup shared by the role workers: threads, seed, process group, model path and tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.models.config import ModelConfig
+from hybridflow.single_controller import Worker
+
+
+def prepare_worker_process(worker: Worker, num_threads: int, seed: int, model: ModelConfig) -> tuple[str, Any]:
+    """Threads, seed and process group of a worker's process; returns (resolved model path, tokenizer).
+
+    Threads: Ray gives 1-CPU actors OMP_NUM_THREADS=1, so torch's count is set deliberately (0 keeps torch's).
+    """
+    if num_threads > 0:
+        torch.set_num_threads(num_threads)
+    torch.manual_seed(seed)
+    if worker.world_size > 1:
+        worker.init_distributed()
+    model_path = resolve_model_path(model.path)
+    tokenizer_path = resolve_model_path(model.tokenizer_path) if model.tokenizer_path else model_path
+    return model_path, load_tokenizer(tokenizer_path, trust_remote_code=model.trust_remote_code)
