@@ -94,6 +94,8 @@ def apply_lora(
 
     if adapter_path is None and lora_rank <= 0:
         raise ValueError(f"lora_rank must be > 0 to add adapters, got {lora_rank}")
+    if adapter_path is not None:
+        adapter_path = Path(adapter_path).expanduser()  # as ModelConfig checked it
     if adapter_path is not None and not (Path(adapter_path) / ADAPTER_CONFIG_FILE).is_file():
         raise FileNotFoundError(f"LoRA adapter path {adapter_path} holds no {ADAPTER_CONFIG_FILE}")
     with warnings.catch_warnings():

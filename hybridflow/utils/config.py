@@ -208,7 +208,7 @@ def _convert_union(args: tuple[Any, ...], value: Any, key: str) -> Any:
 
 def _convert_sequence(tp: Any, origin: type, args: tuple[Any, ...], value: Any, key: str) -> Any:
     item_types = [args[0]] if origin is list or (len(args) == 2 and args[1] is Ellipsis) else list(args)
-    if isinstance(value, str) and item_types == [str]:
+    if isinstance(value, str) and len(item_types) == 1 and _is_text(item_types[0]):
         value = [value]  # verl accepts `data.train_files=/path/train.parquet` for a one-file list
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{key} must be a list ({_type_name(tp)}), got {value!r}")
@@ -217,6 +217,11 @@ def _convert_sequence(tp: Any, origin: type, args: tuple[Any, ...], value: Any, 
     types_per_item = item_types * len(value) if len(item_types) == 1 else item_types
     converted = [_convert(item, entry, f"{key}[{index}]") for index, (item, entry) in enumerate(zip(types_per_item, value))]
     return converted if origin is list else tuple(converted)
+
+
+def _is_text(tp: Any) -> bool:
+    """str, or a Literal of strings."""
+    return tp is str or (typing.get_origin(tp) is Literal and all(isinstance(arg, str) for arg in typing.get_args(tp)))
 
 
 def _convert_scalar(tp: Any, value: Any, key: str) -> Any:

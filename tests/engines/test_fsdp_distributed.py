@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.engines.rollout import HFRollout, SamplingParams
-from hybridflow.engines.training import FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training import FSDPConfig, FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, build_tiny_model, load_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_dist_backend
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="2 ranks need 2 GPUs on a CUDA host"
 )
 
-CONFIG = FSDPEngineConfig(micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2, weight_decay=0.01, grad_clip=1.0))
+CONFIG = FSDPEngineConfig(micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0))
 NUM_STEPS = 2
 PROMPTS = ["hello there", "what is 12 + 7?", "x", "def add(a, b):"]
 
@@ -98,7 +98,7 @@ def _scenario(rank: int, world_size: int, model_dir: str, out_file: str, ckpt_di
     results["logprob_max_diff"] = (log_probs - sampled.batch["rollout_log_probs"])[mask].abs().max().item()
 
     # 5) parameter CPU offload gives the same first step
-    offloaded = build_fsdp_engine(model_dir, dataclasses.replace(CONFIG, param_offload=True))
+    offloaded = build_fsdp_engine(model_dir, dataclasses.replace(CONFIG, fsdp=FSDPConfig(param_offload=True)))
     plain = build_fsdp_engine(model_dir, CONFIG)
     loss_off = offloaded.train_batch(local, seq_mean_nll)["loss"]
     loss_plain = plain.train_batch(local, seq_mean_nll)["loss"]

@@ -9,9 +9,11 @@ import torch
 
 from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, load_tokenizer
+from hybridflow.models.config import ModelConfig
 from tests.engines.helpers import make_batch, seq_mean_nll
 
-CONFIG = FSDPEngineConfig(micro_batch_size_per_gpu=8, optim=OptimConfig(lr=1e-2, grad_clip=1.0))
+CONFIG = FSDPEngineConfig(micro_batch_size_per_gpu=8, optim=OptimConfig(lr=1e-2, clip_grad=1.0))
+PACKED = dataclasses.replace(CONFIG, model=ModelConfig(use_remove_padding=True))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,8 @@ def test_grad_accumulation_over_4_micro_batches_equals_one_big_batch(tiny_llama_
 
 def test_gradient_checkpointing_gives_the_same_step(tiny_llama_dir, batch):
     plain = build_fsdp_engine(tiny_llama_dir, CONFIG)
-    checkpointed = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, gradient_checkpointing=True))
+    config = dataclasses.replace(CONFIG, model=ModelConfig(enable_gradient_checkpointing=True))
+    checkpointed = build_fsdp_engine(tiny_llama_dir, config)
     assert checkpointed.module.is_activation_checkpointing
     a = plain.train_batch(batch, seq_mean_nll)
     b = checkpointed.train_batch(batch, seq_mean_nll)
@@ -82,7 +85,7 @@ def test_non_finite_grad_norm_skips_the_step(tiny_llama_dir, batch):
 
 def test_remove_padding_matches_padded_forward(tiny_llama_dir, batch):
     padded = build_fsdp_engine(tiny_llama_dir, CONFIG)
-    packed = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, use_remove_padding=True))
+    packed = build_fsdp_engine(tiny_llama_dir, PACKED)
     mask = batch.batch["response_mask"].bool()
     lp_a, ent_a = padded.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
     lp_b, ent_b = packed.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
@@ -95,7 +98,7 @@ def test_remove_padding_matches_padded_forward(tiny_llama_dir, batch):
 
 def test_value_engine_values_and_training(tiny_llama_dir, batch):
     padded = build_fsdp_engine(tiny_llama_dir, CONFIG, model_kind="value")
-    packed = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, use_remove_padding=True), model_kind="value")
+    packed = build_fsdp_engine(tiny_llama_dir, PACKED, model_kind="value")
     values = padded.compute_values(batch, micro_batch_size=3)
     assert values.shape == batch.batch["responses"].shape
     mask = batch.batch["response_mask"].bool()

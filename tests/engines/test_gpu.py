@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridflow.engines.rollout import HFRollout, SamplingParams
-from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import load_tokenizer
 from hybridflow.utils.device import get_dist_backend
 from tests.engines.helpers import encode_prompts, make_batch, run_distributed, seq_mean_nll
@@ -30,11 +30,11 @@ def _scenario(rank: int, world_size: int, model_dir: str, out_file: str, ckpt_di
     batch = make_batch(len(tokenizer), batch_size=4)
     results = {}
 
-    bf16 = build_fsdp_engine(model_dir, CONFIG)  # param_dtype 'auto' -> bfloat16 on GPU
+    bf16 = build_fsdp_engine(model_dir, CONFIG)  # fsdp.dtype 'auto' -> bfloat16 on GPU
     assert bf16.is_sharded and bf16.device.type == "cuda" and bf16.param_dtype == torch.bfloat16
     results["bf16_losses"] = [bf16.train_batch(batch, seq_mean_nll)["loss"] for _ in range(4)]
 
-    fp32_config = dataclasses.replace(CONFIG, param_dtype="float32")
+    fp32_config = dataclasses.replace(CONFIG, fsdp=FSDPConfig(dtype="float32"))
     fp32 = build_fsdp_engine(model_dir, fp32_config)
     rollout = HFRollout(model_dir, tokenizer, SamplingParams(temperature=0.8, max_new_tokens=8))
     rollout.sleep()
@@ -46,7 +46,8 @@ def _scenario(rank: int, world_size: int, model_dir: str, out_file: str, ckpt_di
     mask = sampled.batch["response_mask"].bool()
     results["logprob_max_diff"] = (log_probs - sampled.batch["rollout_log_probs"])[mask].abs().max().item()
 
-    offloaded = build_fsdp_engine(model_dir, dataclasses.replace(fp32_config, param_offload=True))
+    offload_config = dataclasses.replace(fp32_config, fsdp=FSDPConfig(dtype="float32", param_offload=True))
+    offloaded = build_fsdp_engine(model_dir, offload_config)
     loss_plain = fp32.train_batch(batch, seq_mean_nll)["loss"]
     loss_off = offloaded.train_batch(batch, seq_mean_nll)["loss"]
     a, b = _params(fp32), _params(offloaded)

@@ -10,6 +10,7 @@ import torch
 
 from hybridflow.engines.training import FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, build_tiny_model, load_tokenizer, save_tiny_model
+from hybridflow.models.config import ModelConfig
 from hybridflow.models.lora import (
     LoraScaling,
     merge_lora_named_tensors,
@@ -18,7 +19,9 @@ from hybridflow.models.lora import (
 )
 from tests.engines.helpers import make_batch, seq_mean_nll
 
-LORA = FSDPEngineConfig(lora_rank=8, lora_alpha=16, micro_batch_size_per_gpu=4, optim=OptimConfig(lr=1e-2))
+LORA = FSDPEngineConfig(
+    model=ModelConfig(lora_rank=8, lora_alpha=16), micro_batch_size_per_gpu=4, optim=OptimConfig(lr=1e-2)
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +114,15 @@ def test_lora_step_trains_only_the_adapters_and_the_reference_is_the_base(model_
     assert engine.lora_scaling == LoraScaling(lora_alpha=16)
 
 
-def test_checkpoint_writes_a_peft_adapter_that_training_can_continue_from(model_dir, batch, tmp_path):
+def test_checkpoint_writes_a_peft_adapter_that_training_can_continue_from(model_dir, batch, tmp_path, monkeypatch):
     engine = build_fsdp_engine(model_dir, LORA)
     engine.train_batch(batch, seq_mean_nll)
     engine.save_checkpoint(tmp_path / "ckpt")
     adapter_dir = tmp_path / "ckpt" / "lora_adapter"
     assert (adapter_dir / "adapter_config.json").is_file() and (adapter_dir / "adapter_model.safetensors").is_file()
-    resumed = build_fsdp_engine(model_dir, FSDPEngineConfig(lora_adapter_path=str(adapter_dir)))
+    monkeypatch.setenv("HOME", str(tmp_path / "ckpt"))  # `~` is expanded by the config check and the loader alike
+    resumed_config = FSDPEngineConfig(model=ModelConfig(lora_rank=8, lora_adapter_path="~/lora_adapter"))
+    resumed = build_fsdp_engine(model_dir, resumed_config)
     assert resumed.lora_scaling == engine.lora_scaling
     trained = dict(engine.module.named_parameters())
     for name, param in resumed.module.named_parameters():
@@ -129,33 +134,40 @@ def test_checkpoint_writes_a_peft_adapter_that_training_can_continue_from(model_
         assert torch.equal(exported[name], tensor), name
 
 
+@pytest.mark.parametrize("target_modules", [["q_proj", "v_proj"], "q_proj, v_proj"])
+def test_target_modules_pick_the_adapted_layers(model_dir, target_modules):
+    model = ModelConfig(lora_rank=4, target_modules=target_modules)
+    assert model.use_lora and model.lora_target_modules == ("q_proj", "v_proj")
+    engine = build_fsdp_engine(model_dir, FSDPEngineConfig(model=model))
+    adapted = {name.split(".lora_A.")[0].rsplit(".", 1)[-1] for name, _ in engine.module.named_parameters()
+               if ".lora_A." in name}
+    assert adapted == {"q_proj", "v_proj"}
+    assert ModelConfig(lora_rank=4).lora_target_modules == "all-linear"
+
+
 def test_lora_misuse_is_refused(model_dir, batch):
     with pytest.raises(ValueError, match="causal LMs only"):
         build_fsdp_engine(model_dir, LORA, model_kind="value")
     with pytest.raises(ValueError, match="needs a LoRA engine"):
         FSDPEngine(build_causal_lm(model_dir), FSDPEngineConfig()).compute_log_prob(batch, disable_adapter=True)
-    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
-        build_fsdp_engine(model_dir, FSDPEngineConfig(lora_adapter_path=model_dir))
+    with pytest.raises(ValueError, match="^lora_adapter_path=.* is not a peft adapter directory"):
+        ModelConfig(lora_rank=8, lora_adapter_path=model_dir)
+    with pytest.raises(ValueError, match="^lora_adapter_path=.* needs LoRA: set lora_rank > 0"):
+        ModelConfig(lora_adapter_path=model_dir)
 
 
 # ----------------------------------------------------------------------------- LoRA RL
 def lora_worker_args(model_dir: str, rollout_name: str = "hf") -> tuple:
+    from hybridflow.engines.rollout.config import RolloutConfig
     from hybridflow.workers import ActorRolloutRefWorker
-    from hybridflow.workers.config import (
-        ActorConfig,
-        ActorRolloutRefConfig,
-        ModelConfig,
-        RolloutConfig,
-        WorkerRuntimeConfig,
-    )
-    from hybridflow.workers.config import OptimConfig as WorkerOptimConfig
+    from hybridflow.workers.config import ActorConfig, ActorRolloutRefConfig, WorkerRuntimeConfig
 
     config = ActorRolloutRefConfig(
         model=ModelConfig(path=model_dir, lora_rank=8, lora_alpha=16),
-        actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=WorkerOptimConfig(lr=5e-2)),
-        rollout=RolloutConfig(name=rollout_name, temperature=1.0),
+        actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=5e-2)),
+        rollout=RolloutConfig(name=rollout_name, temperature=1.0, prompt_length=6, response_length=5),
     )
-    runtime = WorkerRuntimeConfig(prompt_length=6, response_length=5, seed=0, num_threads=1)
+    runtime = WorkerRuntimeConfig(seed=0, num_threads=1)
     return ActorRolloutRefWorker, config, "actor_rollout_ref", runtime
 
 
@@ -182,7 +194,8 @@ def check_lora_rl_steps(group, model_dir: str, handed_over: bool) -> None:
         assert (ref - base_log_probs)[response_mask].abs().max() < 1e-5, step
         policy_vs_base = (old.batch["old_log_probs"] - base_log_probs)[response_mask].abs().max()
         assert (policy_vs_base < 1e-5) if step == 0 else (policy_vs_base > 1e-3), (step, float(policy_vs_base))
-        old.batch.pop("entropys")
+        assert min(old.meta_info["metrics"]["actor/entropy"]) > 0, "entropy comes back as a metric"
+        old.meta_info = {}
         batch = batch.union(old)
         batch.batch["ref_log_prob"] = ref
         batch.batch["advantages"] = torch.linspace(-1, 1, 4)[:, None].expand(-1, 5).contiguous()

@@ -10,11 +10,18 @@ from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.main_ppo import main as train_main
 
 
+def write_rows(path, data_sources, **columns) -> str:
+    """A parquet file with a `data_source` column (what config validation reads) and optional other columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"data_source": list(data_sources), **columns}), path)
+    return str(path)
+
+
 @pytest.fixture()
 def train_file(tmp_path):
-    path = tmp_path / "train.parquet"
-    path.write_bytes(b"")  # existence is what config validation checks; rows are checked by the dataset
-    return str(path)
+    return write_rows(tmp_path / "train.parquet", ["gsm8k", "reasoning_gym/basic_arithmetic"])
 
 
 def good(train_file: str) -> list[str]:
@@ -66,7 +73,7 @@ CASES = [
     ("trainer.logger=[console,printer]", ["trainer.logger", "printer", "tensorboard"]),
     ("trainer.resume_mode=resume_path", ["resume_from_path"]),
     ("trainer.resume_mode=sometimes", ["trainer.resume_mode='sometimes'", "auto"]),
-    ("actor_rollout_ref.rollout.top_p=0", ["rollout.top_p", "(0, 1]"]),
+    ("actor_rollout_ref.rollout.top_p=0", ["rollout.top_p", "(0.0, 1.0]"]),
     ("algorithm.kl_ctrl.type=pid", ["algorithm.kl_ctrl.type='pid'", "adaptive"]),
     ("data.truncation=sideways", ["data.truncation='sideways'", "left"]),
     ("actor_rollout_ref.model.path=/nonexistent/model", ["actor_rollout_ref.model.path", "/nonexistent/model"]),
@@ -109,7 +116,7 @@ def test_context_overflow_names_both_lengths(tmp_path, train_file):
 def test_cli_prints_one_line_and_exits_2(train_file, capsys):
     code = train_main(good(train_file) + ["actor_rollout_ref.rollout.n=1"])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("hybridflow: config error:") and "rollout.n >= 2" in err
+    assert code == 2 and err.startswith("hybridflow train: config error:") and "rollout.n >= 2" in err
 
 
 def test_dry_run_prints_config_and_batch_table_without_ray(train_file, capsys, monkeypatch):

@@ -240,12 +240,16 @@ def check_resume_path(resume_mode: str, resume_from_path: str | None) -> None:
 def _check_rows(cfg: PPOConfig) -> None:
     """Every data_source of the training and validation files has a scorer (unless a custom function scores
     them), and every agent_name is a registered agent loop; reads only those columns."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     key = cfg.data.reward_fn_key
     for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in paths:
-            columns = pq.read_schema(expand_path(path)).names
+            try:
+                columns = pq.read_schema(expand_path(path)).names
+            except (OSError, pa.ArrowException) as err:
+                raise ValueError(f"{name} entry {path!r} is not a readable parquet file: {err}") from None
             if key not in columns:
                 raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
             table = pq.read_table(expand_path(path), columns=[c for c in (key, "agent_name") if c in columns])

@@ -1,0 +1,296 @@
+"""The config tree: verl command lines run unchanged under --dry-run, every documented key exists and is
+settable, verl's interpolations hold, invalid values fail fast naming the key, and --help lists every key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from hybridflow.algorithms.policy_loss_registry import loss_hyperparameters
+from hybridflow.trainer.config import PPO_TREE, SFT_TREE, load_config, validate_config
+from hybridflow.trainer.config.help import config_reference, format_help
+from hybridflow.trainer.main_ppo import main as train_main
+from hybridflow.trainer.sft.main import main as sft_main
+from hybridflow.utils.config import describe_fields
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_rows(path: Path, data_sources: list[str], **columns) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"data_source": data_sources, **columns}), path)
+    return str(path)
+
+
+@pytest.fixture()
+def files(tmp_path):
+    """Train/val parquet files and a model directory (config.json is all that config checks read)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    return {
+        "train": write_rows(tmp_path / "train.parquet", ["gsm8k", "math"]),
+        "val": write_rows(tmp_path / "test.parquet", ["gsm8k"]),
+        "model": str(model),
+    }
+
+
+def verl_lines(f: dict[str, str]) -> dict[str, list[str]]:
+    """verl example command lines (examples/ppo_trainer, grpo_trainer, ...) with the module name changed; the
+    model path, rollout engine and logger are what this machine has."""
+    common = [f"data.val_files={f['val']}", f"actor_rollout_ref.model.path={f['model']}", "actor_rollout_ref.rollout.name=hf"]
+    return {
+        "ppo_quickstart": common + [
+            f"data.train_files={f['train']}", "data.train_batch_size=256", "data.max_prompt_length=512",
+            "data.max_response_length=256", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
+            f"critic.model.path={f['model']}", "critic.ppo_micro_batch_size_per_gpu=4", "algorithm.kl_ctrl.kl_coef=0.001",
+            "trainer.logger=console", "trainer.val_before_train=False", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+            "trainer.save_freq=10", "trainer.test_freq=10", "trainer.total_epochs=15",
+        ],
+        "ppo_gae_critic_offload": common + [
+            f"data.train_files=[{f['train']}]", "algorithm.adv_estimator=gae", "data.train_batch_size=1024",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+            "critic.model.use_remove_padding=True", "critic.model.enable_gradient_checkpointing=True",
+            "critic.model.fsdp_config.param_offload=False", "critic.model.fsdp_config.optimizer_offload=False",
+            "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8",
+            "trainer.logger=['console','tensorboard']",
+        ],
+        "grpo": common + [
+            "algorithm.adv_estimator=grpo", f"data.train_files={f['train']}", "data.train_batch_size=1024",
+            "data.max_prompt_length=512", "data.max_response_length=1024", "data.filter_overlong_prompts=True",
+            "data.truncation='error'", "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.model.use_remove_padding=True",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+            "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+            "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",
+            "trainer.critic_warmup=0", "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen2_7b",
+            "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
+            "trainer.total_epochs=15",
+        ],
+        "dapo_knobs": common + [
+            "algorithm.adv_estimator=grpo", f"data.train_files={f['train']}", "data.train_batch_size=16",
+            "data.max_response_length=256", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+            "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
+            "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.use_kl_loss=False",
+            "algorithm.use_kl_in_reward=False", "reward_model.reward_manager=dapo",
+            "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=64",
+            "reward_model.overlong_buffer.penalty_factor=1.0", "algorithm.filter_groups.enable=False",
+            "trainer.n_gpus_per_node=2",
+        ],
+        "rloo": common + [
+            "algorithm.adv_estimator=rloo", f"data.train_files={f['train']}", "data.train_batch_size=32",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "algorithm.use_kl_in_reward=True",
+            "algorithm.kl_penalty=kl", "algorithm.kl_ctrl.kl_coef=0.001", "trainer.n_gpus_per_node=2",
+        ],
+        "reinforce_plus_plus": common + [
+            "algorithm.adv_estimator=reinforce_plus_plus", f"data.train_files=[{f['train']},{f['train']}]",
+            "data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.kl_loss_type=mse", "actor_rollout_ref.rollout.n=8", "algorithm.gamma=1.0",
+            "trainer.n_gpus_per_node=4",
+        ],
+        "actor_keys_only_gae": [
+            f"data.train_files={f['train']}", f"actor_rollout_ref.model.path={f['model']}", "data.train_batch_size=16",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        ],
+    }
+
+
+@pytest.mark.parametrize("name", list(verl_lines({"train": "", "val": "", "model": ""})))
+def test_verl_command_lines_pass_dry_run(files, name, capsys):
+    assert train_main(["--dry-run", *verl_lines(files)[name]]) == 0, capsys.readouterr().err
+    assert "gradient accumulation steps" in capsys.readouterr().out
+
+
+def test_keys_set_only_on_the_actor_reach_the_critic_and_ref(files):
+    cfg = load_config(verl_lines(files)["actor_keys_only_gae"])
+    sizes = validate_config(cfg)
+    assert cfg.critic.ppo_mini_batch_size == 8 and cfg.critic.ppo_micro_batch_size_per_gpu == 2
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 2 and cfg.critic.ppo_epochs == 2
+    assert cfg.critic.loss_agg_mode == "seq-mean-token-mean" and cfg.critic.model.path == files["model"]
+    assert cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 2
+    assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 2
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
+    assert sizes["critic"].optimizer_steps_per_step == 4  # 16 / 8 mini-batches x 2 epochs
+
+
+def test_an_explicit_value_breaks_the_interpolation(files):
+    cfg = load_config(verl_lines(files)["actor_keys_only_gae"] + ["critic.ppo_mini_batch_size=4", "critic.grad_clip=0.5"])
+    assert cfg.critic.ppo_mini_batch_size == 4 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8
+    assert cfg.critic.optim.clip_grad == 0.5  # optim.clip_grad follows grad_clip
+
+
+def test_string_and_list_file_keys_are_the_same(files):
+    single = load_config([f"data.train_files={files['train']}"]).data.train_files
+    listed = load_config([f"data.train_files=[{files['train']}]"]).data.train_files
+    assert single == listed == [files["train"]]
+
+
+def test_loss_hyperparameters_from_the_docs_are_settable(files):
+    cfg = load_config([
+        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001", "actor_rollout_ref.actor.tau_pos=2.0",
+        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.01", "actor_rollout_ref.actor.loss_scale_factor=128",
+    ])
+    params = loss_hyperparameters(cfg.actor_rollout_ref.actor)
+    assert (params["clip_cov_ratio"], params["tau_pos"], params["kl_cov_ratio"]) == (0.001, 2.0, 0.01)
+    assert params["loss_scale_factor"] == 128.0 and "ppo_mini_batch_size" not in params
+
+
+def _documented_keys() -> set[str]:
+    """Every full config key named in README.md and docs/*.md (docs/algorithms.md's `actor.x` short forms too)."""
+    roots = "data|actor_rollout_ref|critic|algorithm|trainer|reward_model|custom_reward_function|ray_kwargs"
+    keys = set()
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if path.name == "config.md":
+            continue
+        text = path.read_text()
+        keys |= set(re.findall(rf"\b(?:{roots})(?:\.[a-z_0-9]+)+", text))
+        keys |= {f"actor_rollout_ref.{key}" for key in re.findall(r"`(actor\.[a-z_.]+)`", text)}
+    return keys
+
+
+def test_every_documented_key_is_in_the_tree_and_settable(files):
+    trees = [(tree, {item.key: item for item in describe_fields(tree.root, derived=tree.derived)}) for tree in (PPO_TREE, SFT_TREE)]
+    sections = {key.rpartition(".")[0] for _, leaves in trees for key in leaves}
+    documented = _documented_keys()
+    assert "actor_rollout_ref.actor.policy_loss.clip_cov_ratio" in documented  # the scan reads docs/algorithms.md
+    not_keys = ("trainer.main_ppo", "data.preprocess", "reward_model.ground_truth", "critic.update_critic",
+                "critic.compute_values")
+    unknown = sorted(key for key in documented if not any(key in leaves for _, leaves in trees)
+                     and key not in sections and not key.startswith(not_keys))
+    assert not unknown, f"documented keys missing from the config tree: {unknown}"
+    for tree, leaves in trees:
+        for key in sorted(documented & set(leaves)):
+            default = leaves[key].default
+            value = json.dumps(default) if not isinstance(default, str) else f"'{default}'"
+            start = time.perf_counter()
+            cfg = load_config([f"data.train_files={files['train']}", f"{key}={value}"], tree)
+            assert time.perf_counter() - start < 1.0
+            node = cfg
+            for part in key.split("."):
+                node = getattr(node, part)
+            expected = [default] if key.endswith("_files") and isinstance(default, str) else default
+            assert node == expected or isinstance(default, str) and default.startswith("${"), key
+
+
+INVALID = [
+    ("actor_rollout_ref.actor.clip_ratio_c=0.5", ["actor_rollout_ref.actor.clip_ratio_c", "> 1"]),
+    ("algorithm.gamma=1.5", ["algorithm.gamma", "[0.0, 1.0]"]),
+    ("algorithm.lam=-0.1", ["algorithm.lam", "[0.0, 1.0]"]),
+    ("algorithm.kl_ctrl.target_kl=0", ["algorithm.kl_ctrl.target_kl", "> 0"]),
+    ("trainer.critic_warmup=5 trainer.total_training_steps=5 algorithm.adv_estimator=gae", ["trainer.critic_warmup=5"]),
+    ("critic.model.path=/nonexistent/critic algorithm.adv_estimator=gae", ["critic.model.path", "/nonexistent/critic"]),
+    ("actor_rollout_ref.model.tokenizer_path=/nonexistent/tok", ["actor_rollout_ref.model.tokenizer_path"]),
+    ("trainer.resume_mode=resume_path trainer.resume_from_path=/nonexistent/global_step_3", ["trainer.resume_from_path"]),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", ["tensor_model_parallel_size=2", "not supported"]),
+    ("actor_rollout_ref.hybrid_engine=False", ["actor_rollout_ref.hybrid_engine", "not supported"]),
+    ("actor_rollout_ref.actor.use_dynamic_bsz=True", ["use_dynamic_bsz", "not supported"]),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", ["ulysses_sequence_parallel_size", "not supported"]),
+    ("reward_model.enable=True", ["reward_model.enable", "not supported"]),
+    ("actor_rollout_ref.actor.grad_clip=0.5 actor_rollout_ref.actor.optim.clip_grad=2.0", ["grad_clip", "clip_grad"]),
+    ("reward_model.overlong_buffer.enable=True", ["reward_model.overlong_buffer.enable", "reward_manager=dapo"]),
+    ("ray_init.num_cpus=4", ["ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus"]),
+    ("critic.fsdp_config.param_offload=True", ["critic.model.fsdp_config.param_offload"]),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type=exp", ["lr_scheduler_type", "cosine"]),
+    ("actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]", ["save_contents", "cannot resume"]),
+]
+
+
+@pytest.mark.parametrize(("override", "words"), INVALID, ids=[case[0] for case in INVALID])
+def test_invalid_values_fail_in_under_a_second_naming_the_key(files, override, words):
+    overrides = verl_lines(files)["dapo_knobs"][:3] + [f"data.train_files={files['train']}"] + override.split(" ")
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        validate_config(load_config(overrides))
+    assert time.perf_counter() - start < 1.0
+    for word in words:
+        assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+def test_paths_expand_home_like_the_loader(files, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config([
+        "data.train_files='~/train.parquet'", "actor_rollout_ref.model.path='~/model'",
+        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ])
+    validate_config(cfg)  # both exist only once ~ is expanded
+
+
+def test_data_source_without_scorer_and_unknown_agent_name_fail(files, tmp_path):
+    base = ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    unscored = write_rows(tmp_path / "unscored.parquet", ["gsm8k", "my_private_task"])
+    with pytest.raises(ValueError, match=r"data.val_files .*no reward scorer for data_source \['my_private_task'\]"):
+        validate_config(load_config(base + [f"data.train_files={files['train']}", f"data.val_files={unscored}"]))
+    custom = tmp_path / "reward.py"
+    custom.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    validate_config(load_config(base + [f"data.train_files={unscored}", f"custom_reward_function.path={custom}"]))
+    agents = write_rows(tmp_path / "agents.parquet", ["gsm8k", "gsm8k"], agent_name=["tool_agent", "my_agent"])
+    with pytest.raises(ValueError, match=r"agent_name \['my_agent'\] is not a registered agent loop"):
+        validate_config(load_config(base + [f"data.train_files={agents}"]))
+
+
+def test_help_lists_every_key_with_type_default_and_doc(capsys):
+    assert train_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for item in describe_fields(PPO_TREE.root, derived=PPO_TREE.derived):
+        assert f"  {item.key.rpartition('.')[2]}: {item.type_name} = {item.default!r}" in out, item.key
+        assert item.doc, f"{item.key} has no doc line"
+    assert "ppo_mini_batch_size: int = 256\n      Prompts per optimizer step" in out
+    assert "ppo_mini_batch_size: int = '${actor_rollout_ref.actor.ppo_mini_batch_size}'" in out
+
+
+def test_help_of_one_section(capsys):
+    assert train_main(["--help", "actor_rollout_ref.actor.optim"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[actor_rollout_ref.actor.optim]") and "clip_grad: float" in out and "[data]" not in out
+    assert train_main(["--help", "actor_rollout_ref.nope"]) == 2
+    assert "no config section 'actor_rollout_ref.nope'" in capsys.readouterr().err
+
+
+def test_sft_help_shows_verl_aliases(capsys):
+    assert sft_main(["--help", "model"]) == 0
+    assert "path: str = 'smollm2-135m-instruct' (also model.partial_pretrain)" in capsys.readouterr().out
+
+
+def test_docs_config_reference_is_current():
+    assert (REPO / "docs" / "config.md").read_text() == config_reference(), (
+        "docs/config.md is stale: python -m hybridflow.trainer.config.help > docs/config.md"
+    )
+
+
+def test_every_field_of_both_trees_has_a_doc_line():
+    for tree in (PPO_TREE, SFT_TREE):
+        missing = [item.key for item in describe_fields(tree.root) if not item.doc]
+        assert not missing, missing
+
+
+def test_format_help_rejects_unknown_sections():
+    with pytest.raises(ValueError, match="sections: "):
+        format_help(PPO_TREE, "trainerx")
+
+
+def test_frozen_sections_are_dataclasses_all_the_way_down(files):
+    cfg = load_config([f"data.train_files={files['train']}"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.actor_rollout_ref.actor.clip_ratio = 0.3
