@@ -82,7 +82,7 @@ def main(command: TrainerCommand, argv: Sequence[str] | None = None) -> int:
         cfg = to_typed(raw, command.tree)
         checked = command.validate(cfg)
     except (ValueError, ImportError) as err:
-        print(f"{command.prog}: config error: {err}", file=sys.stderr)
+        print(f"{command.prog}: config error: {command.tree.as_written(str(err), overrides)}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(OmegaConf.to_yaml(asdict(cfg)))

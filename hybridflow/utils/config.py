@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -158,7 +159,15 @@ def build_config(cls: type, values: Mapping[str, Any], key: str = "") -> Any:
     try:
         return cls(**kwargs)
     except ConfigFieldError as err:
-        raise ValueError(f"{key}.{err}" if key else str(err)) from None
+        raise ValueError(_qualify(str(err), key, fields)) from None
+
+
+def _qualify(message: str, key: str, fields: Mapping[str, Any]) -> str:
+    """A section's message with every `field=` of that section written as its full key."""
+    if not key:
+        return message
+    names = "|".join(sorted((re.escape(name) for name in fields), key=len, reverse=True))
+    return re.sub(rf"(?<![\w.\[])({names})(?=[=\[])", rf"{key}.\1", message)
 
 
 def _join(prefix: str, name: str) -> str:

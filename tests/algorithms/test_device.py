@@ -64,7 +64,7 @@ def test_estimators(name, gpu_inputs):
 
 @pytest.mark.parametrize("name", alg.POLICY_LOSSES.names())
 def test_policy_losses(name, gpu_inputs):
-    cfg = alg.PolicyLossConfig(loss_mode=name, kl_cov_ratio=0.1)
+    cfg = alg.PPOLossConfig(policy_loss=alg.PolicyLossConfig(loss_mode=name, kl_cov_ratio=0.1))
 
     def run(d):
         new = d["new"].clone().requires_grad_(True)

@@ -10,6 +10,7 @@ import torch
 from hybridflow.algorithms import (
     POLICY_LOSSES,
     PolicyLossConfig,
+    PPOLossConfig,
     agg_loss,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
@@ -23,6 +24,8 @@ from hybridflow.algorithms import (
     get_policy_loss_fn,
     register_policy_loss,
 )
+from hybridflow.algorithms.policy_loss_registry import loss_hyperparameters
+from hybridflow.utils.config import ConfigFieldError
 
 
 def log(*ratios):
@@ -205,30 +208,65 @@ def test_dispatch_from_config_matches_direct_call(name):
     torch.manual_seed(0)
     old, new, adv = -torch.rand(3, 4), -torch.rand(3, 4), torch.randn(3, 1).expand(3, 4)
     mask = torch.ones(3, 4)
-    cfg = PolicyLossConfig(loss_mode=name, loss_agg_mode="seq-mean-token-mean", clip_ratio_high=0.28, tau_pos=1.5)
+    # actor-level settings (PPOLossConfig) and loss-specific ones (its policy_loss section) both reach the loss
+    actor_level = {"clip_ratio_high": 0.28, "tau_pos": 1.5}
+    loss_level = {"clip_cov_lb": 0.5, "kl_cov_ratio": 0.5, "ppo_kl_coef": 0.3}
+    cfg = PPOLossConfig(
+        loss_agg_mode="seq-mean-token-mean", **actor_level, policy_loss=PolicyLossConfig(loss_mode=name, **loss_level)
+    )
     torch.manual_seed(1)
     loss, metrics = compute_policy_loss_from_config(cfg, old, new, adv, mask)
     fn = get_policy_loss_fn(name)
-    accepted = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in fn.__kwdefaults__}
+    accepted = {key: value for key, value in {**actor_level, **loss_level}.items() if key in fn.__kwdefaults__}
     torch.manual_seed(1)
     direct, direct_metrics = fn(old, new, adv, mask, "seq-mean-token-mean", **accepted)
     assert loss.item() == pytest.approx(direct.item())
     assert metrics == direct_metrics
 
 
-def test_keyword_defaults_live_in_policy_loss_config():
-    defaults = PolicyLossConfig()
+def test_keyword_defaults_live_in_the_loss_configs():
+    defaults = loss_hyperparameters(PPOLossConfig())
+    checked = set()
     for name in POLICY_LOSSES.names():
         for key, value in (get_policy_loss_fn(name).__kwdefaults__ or {}).items():
-            if hasattr(defaults, key):
-                assert value == getattr(defaults, key), (name, key)
+            if key in defaults:
+                assert value == defaults[key], (name, key)
+                checked.add(key)
+    assert {"clip_ratio", "clip_ratio_c", "tau_pos", "clip_cov_ratio", "kl_cov_ratio", "ppo_kl_coef"} <= checked
 
 
-def test_config_validation():
-    with pytest.raises(ValueError, match="clip_ratio_c"):
-        PolicyLossConfig(clip_ratio_c=0.5)
+def test_loss_hyperparameters_flatten_both_sections():
+    cfg = PPOLossConfig(clip_ratio=0.3, entropy_coeff=0.01, policy_loss=PolicyLossConfig(loss_mode="kl_cov", ppo_kl_coef=0.5))
+    params = loss_hyperparameters(cfg)
+    assert params["clip_ratio"] == 0.3 and params["ppo_kl_coef"] == 0.5
+    # the loss name, its aggregation and the actor's other loss terms are not keyword arguments of a loss
+    assert not {"loss_mode", "policy_loss", "loss_agg_mode", "entropy_coeff", "use_kl_loss", "kl_loss_coef"} & set(params)
+    assert set(params) == {f.name for f in dataclasses.fields(PolicyLossConfig) if f.name != "loss_mode"} | {
+        "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "tau_pos", "tau_neg", "loss_scale_factor"
+    }
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: PPOLossConfig(clip_ratio_c=0.5), r"^clip_ratio_c=0.5 must be > 1"),
+        (lambda: PPOLossConfig(clip_ratio=0.0), r"^clip_ratio=0.0 must be > 0"),
+        (lambda: PPOLossConfig(clip_ratio_high=-0.1), r"^clip_ratio_high=-0.1 must be > 0"),
+        (lambda: PPOLossConfig(kl_loss_type="nope"), r"^kl_loss_type='nope' is not one of"),
+        (lambda: PolicyLossConfig(clip_cov_ratio=2.0), r"^clip_cov_ratio=2.0 must be in"),
+        (lambda: PolicyLossConfig(clip_cov_lb=6.0), r"^clip_cov_lb=6.0 is above clip_cov_ub=5.0"),
+    ],
+)
+def test_config_validation_names_the_field(make, match):
+    with pytest.raises(ConfigFieldError, match=match):
+        make()
+
+
+def test_configs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        PolicyLossConfig().clip_ratio = 0.3
+        PPOLossConfig().clip_ratio = 0.3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PPOLossConfig().policy_loss.loss_mode = "gspo"
 
 
 @pytest.fixture
@@ -246,7 +284,7 @@ def test_custom_loss_and_global_batch_check(scratch_registry):
     def my_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", *, clip_ratio=0.2):
         return agg_loss(-advantages * log_prob * clip_ratio, response_mask, loss_agg_mode), {}
 
-    cfg = PolicyLossConfig(loss_mode=name, clip_ratio=0.5)
+    cfg = PPOLossConfig(clip_ratio=0.5, policy_loss=PolicyLossConfig(loss_mode=name))
     loss, _ = compute_policy_loss_from_config(cfg, OLD, -torch.ones(1, 4), torch.ones(1, 4), MASK)
     assert loss.item() == pytest.approx(0.5)
     # the loss cannot normalise over the global batch, so asking for it is an error rather than a silent mistake
@@ -263,4 +301,4 @@ def test_registry_errors(scratch_registry):
         get_policy_loss_fn("vanila")
     assert "vanilla" in str(err.value) and "gspo" in str(err.value)
     with pytest.raises(KeyError):
-        compute_policy_loss_from_config(PolicyLossConfig(loss_mode="nope"), OLD, OLD, ADV, MASK)
+        compute_policy_loss_from_config(PPOLossConfig(policy_loss=PolicyLossConfig(loss_mode="nope")), OLD, OLD, ADV, MASK)

@@ -40,6 +40,13 @@ class ConfigTree:
     renamed: Mapping[str, str] = field(default_factory=dict)
     """Keys of earlier hybridflow versions -> their place now; refused with that hint."""
 
+    def as_written(self, message: str, overrides: Sequence[str]) -> str:
+        """`message` with each aliased key spelled as the user wrote it in `overrides`."""
+        for alias, key in self.aliases.items():
+            if any(item.lstrip("+~").startswith(alias + "=") for item in overrides):
+                message = message.replace(key, alias)
+        return message
+
     def all_keys(self) -> list[str]:
         """Every leaf key of the tree."""
         return [item.key for item in describe_fields(self.root, derived=self.derived)]

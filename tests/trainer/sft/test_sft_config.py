@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.cli import main as cli_main
-from hybridflow.trainer.sft.main import load_sft_config
+from hybridflow.trainer.config import SFT_TREE, load_config
 from tests.trainer.sft.conftest import sft_overrides
 
 
@@ -14,13 +14,13 @@ def test_dry_run_prints_the_config_and_batch_arithmetic(sft_workspace, tmp_path,
                          "model.target_modules=[q_proj,v_proj]")
     assert cli_main(["sft", "--dry-run", *args]) == 0
     out = capsys.readouterr().out
-    assert "partial_pretrain:" in out and "lora_rank: 8" in out and "- q_proj" in out
+    assert "path:" in out and "lora_rank: 8" in out and "- q_proj" in out
     assert "samples per rank                                 2" in out
     assert "gradient accumulation steps                      1" in out
     assert cli_main(["sft", "--cfg", "job", *args]) == 0
     assert "multiturn:" in capsys.readouterr().out
-    _, cfg = load_sft_config(args)
-    assert cfg.model.target_modules_value == ("q_proj", "v_proj") and cfg.optim.lr_scheduler == "cosine"
+    cfg = load_config(args, SFT_TREE)
+    assert cfg.model.lora_target_modules == ("q_proj", "v_proj") and cfg.optim.lr_scheduler_type == "cosine"
 
 
 @pytest.mark.parametrize(

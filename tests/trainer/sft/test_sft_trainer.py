@@ -12,12 +12,12 @@ from transformers import AutoModelForCausalLM
 from hybridflow.trainer.checkpoint_dirs import LATEST_FILE, list_steps
 from hybridflow.trainer.merge import merge_checkpoint
 from hybridflow.trainer.sft import run_sft, validate_sft_config
-from hybridflow.trainer.sft.main import load_sft_config
+from hybridflow.trainer.config import SFT_TREE, load_config
 from tests.trainer.sft.conftest import sft_overrides
 
 
 def run(args: list[str]) -> tuple[dict[str, float], dict[int, dict]]:
-    _, cfg = load_sft_config(args)
+    cfg = load_config(args, SFT_TREE)
     validate_sft_config(cfg)
     summary = run_sft(cfg)
     records: dict[int, dict] = {}
