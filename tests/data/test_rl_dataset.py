@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hybridflow.data import RLHFDataset, RLHFDatasetConfig, collate_fn
+from hybridflow.data import RLHFDataConfig, RLHFDataset, collate_fn
 from hybridflow.protocol import DataProto
+from hybridflow.utils.config import ConfigFieldError, build_config
 
 SHORT = "What is 2+2?"
 LONG = "Please add these numbers carefully: " + " + ".join(str(n) for n in range(40)) + "."
@@ -47,8 +48,8 @@ def three_rows(tmp_path: Path) -> Path:
 
 
 def test_item_is_left_padded_with_verl_fields(three_rows: Path, smollm2_tokenizer: Any) -> None:
-    config = RLHFDatasetConfig(max_prompt_length=200, filter_overlong_prompts=False, truncation="error",
-                               return_raw_chat=True)
+    config = RLHFDataConfig(max_prompt_length=200, filter_overlong_prompts=False, truncation="error",
+                            return_raw_chat=True)
     dataset = RLHFDataset(three_rows, smollm2_tokenizer, config)
     assert len(dataset) == 3
     item = dataset[0]
@@ -72,7 +73,7 @@ def test_item_is_left_padded_with_verl_fields(three_rows: Path, smollm2_tokenize
 
 
 def test_collate_feeds_dataproto(three_rows: Path, smollm2_tokenizer: Any) -> None:
-    config = RLHFDatasetConfig(max_prompt_length=200, filter_overlong_prompts=False)
+    config = RLHFDataConfig(max_prompt_length=200, filter_overlong_prompts=False)
     dataset = RLHFDataset(three_rows, smollm2_tokenizer, config)
     batch = collate_fn([dataset[0], dataset[1], dataset[2]])
     assert batch["input_ids"].shape == (3, 200)
@@ -98,7 +99,7 @@ def test_overlong_prompts_are_filtered_with_one_warning(three_rows: Path, smollm
     short_len = len(prompt_ids(smollm2_tokenizer, "What is 3+5?"))
     long_len = len(prompt_ids(smollm2_tokenizer, LONG))
     assert short_len < long_len
-    config = RLHFDatasetConfig(max_prompt_length=short_len, filter_overlong_prompts=True)
+    config = RLHFDataConfig(max_prompt_length=short_len, filter_overlong_prompts=True)
     with caplog.at_level(logging.WARNING, logger="hybridflow.data.rl_dataset"):
         dataset = RLHFDataset(three_rows, smollm2_tokenizer, config)
     assert len(dataset) == 2
@@ -109,7 +110,7 @@ def test_overlong_prompts_are_filtered_with_one_warning(three_rows: Path, smollm
 
 @pytest.mark.parametrize("mode", ["left", "right", "middle"])
 def test_truncation_modes(three_rows: Path, smollm2_tokenizer: Any, mode: str) -> None:
-    config = RLHFDatasetConfig(max_prompt_length=16, filter_overlong_prompts=False, truncation=mode)
+    config = RLHFDataConfig(max_prompt_length=16, filter_overlong_prompts=False, truncation=mode)
     dataset = RLHFDataset(three_rows, smollm2_tokenizer, config)
     full = prompt_ids(smollm2_tokenizer, LONG)
     item = dataset[2]
@@ -120,7 +121,7 @@ def test_truncation_modes(three_rows: Path, smollm2_tokenizer: Any, mode: str) -
 
 
 def test_truncation_error_names_the_row(three_rows: Path, smollm2_tokenizer: Any) -> None:
-    config = RLHFDatasetConfig(max_prompt_length=40, filter_overlong_prompts=False, truncation="error")
+    config = RLHFDataConfig(max_prompt_length=40, filter_overlong_prompts=False, truncation="error")
     with pytest.raises(ValueError, match=r"train\.parquet: row 2: prompt has \d+ tokens > data\.max_prompt_length=40"):
         RLHFDataset(three_rows, smollm2_tokenizer, config)
 
@@ -146,34 +147,63 @@ def test_malformed_rows_name_file_row_and_field(tmp_path: Path, broken: dict[str
     rows = [make_row(SHORT), {**make_row(SHORT), **broken}]
     path = write_parquet(tmp_path / "bad.parquet", rows)
     with pytest.raises(ValueError, match=rf"bad\.parquet: row 1: field {field}"):
-        RLHFDataset(path, NoTokenizing(), RLHFDatasetConfig(max_prompt_length=8))
+        RLHFDataset(path, NoTokenizing(), RLHFDataConfig(max_prompt_length=8))
 
 
 def test_prompt_that_is_not_a_list_is_rejected(tmp_path: Path) -> None:
     row = {**make_row(SHORT), "prompt": "just a string"}
     path = write_parquet(tmp_path / "str.parquet", [row])
     with pytest.raises(ValueError, match=r"str\.parquet: row 0: field 'prompt' must be a non-empty list"):
-        RLHFDataset(path, NoTokenizing(), RLHFDatasetConfig(max_prompt_length=8))
+        RLHFDataset(path, NoTokenizing(), RLHFDataConfig(max_prompt_length=8))
 
 
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope.parquet"
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
-        RLHFDataset([missing], NoTokenizing(), RLHFDatasetConfig())
+        RLHFDataset([missing], NoTokenizing(), RLHFDataConfig())
 
 
-def test_config_validation() -> None:
-    with pytest.raises(ValueError, match="data.max_prompt_length must be >= 1"):
-        RLHFDatasetConfig(max_prompt_length=0)
-    with pytest.raises(ValueError, match="data.truncation"):
-        RLHFDatasetConfig(truncation="sideways")  # type: ignore[arg-type]
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"max_prompt_length": 0}, r"^max_prompt_length=0 must be > 0"),
+    ({"max_response_length": -1}, r"^max_response_length=-1 must be > 0"),
+    ({"prompt_key": ""}, r"^prompt_key must name a column"),
+    ({"train_max_samples": 0}, r"^train_max_samples"),
+    ({"val_max_samples": -2}, r"^val_max_samples=-2 must be >= -1"),
+    ({"apply_chat_template_kwargs": {"tokenize": True}}, r"^apply_chat_template_kwargs may not set \['tokenize'\]"),
+])
+def test_config_validation_names_the_field(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigFieldError, match=match):
+        RLHFDataConfig(**kwargs)
+
+
+def test_config_built_from_values_checks_choices_and_names_the_key() -> None:
+    """The trainer builds `data.*` with build_config, which checks Literal fields such as truncation."""
+    assert build_config(RLHFDataConfig, {"truncation": "middle", "train_files": "a.parquet"}, "data") == RLHFDataConfig(
+        truncation="middle", train_files=["a.parquet"]
+    )
+    with pytest.raises(ValueError, match=r"^data\.truncation='sideways' is not one of \['error', 'left', 'right', 'middle'\]"):
+        build_config(RLHFDataConfig, {"truncation": "sideways"}, "data")
+    with pytest.raises(ValueError, match=r"^data\.max_prompt_length=0 must be > 0"):
+        build_config(RLHFDataConfig, {"max_prompt_length": 0}, "data")
+
+
+def test_max_samples_keeps_the_first_rows_before_filtering(tmp_path: Path, smollm2_tokenizer: Any) -> None:
+    rows = [make_row(SHORT, index=0), make_row(LONG, index=1), make_row("What is 3+5?", index=2)]
+    path = write_parquet(tmp_path / "train.parquet", rows)
+    config = RLHFDataConfig(max_prompt_length=64, filter_overlong_prompts=False, truncation="left")
+    assert [item["index"] for item in RLHFDataset(path, smollm2_tokenizer, config, max_samples=2)] == [0, 1]
+    assert len(RLHFDataset(path, smollm2_tokenizer, config)) == 3
+    assert len(RLHFDataset(path, smollm2_tokenizer, config, max_samples=10)) == 3
+    # the limit counts rows as read: the over-long row 1 is one of the two, then filtered out
+    filtering = RLHFDataConfig(max_prompt_length=len(prompt_ids(smollm2_tokenizer, SHORT)) + 4)
+    assert [item["index"] for item in RLHFDataset(path, smollm2_tokenizer, filtering, max_samples=2)] == [0]
 
 
 def test_agent_name_and_multiple_files(tmp_path: Path, smollm2_tokenizer: Any) -> None:
     tool_row = make_row(SHORT, extra_info={"index": 0, "agent_name": "tool_agent"})
     first = write_parquet(tmp_path / "a.parquet", [tool_row])
     second = write_parquet(tmp_path / "b.parquet", [make_row(SHORT, extra_info={"index": 1})])
-    dataset = RLHFDataset([first, second], smollm2_tokenizer, RLHFDatasetConfig(max_prompt_length=64))
+    dataset = RLHFDataset([first, second], smollm2_tokenizer, RLHFDataConfig(max_prompt_length=64))
     batch = collate_fn([dataset[0], dataset[1]])
     assert list(batch["agent_name"]) == ["tool_agent", None]
     assert isinstance(batch["agent_name"], np.ndarray)
@@ -184,7 +214,7 @@ def test_reads_reasoning_gym_preprocess_output(tmp_path: Path, smollm2_tokenizer
 
     pytest.importorskip("reasoning_gym")
     rg_script.main(["--preset", "smollm2_easy", "--local_dir", str(tmp_path), "--train_size", "4", "--test_size", "2"])
-    dataset = RLHFDataset(tmp_path / "train.parquet", smollm2_tokenizer, RLHFDatasetConfig(max_prompt_length=128))
+    dataset = RLHFDataset(tmp_path / "train.parquet", smollm2_tokenizer, RLHFDataConfig(max_prompt_length=128))
     data = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
     assert len(data) == 4
     assert set(data.non_tensor_batch["data_source"]) == {"reasoning_gym/basic_arithmetic"}

@@ -7,9 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hybridflow.data.sft_dataset import SFTDataset, SFTDatasetConfig, tokenize_conversation
+from hybridflow.data.config import MultiturnConfig, SFTDataConfig
+from hybridflow.data.sft_dataset import SFTDataset, tokenize_conversation
 from hybridflow.models import build_local_tokenizer
+from hybridflow.utils.config import ConfigFieldError, build_config
 
+MULTITURN = SFTDataConfig(multiturn=MultiturnConfig(enable=True))
 CONVERSATION = [
     {"role": "user", "content": "What is 2+3?"},
     {"role": "assistant", "content": "5"},
@@ -50,7 +53,7 @@ def test_single_turn_rows_train_on_the_response_and_eos(local_tokenizer, tmp_pat
         {"prompt": "Calculate 5 - 33.", "response": "5 - 33 = -28. Answer: -28"},
         {"prompt": "Add 1 and 2", "response": "3"},
     ]
-    dataset = SFTDataset(write(tmp_path / "a.parquet", rows), local_tokenizer, SFTDatasetConfig())
+    dataset = SFTDataset(write(tmp_path / "a.parquet", rows), local_tokenizer, SFTDataConfig())
     item = dataset[0]
     ids, mask = item["input_ids"], item["loss_mask"]
     first = int(mask.nonzero()[0])
@@ -64,9 +67,9 @@ def test_single_turn_rows_train_on_the_response_and_eos(local_tokenizer, tmp_pat
     as_messages = [{"prompt": [{"role": "user", "content": "Calculate 5 - 33."}], "response": rows[0]["response"]}]
     nested = [{"extra_info": {"question": "Calculate 5 - 33.", "answer": rows[0]["response"]}}]
     for data, config in (
-        (as_messages, SFTDatasetConfig()),
-        (nested, SFTDatasetConfig(prompt_key="extra_info", prompt_dict_keys=("question",),
-                                  response_key="extra_info", response_dict_keys=("answer",))),
+        (as_messages, SFTDataConfig()),
+        (nested, SFTDataConfig(prompt_key="extra_info", prompt_dict_keys=["question"],
+                               response_key="extra_info", response_dict_keys=["answer"])),
     ):
         other = SFTDataset(write(tmp_path / "b.parquet", data), local_tokenizer, config)[0]
         assert torch.equal(other["input_ids"], ids) and torch.equal(other["loss_mask"], mask)
@@ -74,9 +77,13 @@ def test_single_turn_rows_train_on_the_response_and_eos(local_tokenizer, tmp_pat
 
 def test_multiturn_rows_and_collate_right_pads(local_tokenizer, tmp_path):
     rows = [{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}]
-    dataset = SFTDataset(write(tmp_path / "m.parquet", rows), local_tokenizer, SFTDatasetConfig(multiturn=True))
+    dataset = SFTDataset(write(tmp_path / "m.parquet", rows), local_tokenizer, MULTITURN)
     long, short = dataset[0], dataset[1]
     assert local_tokenizer.decode(long["input_ids"][long["loss_mask"].bool()]) == "5<|im_end|>ok<|im_end|>"
+    # the conversation column is configurable (data.multiturn.messages_key)
+    renamed = SFTDataConfig(multiturn=MultiturnConfig(enable=True, messages_key="conversation"))
+    other = SFTDataset(write(tmp_path / "c.parquet", [{"conversation": CONVERSATION}]), local_tokenizer, renamed)[0]
+    assert torch.equal(other["input_ids"], long["input_ids"]) and torch.equal(other["loss_mask"], long["loss_mask"])
     batch = dataset.collate([long, short])
     length = long["input_ids"].size(0)
     assert batch["input_ids"].shape == (2, length)
@@ -89,33 +96,66 @@ def test_multiturn_rows_and_collate_right_pads(local_tokenizer, tmp_path):
 
 def test_truncation(local_tokenizer, tmp_path):
     path = write(tmp_path / "t.parquet", [{"prompt": "Calculate 5 - 33.", "response": "5 - 33 = -28. Answer: -28"}])
-    full = SFTDataset(path, local_tokenizer, SFTDatasetConfig())[0]
+    full = SFTDataset(path, local_tokenizer, SFTDataConfig())[0]
     limit = full["input_ids"].size(0) - 3
     with pytest.raises(ValueError, match=r"t\.parquet: row 0: .* > data.max_length=" + str(limit)):
-        SFTDataset(path, local_tokenizer, SFTDatasetConfig(max_length=limit))
-    right = SFTDataset(path, local_tokenizer, SFTDatasetConfig(max_length=limit, truncation="right"))[0]
+        SFTDataset(path, local_tokenizer, SFTDataConfig(max_length=limit))
+    right = SFTDataset(path, local_tokenizer, SFTDataConfig(max_length=limit, truncation="right"))[0]
     assert torch.equal(right["input_ids"], full["input_ids"][:limit])
-    left = SFTDataset(path, local_tokenizer, SFTDatasetConfig(max_length=limit, truncation="left"))[0]
+    left = SFTDataset(path, local_tokenizer, SFTDataConfig(max_length=limit, truncation="left"))[0]
     assert torch.equal(left["input_ids"], full["input_ids"][-limit:])
     assert left["loss_mask"][0] == 0 and torch.equal(left["loss_mask"][1:], full["loss_mask"][-limit + 1:])
 
 
 def test_bad_rows_name_the_file_row_and_field(local_tokenizer, tmp_path):
     cases = [
-        ([{"prompt": "hi"}], SFTDatasetConfig(), "row 0: field 'response' is missing"),
-        ([{"prompt": "hi", "response": 3}], SFTDatasetConfig(), "field 'response' must be a str"),
-        ([{"messages": [{"role": "user", "content": "hi"}]}], SFTDatasetConfig(multiturn=True), "no assistant message"),
-        ([{"messages": "hi"}], SFTDatasetConfig(multiturn=True), "field 'messages' must be a non-empty list"),
-        ([{"q": {"a": 1}, "response": "x"}], SFTDatasetConfig(prompt_key="q", prompt_dict_keys=("b",)), "has no key 'b'"),
+        ([{"prompt": "hi"}], SFTDataConfig(), "row 0: field 'response' is missing"),
+        ([{"prompt": "hi", "response": 3}], SFTDataConfig(), "field 'response' must be a str"),
+        ([{"messages": [{"role": "user", "content": "hi"}]}], MULTITURN, "no assistant message"),
+        ([{"messages": "hi"}], MULTITURN, "field 'messages' must be a non-empty list"),
+        ([{"q": {"a": 1}, "response": "x"}], SFTDataConfig(prompt_key="q", prompt_dict_keys=["b"]), "has no key 'b'"),
     ]
     for index, (rows, config, message) in enumerate(cases):
         path = write(tmp_path / f"bad{index}.parquet", rows)
         with pytest.raises(ValueError, match=message):
             SFTDataset(path, local_tokenizer, config)
     with pytest.raises(FileNotFoundError, match="missing.parquet"):
-        SFTDataset(str(tmp_path / "missing.parquet"), local_tokenizer, SFTDatasetConfig())
-    with pytest.raises(ValueError, match="data.truncation"):
-        SFTDatasetConfig(truncation="middle")
+        SFTDataset(str(tmp_path / "missing.parquet"), local_tokenizer, SFTDataConfig())
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"max_length": 1}, r"^max_length=1 must be >= 2"),
+    ({"prompt_key": ""}, r"^prompt_key/response_key must name columns"),
+    ({"multiturn": MultiturnConfig(enable=True, messages_key="")}, r"^multiturn\.messages_key must name columns"),
+    ({"micro_batch_size_per_gpu": 0}, r"^micro_batch_size_per_gpu=0 must be > 0"),
+    ({"train_max_samples": 0}, r"^train_max_samples"),
+])
+def test_config_errors_name_the_field(kwargs, match):
+    with pytest.raises(ConfigFieldError, match=match):
+        SFTDataConfig(**kwargs)
+
+
+def test_config_built_from_values_checks_choices_and_nests_multiturn():
+    built = build_config(SFTDataConfig, {"multiturn": {"enable": True, "tools_key": "t"}, "prompt_dict_keys": "q"}, "data")
+    assert built.multiturn == MultiturnConfig(enable=True, tools_key="t") and built.prompt_dict_keys == ["q"]
+    with pytest.raises(ValueError, match=r"^data\.truncation='middle' is not one of \['error', 'left', 'right'\]"):
+        build_config(SFTDataConfig, {"truncation": "middle"}, "data")
+    with pytest.raises(ValueError, match=r"^data\.max_length=1 must be >= 2"):
+        build_config(SFTDataConfig, {"max_length": 1}, "data")
+
+
+def test_max_samples_keeps_the_first_rows(local_tokenizer, tmp_path):
+    rows = [{"prompt": f"Add {n} and 1", "response": str(n + 1)} for n in range(5)]
+    first, second = write(tmp_path / "a.parquet", rows[:3]), write(tmp_path / "b.parquet", rows[3:])
+    everything = SFTDataset([first, second], local_tokenizer, SFTDataConfig())
+    assert len(everything) == 5
+    assert len(SFTDataset([first, second], local_tokenizer, SFTDataConfig(), max_samples=-1)) == 5
+    assert len(SFTDataset([first, second], local_tokenizer, SFTDataConfig(), max_samples=50)) == 5
+    for limit in (2, 4):  # within the first file, and across both
+        limited = SFTDataset([first, second], local_tokenizer, SFTDataConfig(), max_samples=limit)
+        assert len(limited) == limit
+        for index in range(limit):
+            assert torch.equal(limited[index]["input_ids"], everything[index]["input_ids"])
 
 
 def test_templates_that_rewrite_earlier_turns_are_rejected(tmp_path):

@@ -10,12 +10,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybridflow.cli import main as cli_main
 from hybridflow.engines.rollout import HFRollout, SamplingParams
 from hybridflow.engines.training import FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.models.config import ModelConfig
 from hybridflow.models import build_causal_lm, build_local_tokenizer, build_tiny_model, load_tokenizer, save_tiny_model
 from hybridflow.trainer.merge import merge_checkpoint
 from tests.engines.helpers import make_batch, run_distributed, seq_mean_nll
 
 FULL = FSDPEngineConfig(micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2))
-LORA = FSDPEngineConfig(micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2), lora_rank=8, lora_alpha=16)
+LORA = FSDPEngineConfig(
+    micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2), model=ModelConfig(lora_rank=8, lora_alpha=16)
+)
 
 
 def _trained_params(engine: FSDPEngine, batch) -> dict[str, torch.Tensor]:

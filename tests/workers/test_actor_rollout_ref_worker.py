@@ -8,14 +8,10 @@ import torch
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from hybridflow.workers import ActorRolloutRefWorker
-from hybridflow.workers.config import (
-    ActorConfig,
-    ActorRolloutRefConfig,
-    ModelConfig,
-    OptimConfig,
-    RolloutConfig,
-    WorkerRuntimeConfig,
-)
+from hybridflow.engines.rollout import RolloutConfig
+from hybridflow.engines.training import OptimConfig
+from hybridflow.models.config import ModelConfig
+from hybridflow.workers.config import ActorConfig, ActorRolloutRefConfig, WorkerRuntimeConfig
 
 PROMPT_LEN, RESPONSE_LEN, BATCH = 8, 6, 4
 
@@ -30,9 +26,9 @@ def group(ray_cluster, tmp_path_factory):
         actor=ActorConfig(
             ppo_mini_batch_size=BATCH, ppo_micro_batch_size_per_gpu=1, optim=OptimConfig(lr=1e-2), use_kl_loss=True
         ),
-        rollout=RolloutConfig(temperature=0.8),
+        rollout=RolloutConfig(temperature=0.8, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN),
     )
-    runtime = WorkerRuntimeConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, seed=0, num_threads=1)
+    runtime = WorkerRuntimeConfig(seed=0, num_threads=1)
     pool = RayResourcePool([2])
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout_ref", runtime))
     wg.init_model()
@@ -59,15 +55,18 @@ def test_generate_logprob_update_and_weight_handover(group):
     assert batch.batch["input_ids"].shape == (BATCH, PROMPT_LEN + RESPONSE_LEN)
     mask = batch.batch["response_mask"].float()
     assert mask[:, 0].all(), "every response has at least one token"
-    batch.meta_info = {"temperature": 0.8}
+    batch.meta_info = {}
 
-    # Training engine and rollout agree on the sampled tokens' log-probs (same weights, same temperature).
+    # Training engine and rollout agree on the sampled tokens' log-probs (same weights, the rollout config's
+    # temperature on both sides: nothing is passed along with the batch).
     old = group.compute_log_prob(batch)
     assert masked_max_diff(old.batch["old_log_probs"], batch.batch["rollout_log_probs"], mask) < 1e-4
+    entropy = old.meta_info["metrics"]["actor/entropy"]
+    assert len(entropy) == 2 and all(value > 0 for value in entropy)
     ref = group.compute_ref_log_prob(batch)
     assert masked_max_diff(ref.batch["ref_log_prob"], old.batch["old_log_probs"], mask) < 1e-6
 
-    old.batch.pop("entropys")
+    old.meta_info = {}
     batch = batch.union(old).union(ref)
     batch.batch["advantages"] = torch.linspace(-1, 1, BATCH)[:, None].expand(-1, RESPONSE_LEN).contiguous()
     metrics = group.update_actor(batch).meta_info["metrics"]
@@ -78,7 +77,7 @@ def test_generate_logprob_update_and_weight_handover(group):
     # The next generation first receives the updated weights from the FSDP shards (hand-over is timed)...
     second = group.generate_sequences(prompts())
     assert min(second.meta_info["metrics"]["timing_s/update_weights"]) > 0
-    second.meta_info = {"temperature": 0.8}
+    second.meta_info = {}
     # ...so the rollout's log-probs match the updated actor, which no longer matches the reference.
     new_old = group.compute_log_prob(second)
     new_mask = second.batch["response_mask"].float()
