@@ -20,22 +20,20 @@ def worker_group(model_dir: str):
     from hybridflow.single_controller.local import LocalWorkerGroup
     from hybridflow.single_controller.ray import RayClassWithInitArgs
     from hybridflow.workers import ActorRolloutRefWorker
-    from hybridflow.workers.config import (
-        ActorConfig,
-        ActorRolloutRefConfig,
-        ModelConfig,
-        MultiTurnConfig,
-        RolloutConfig,
-        WorkerRuntimeConfig,
-    )
-    from hybridflow.workers.config import OptimConfig as WorkerOptimConfig
+    from hybridflow.engines.rollout import MultiTurnConfig, RolloutConfig
+    from hybridflow.engines.training import OptimConfig
+    from hybridflow.models.config import ModelConfig
+    from hybridflow.workers.config import ActorConfig, ActorRolloutRefConfig, WorkerRuntimeConfig
 
     config = ActorRolloutRefConfig(
         model=ModelConfig(path=model_dir),
-        actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=WorkerOptimConfig(lr=1e-2)),
-        rollout=RolloutConfig(name="native", mode="async", temperature=1.0, multi_turn=MultiTurnConfig(enable=True, max_tokens_per_turn=6)),
+        actor=ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2)),
+        rollout=RolloutConfig(
+            name="native", mode="async", temperature=1.0, prompt_length=64, response_length=24,
+            multi_turn=MultiTurnConfig(enable=True, max_tokens_per_turn=6),
+        ),
     )
-    runtime = WorkerRuntimeConfig(prompt_length=64, response_length=24, seed=0, num_threads=1)
+    runtime = WorkerRuntimeConfig(seed=0, num_threads=1)
     group = LocalWorkerGroup(RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout", runtime), world_size=1)
     group.init_model()
     return group, config
@@ -74,7 +72,7 @@ def test_mask_zero_tokens_do_not_change_the_update(tmp_path):
     assert batch.meta_info["metrics"]["num_turns/max"] >= 3
     assert batch.meta_info["metrics"]["rollout_server/mean_batch_size"] > 1  # concurrent loops were batched
     assert batch.meta_info["metrics"]["rollout_server/prefix_reuse"] > 0  # later turns reused their caches
-    batch.meta_info = {"temperature": 1.0}
+    batch.meta_info = {}
     old = group_a.compute_log_prob(batch)
     # The engine scores the whole trajectory: its log-probs of model tokens match what the server sampled.
     diff = (old.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[mask.bool()].abs().max()
@@ -164,7 +162,7 @@ def test_async_mode_config_errors(tmp_path):
     from hybridflow.trainer.config import load_config, validate_config
 
     train = tmp_path / "train.parquet"
-    pd.DataFrame([{"data_source": "x", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"}}]).to_parquet(train)
+    pd.DataFrame([{"data_source": "gsm8k", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"}}]).to_parquet(train)
     base = [f"data.train_files=[{train}]", "data.val_files=[]", "actor_rollout_ref.rollout.mode=async"]
     with pytest.raises(ValueError, match="return_raw_chat"):
         validate_config(load_config(base))

@@ -99,6 +99,8 @@ def test_sampling_kwargs_sampled_and_greedy():
     }
     greedy = compute_vllm_sampling_kwargs(SamplingParams(temperature=0.7, top_k=5).greedy(), [2], vocab_size=100)
     assert (greedy["temperature"], greedy["top_k"], greedy["top_p"], greedy["n"]) == (0.0, 0, 1.0, 1)
+    zero = compute_vllm_sampling_kwargs(SamplingParams(temperature=0.0, top_k=5), [2], vocab_size=100)
+    assert (zero["temperature"], zero["top_k"], zero["top_p"]) == (0.0, 0, 1.0)  # temperature 0 is greedy
     assert compute_vllm_sampling_kwargs(SamplingParams(top_k=20), [2], vocab_size=100)["top_k"] == 20
 
 
@@ -110,7 +112,10 @@ def test_sampling_kwargs_sampled_and_greedy():
         (SamplingParams(temperature=0.7), "processed_logprobs", True),  # log softmax(z / T), nothing filtered
         (SamplingParams(temperature=0.7, top_p=0.9), "processed_logprobs", False),  # renormalized over the nucleus
         (SamplingParams(temperature=1.0).greedy(), "processed_logprobs", True),
-        (SamplingParams(temperature=0.7).greedy(), "processed_logprobs", False),  # greedy is reported at T=1
+        # greedy log-probs are reported at T=1 whatever the configured temperature (log_prob_temperature), as vLLM does
+        (SamplingParams(temperature=0.7).greedy(), "processed_logprobs", True),
+        (SamplingParams(temperature=0.7).greedy(), "raw_logprobs", True),
+        (SamplingParams(temperature=0.0), "raw_logprobs", True),  # temperature 0 is greedy
     ],
 )
 def test_log_prob_mismatch_table(params, mode, exact):
@@ -123,6 +128,8 @@ def test_logprobs_mode_is_chosen_to_be_exact_for_the_configured_parameters():
     train = SamplingParams(temperature=0.7)
     mode = choose_logprobs_mode([train, train.greedy()])
     assert mode == "processed_logprobs" and describe_log_prob_mismatch(train, mode) is None
+    # greedy at any configured temperature reports at T=1, so raw log-probs are exact for it
+    assert choose_logprobs_mode([train.greedy(), SamplingParams(temperature=0.0)]) == "raw_logprobs"
 
 
 def test_engine_kwargs_cpu_and_accelerator():
