@@ -18,7 +18,7 @@ import time
 import torch
 
 from hybridflow.engines.rollout import HFRollout, SamplingParams
-from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
 
@@ -66,7 +66,7 @@ def main() -> None:
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
     config = FSDPEngineConfig(
-        micro_batch_size_per_gpu=args.micro_batch, param_dtype="float32", optim=OptimConfig(lr=1e-6)
+        micro_batch_size_per_gpu=args.micro_batch, fsdp=FSDPConfig(dtype="float32"), optim=OptimConfig(lr=1e-6)
     )
     seconds, engine = timed(lambda: build_fsdp_engine(path, config, tokenizer=tokenizer))
     rows.append(("build engine (load fp32)", f"{seconds:.1f} s"))

@@ -12,14 +12,15 @@ import torch
 from hybridflow.agents.base import AgentLoopContext, AgentLoopOutput
 from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.interactions import AnswerFeedbackInteraction, load_interactions
-from hybridflow.agents.manager import agent_metrics, build_output
+from hybridflow.agents.manager import AgentLoopManager, agent_metrics, build_output
 from hybridflow.agents.server_manager import AsyncLLMServerManager
 from hybridflow.agents.single_turn import SingleTurnAgentLoop
 from hybridflow.agents.tool_agent import ToolAgentLoop, truncate_text
 from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.config import MultiTurnConfig, RolloutConfig, SamplingConfig
 from hybridflow.engines.rollout.server import TokenOutput
+from hybridflow.protocol import DataProto
 from hybridflow.tools.calculator import CalculatorTool
-from hybridflow.workers.config import MultiTurnConfig
 
 PARAMS = SamplingParams(max_new_tokens=512)
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -173,6 +174,47 @@ def test_single_turn_and_batch_layout(chat_tokenizer):
     assert list(batch.non_tensor_batch["__num_turns__"]) == [1, 1, 3]
     metrics = agent_metrics([*outs, tool_like])
     assert metrics["num_turns/max"] == 3 and metrics["agent/truncated"] == pytest.approx(1 / 3)
+
+
+class FakeWorkerGroup:
+    """The generation-server side of a worker group, with one scripted replica."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def direct_callers(self, name: str):
+        assert name == "generate_tokens"
+        return [self.server]
+
+    def wake_up_rollout_server(self):
+        return [{"timing_s/update_weights": 0.0}]
+
+    def sleep_rollout_server(self):
+        return [{}]
+
+
+def test_manager_samples_with_the_rollout_config_or_its_val_kwargs(chat_tokenizer):
+    """Training rows use `rollout`'s sampling, validation rows `rollout.val_kwargs` (SamplingParams.from_config)."""
+    seen: list[SamplingParams] = []
+    scripted = ScriptedServer(chat_tokenizer, [])
+
+    async def server(request_id, prompt_ids, params):
+        seen.append(params)
+        return await scripted(request_id, prompt_ids, params)
+
+    rollout = RolloutConfig(temperature=0.7, top_p=0.9, n=4, val_kwargs=SamplingConfig(temperature=0.0, do_sample=True))
+    manager = AgentLoopManager(FakeWorkerGroup(server), rollout, chat_tokenizer, response_length=24)
+    raw = np.empty(2, dtype=object)
+    raw[0], raw[1] = list(QUESTION), list(QUESTION)
+    prompts = DataProto.from_dict(tensors={"index": torch.arange(2)}, non_tensors={"raw_prompt": raw})
+    out = manager.generate_sequences(prompts)
+    assert out.batch["responses"].shape == (2, 24) and "num_turns/mean" in out.meta_info["metrics"]
+    assert seen == [SamplingParams(temperature=0.7, top_p=0.9, n=1, max_new_tokens=24)] * 2  # n: rows repeated
+    seen.clear()
+    prompts.meta_info["validate"] = True
+    manager.generate_sequences(prompts)
+    # val_kwargs asks for greedy with temperature 0: normalised to do_sample=False, log-probs at temperature 1
+    assert [(p.do_sample, p.log_prob_temperature, p.max_new_tokens) for p in seen] == [(False, 1.0, 24)] * 2
 
 
 def test_server_manager_is_sticky_and_balances_new_requests():

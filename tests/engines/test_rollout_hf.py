@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.engines.rollout import ROLLOUTS, HFRollout, SamplingParams
+from hybridflow.engines.rollout import ROLLOUTS, HFRollout, RolloutConfig, SamplingConfig, SamplingParams
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, build_tiny_model
+from hybridflow.utils.config import ConfigFieldError
 from tests.engines.helpers import encode_prompts
 
 PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x"]
@@ -87,14 +88,51 @@ def test_update_weights_then_greedy_matches_source_model(tiny_llama_dir, tiny_to
 
 
 def test_sampling_params_validation_and_overrides():
-    with pytest.raises(ValueError, match="do_sample=False"):
-        SamplingParams(temperature=0.0)
-    with pytest.raises(ValueError, match="top_k"):
+    # temperature 0 (verl's way of asking for greedy) is normalised to do_sample=False, not refused
+    zero = SamplingParams(temperature=0.0)
+    assert zero.do_sample is False and zero.is_greedy and zero.log_prob_temperature == 1.0
+    assert zero == SamplingParams(temperature=0.0, do_sample=False)
+    with pytest.raises(ConfigFieldError, match=r"^temperature=-0.5 must be >= 0"):
+        SamplingParams(temperature=-0.5)
+    with pytest.raises(ConfigFieldError, match=r"^top_k=0 must be -1 \(disabled\) or >= 1"):
         SamplingParams(top_k=0)
+    with pytest.raises(ConfigFieldError, match=r"^top_p=0.0 must be in \(0.0, 1.0\]"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        SamplingParams(max_new_tokens=0)
     params = SamplingParams(temperature=0.8, n=4)
-    assert params.greedy() == SamplingParams(temperature=0.8, n=1, do_sample=False)
+    assert not params.is_greedy and params.log_prob_temperature == 0.8
+    greedy = params.greedy()
+    assert greedy == SamplingParams(temperature=0.8, n=1, do_sample=False)
+    assert greedy.is_greedy and greedy.log_prob_temperature == 1.0  # greedy log-probs are reported at T=1
     changed = params.with_overrides({"temperature": 0, "eos_token_id": 2})
     assert changed.do_sample is False and changed.log_prob_temperature == 1.0
+    assert params.with_overrides(greedy.as_overrides()) == greedy
+
+
+def test_sampling_params_from_config():
+    rollout = RolloutConfig(temperature=0.7, top_p=0.9, top_k=5, n=4)
+    params = SamplingParams.from_config(rollout, max_new_tokens=16)
+    assert params == SamplingParams(temperature=0.7, top_p=0.9, top_k=5, n=1, max_new_tokens=16)
+    assert SamplingParams.from_config(rollout, 16, n=3).n == 3  # n is the call's, not config.n
+    val = SamplingParams.from_config(rollout.val_kwargs, max_new_tokens=8)  # default validation: greedy
+    assert val.do_sample is False and val.log_prob_temperature == 1.0 and val.max_new_tokens == 8
+    zero = SamplingParams.from_config(SamplingConfig(temperature=0.0), 8)  # do_sample=True but temperature 0
+    assert zero.is_greedy and zero.do_sample is False and zero.log_prob_temperature == 1.0
+
+
+def test_greedy_log_probs_are_reported_at_temperature_one(tiny_llama_dir, tiny_tokenizer):
+    """Greedy rollouts report log softmax(logits) whatever the configured temperature (one rule everywhere)."""
+    params = SamplingParams(temperature=0.5, max_new_tokens=6, do_sample=False)
+    out = HFRollout(build_causal_lm(tiny_llama_dir), tiny_tokenizer, params).generate_sequences(
+        encode_prompts(tiny_tokenizer, PROMPTS)
+    )
+    engine = build_fsdp_engine(tiny_llama_dir, FSDPEngineConfig(micro_batch_size_per_gpu=2))
+    mask = out.batch["response_mask"].bool()
+    at_one, _ = engine.compute_log_prob(out, temperature=params.log_prob_temperature)
+    torch.testing.assert_close(at_one[mask], out.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+    at_half, _ = engine.compute_log_prob(out, temperature=0.5)
+    assert (at_half[mask] - out.batch["rollout_log_probs"][mask]).abs().max() > 1e-3
 
 
 def test_registry_names_backends_and_rejects_unknown():

@@ -136,7 +136,7 @@ def test_scorer_workers_do_not_outlive_a_killed_driver(signal_name):
     script = (
         "import os\n"
         "from hybridflow.rewards.pool import ScorerPool, ScoringConfig\n"
-        "from hybridflow.trainer.main_ppo import exit_on_sigterm\n"
+        "from hybridflow.trainer.command import exit_on_sigterm\n"
         "exit_on_sigterm()\n"
         "pool = ScorerPool(ScoringConfig(timeout_s=60.0, num_workers=2))\n"
         "pool.run([(abs, {'x': -1})])\n"

@@ -294,3 +294,9 @@ def test_frozen_sections_are_dataclasses_all_the_way_down(files):
     cfg = load_config([f"data.train_files={files['train']}"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.actor_rollout_ref.actor.clip_ratio = 0.3
+
+
+@pytest.mark.parametrize("name", ["ppo_trainer", "grpo_smollm2_demo", "grpo_smollm2_calculator_agent"])
+def test_packaged_yaml_configs_compose_and_type(name):
+    cfg = load_config([], config_name=name)
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length

@@ -50,7 +50,11 @@ def test_greedy_is_argmax_and_sampling_follows_the_distribution():
     logits = torch.tensor([[0.0, 2.0, 1.0]])
     tokens, log_probs = sample_tokens(logits, SamplingParams(do_sample=False, temperature=2.0))
     assert tokens.tolist() == [1]
-    torch.testing.assert_close(log_probs, torch.log_softmax(logits / 2.0, -1)[:, 1])
+    # greedy log-probs are reported at temperature 1 whatever the configured temperature (log_prob_temperature)
+    torch.testing.assert_close(log_probs, torch.log_softmax(logits, -1)[:, 1])
+    zero_tokens, zero_log_probs = sample_tokens(logits, SamplingParams(temperature=0.0))  # temperature 0 is greedy
+    assert zero_tokens.tolist() == [1]
+    torch.testing.assert_close(zero_log_probs, torch.log_softmax(logits, -1)[:, 1])
     torch.manual_seed(0)
     many = logits.expand(20000, 3).contiguous()
     counts = torch.bincount(sample_tokens(many, SamplingParams())[0], minlength=3).float() / 20000

@@ -68,11 +68,12 @@ def test_multiturn_sft_trains_only_assistant_turns_padded_or_packed(sft_workspac
     summary, records = run(args("chat"))
     assert sorted(records) == [1, 2] and summary["train/loss"] == records[2]["train/loss"]
     # Batch 1 holds rows 0-3: two short chats (one assistant turn) and two with a tool turn (two assistant turns).
-    from hybridflow.data.sft_dataset import SFTDataset, SFTDatasetConfig
+    from hybridflow.data.config import MultiturnConfig, SFTDataConfig
+    from hybridflow.data.sft_dataset import SFTDataset
     from hybridflow.models import load_tokenizer
 
     dataset = SFTDataset(sft_workspace / "chat.parquet", load_tokenizer(sft_workspace / "tiny"),
-                         SFTDatasetConfig(multiturn=True))
+                         SFTDataConfig(multiturn=MultiturnConfig(enable=True)))
     expected = sum(int(dataset[index]["loss_mask"].sum()) for index in range(4))
     assert records[1]["train/num_loss_tokens"] == expected
     # Packing the micro-batches (no padding) gives the same losses.
