@@ -19,7 +19,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
-from hybridflow.engines.rollout.output import build_rollout_output
+from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
 
@@ -96,17 +96,7 @@ class HFRollout(BaseRollout):
         chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]
         parts = [self._generate(chunk, params) for chunk in chunks]
         responses, response_mask, log_probs = (torch.cat(columns) for columns in zip(*parts))
-        return build_rollout_output(
-            prompts.batch["input_ids"],
-            prompts.batch["attention_mask"],
-            prompts.batch["position_ids"],
-            responses,
-            response_mask,
-            log_probs,
-            self.tokenizer.pad_token_id,
-            non_tensor=prompts.non_tensor_batch,
-            meta_info=prompts.meta_info,
-        )
+        return build_output_for_prompts(prompts, responses, response_mask, log_probs, self.tokenizer.pad_token_id)
 
     @torch.no_grad()
     def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -93,3 +93,28 @@ def _check_layout(
         raise ValueError("the response attention mask must be right-padded (real tokens first, then pad)")
     if (response_mask.bool() & ~attended).any():
         raise ValueError("response_mask marks tokens that attention_response_mask does not attend")
+
+
+def build_output_for_prompts(
+    prompts: DataProto,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_probs: torch.Tensor,
+    pad_token_id: int,
+    n: int = 1,
+) -> DataProto:
+    """`build_rollout_output` for a batch rollout: `n` responses per row of `prompts` (rows interleaved: prompt 0
+    n times, then prompt 1, ...), whose prompt tensors, per-sample data and meta info are repeated to match."""
+    if n > 1:
+        prompts = prompts.repeat(n, interleave=True)
+    return build_rollout_output(
+        prompts.batch["input_ids"],
+        prompts.batch["attention_mask"],
+        prompts.batch["position_ids"],
+        responses,
+        response_mask,
+        log_probs,
+        pad_token_id,
+        non_tensor=prompts.non_tensor_batch,
+        meta_info=prompts.meta_info,
+    )

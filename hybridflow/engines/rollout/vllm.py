@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
-from hybridflow.engines.rollout.output import build_rollout_output
+from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.vllm_convert import (
     VLLM_INSTALL_HINT,
     choose_logprobs_mode,
@@ -213,21 +213,8 @@ class VLLMRollout(BaseRollout):
             stop_ids,
             self.tokenizer.pad_token_id,
         )
-        if params.n > 1:
-            prompts = prompts.repeat(params.n, interleave=True)
-            prompt_ids, prompt_mask, prompt_pos = (
-                t.repeat_interleave(params.n, 0) for t in (prompt_ids, prompt_mask, prompt_pos)
-            )
-        return build_rollout_output(
-            prompt_ids,
-            prompt_mask,
-            prompt_pos,
-            result.tokens,
-            result.response_mask(),
-            result.log_probs,
-            self.tokenizer.pad_token_id,
-            non_tensor=prompts.non_tensor_batch,
-            meta_info=prompts.meta_info,
+        return build_output_for_prompts(
+            prompts, result.tokens, result.response_mask(), result.log_probs, self.tokenizer.pad_token_id, params.n
         )
 
     def _warn_log_prob_mismatch(self, params: SamplingParams) -> None:

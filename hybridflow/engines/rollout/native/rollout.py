@@ -20,7 +20,7 @@ from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, Request
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
-from hybridflow.engines.rollout.output import build_rollout_output
+from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
 
@@ -99,21 +99,8 @@ class NativeRollout(BaseRollout):
                 self.tokenizer.pad_token_id,
             )
         self.last_stats = result.stats
-        if params.n > 1:
-            prompts = prompts.repeat(params.n, interleave=True)
-            prompt_ids, prompt_mask, prompt_pos = (
-                t.repeat_interleave(params.n, 0) for t in (prompt_ids, prompt_mask, prompt_pos)
-            )
-        return build_rollout_output(
-            prompt_ids,
-            prompt_mask,
-            prompt_pos,
-            result.tokens,
-            result.response_mask(),
-            result.log_probs,
-            self.tokenizer.pad_token_id,
-            non_tensor=prompts.non_tensor_batch,
-            meta_info=prompts.meta_info,
+        return build_output_for_prompts(
+            prompts, result.tokens, result.response_mask(), result.log_probs, self.tokenizer.pad_token_id, params.n
         )
 
     def serve(
