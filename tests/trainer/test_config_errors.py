@@ -21,7 +21,7 @@ def write_rows(path, data_sources, **columns) -> str:
 
 @pytest.fixture()
 def train_file(tmp_path):
-    return write_rows(tmp_path / "train.parquet", ["gsm8k", "reasoning_gym/basic_arithmetic"])
+    return write_rows(tmp_path / "train.parquet", ["gsm8k", "reasoning_gym/basic_arithmetic"] * 8)
 
 
 def good(train_file: str) -> list[str]:

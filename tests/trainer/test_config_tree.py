@@ -36,7 +36,7 @@ def files(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     return {
-        "train": write_rows(tmp_path / "train.parquet", ["gsm8k", "math"]),
+        "train": write_rows(tmp_path / "train.parquet", ["gsm8k", "math"] * 1024),
         "val": write_rows(tmp_path / "test.parquet", ["gsm8k"]),
         "model": str(model),
     }
@@ -198,6 +198,8 @@ INVALID = [
     ("algorithm.lam=-0.1", ["algorithm.lam", "[0.0, 1.0]"]),
     ("algorithm.kl_ctrl.target_kl=0", ["algorithm.kl_ctrl.target_kl", "> 0"]),
     ("trainer.critic_warmup=5 trainer.total_training_steps=5 algorithm.adv_estimator=gae", ["trainer.critic_warmup=5"]),
+    ("trainer.critic_warmup=200 algorithm.adv_estimator=gae", ["trainer.critic_warmup=200", "2 steps"]),
+    ("data.train_batch_size=4096", ["data.train_batch_size=4096", "2048 training rows"]),
     ("critic.model.path=/nonexistent/critic algorithm.adv_estimator=gae", ["critic.model.path", "/nonexistent/critic"]),
     ("actor_rollout_ref.model.tokenizer_path=/nonexistent/tok", ["actor_rollout_ref.model.tokenizer_path"]),
     ("trainer.resume_mode=resume_path trainer.resume_from_path=/nonexistent/global_step_3", ["trainer.resume_from_path"]),

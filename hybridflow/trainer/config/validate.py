@@ -116,9 +116,9 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_names(cfg)
     _check_algorithm(cfg)
     _check_files(cfg)
-    _check_rows(cfg)
     _check_rewards(cfg)
     _check_agent_loops(cfg)
+    _check_rows(cfg)
     _check_lengths(cfg)
     _check_environment(cfg)
     actor = cfg.actor_rollout_ref.actor
@@ -171,11 +171,6 @@ def _check_algorithm(cfg: PPOConfig) -> None:
         raise ValueError(
             f"algorithm.adv_estimator={estimator!r} needs actor_rollout_ref.rollout.n >= 2 (it compares samples "
             f"of the same prompt), got {n}; set actor_rollout_ref.rollout.n=4 or more"
-        )
-    if cfg.trainer.total_training_steps is not None and cfg.trainer.critic_warmup >= cfg.trainer.total_training_steps:
-        raise ValueError(
-            f"trainer.critic_warmup={cfg.trainer.critic_warmup} leaves no actor update in "
-            f"trainer.total_training_steps={cfg.trainer.total_training_steps}; lower it"
         )
     if cfg.trainer.critic_warmup > 0 and not critic_enabled(cfg):
         raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic (algorithm.adv_estimator=gae)")
@@ -244,6 +239,7 @@ def _check_rows(cfg: PPOConfig) -> None:
     import pyarrow.parquet as pq
 
     key = cfg.data.reward_fn_key
+    num_train_rows = 0
     for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in paths:
             try:
@@ -253,10 +249,31 @@ def _check_rows(cfg: PPOConfig) -> None:
             if key not in columns:
                 raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
             table = pq.read_table(expand_path(path), columns=[c for c in (key, "agent_name") if c in columns])
+            num_train_rows += table.num_rows if name == "data.train_files" else 0
             if cfg.custom_reward_function.path is None:
                 _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
             if "agent_name" in columns:
                 _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)
+    _check_steps(cfg, num_train_rows)
+
+
+def _check_steps(cfg: PPOConfig, num_train_rows: int) -> None:
+    """The batch fits the rows, and critic warm-up leaves actor steps (rows before overlong-prompt filtering)."""
+    data, trainer = cfg.data, cfg.trainer
+    if data.train_max_samples > 0:
+        num_train_rows = min(num_train_rows, data.train_max_samples)
+    if num_train_rows < data.train_batch_size:
+        raise ValueError(
+            f"data.train_batch_size={data.train_batch_size} is larger than the {num_train_rows} training rows; lower "
+            "it or add data"
+        )
+    most_steps = trainer.total_epochs * (num_train_rows // data.train_batch_size)
+    steps = min(most_steps, trainer.total_training_steps or most_steps)
+    if trainer.critic_warmup and trainer.critic_warmup >= steps:
+        raise ValueError(
+            f"trainer.critic_warmup={trainer.critic_warmup} leaves no actor update in the run's {steps} steps "
+            "(trainer.total_training_steps, or total_epochs x rows // data.train_batch_size); lower it"
+        )
 
 
 def _check_scorers(data_sources: list[str], where: str) -> None:
