@@ -168,7 +168,7 @@ def _documented_keys() -> set[str]:
     return keys
 
 
-def test_every_documented_key_is_in_the_tree_and_settable(files):
+def test_every_documented_key_is_in_the_tree_and_passes_dry_run(files, capsys):
     trees = [(tree, {item.key: item for item in describe_fields(tree.root, derived=tree.derived)}) for tree in (PPO_TREE, SFT_TREE)]
     sections = {key.rpartition(".")[0] for _, leaves in trees for key in leaves}
     documented = _documented_keys()
@@ -180,12 +180,12 @@ def test_every_documented_key_is_in_the_tree_and_settable(files):
     assert not unknown, f"documented keys missing from the config tree: {unknown}"
     for tree, leaves in trees:
         for key in sorted(documented & set(leaves)):
-            default = leaves[key].default
+            default = [files["train"]] if key == "data.train_files" else leaves[key].default  # [] is refused
             value = json.dumps(default) if not isinstance(default, str) else f"'{default}'"
-            start = time.perf_counter()
-            cfg = load_config([f"data.train_files={files['train']}", f"{key}={value}"], tree)
-            assert time.perf_counter() - start < 1.0
-            node = cfg
+            overrides = [f"data.train_files={files['train']}", f"{key}={value}"]
+            main = train_main if tree is PPO_TREE else sft_main
+            assert main(["--dry-run", *overrides]) == 0, (key, capsys.readouterr().err)
+            node = load_config(overrides, tree)
             for part in key.split("."):
                 node = getattr(node, part)
             expected = [default] if key.endswith("_files") and isinstance(default, str) else default
