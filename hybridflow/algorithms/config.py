@@ -16,6 +16,7 @@ from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
     check_choice,
+    check_literal_fields,
     check_positive,
     check_range,
     unsupported,
@@ -82,6 +83,7 @@ class PPOLossConfig:
     """Which policy loss, and its own hyper-parameters."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_positive("clip_ratio", self.clip_ratio)
         for name in ("clip_ratio_low", "clip_ratio_high"):
             check_positive(name, getattr(self, name), allow_none=True)
@@ -110,6 +112,7 @@ class KLControlConfig:
     """Adaptive controller target KL."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_at_least("kl_coef", self.kl_coef, 0.0)
         check_positive("horizon", self.horizon)
         check_positive("target_kl", self.target_kl)

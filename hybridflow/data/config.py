@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_positive, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 
 __all__ = ["DataFilesConfig", "MultiturnConfig", "RLHFDataConfig", "SFTDataConfig", "expand_path"]
 
@@ -42,6 +42,7 @@ class DataFilesConfig:
     """Extra keyword arguments for tokenizer.apply_chat_template (e.g. {enable_thinking: false})."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_at_least("train_max_samples", self.train_max_samples, -1, "-1 uses all rows")
         check_at_least("val_max_samples", self.val_max_samples, -1, "-1 uses all rows")
         if self.train_max_samples == 0 or self.val_max_samples == 0:

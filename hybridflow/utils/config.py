@@ -32,6 +32,7 @@ __all__ = [
     "build_config",
     "check_at_least",
     "check_choice",
+    "check_literal_fields",
     "check_positive",
     "check_range",
     "defaults_tree",
@@ -90,6 +91,20 @@ def check_range(field: str, value: float, low: float, high: float, *, low_open: 
     if not (above and below):
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ConfigFieldError(field, f"{field}={value!r} must be in {interval}")
+
+
+def check_literal_fields(instance: Any) -> None:
+    """Raise unless every `Literal` field (and every entry of a `list[Literal]` field) of a dataclass instance
+    holds one of its choices; `build_config` checks this too, this covers configs built directly in Python."""
+    for name, tp in _hints(type(instance)).items():
+        value = getattr(instance, name)
+        if typing.get_origin(tp) is list and typing.get_args(tp):
+            tp, values = typing.get_args(tp)[0], list(value)
+        else:
+            values = [value]
+        if typing.get_origin(tp) is Literal:
+            for entry in values:
+                check_choice(name, entry, typing.get_args(tp))
 
 
 # ----------------------------------------------------------------------------- defaults and building

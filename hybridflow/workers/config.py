@@ -15,7 +15,7 @@ from hybridflow.algorithms.loss_agg import LossAggMode
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.training.config import FSDPConfig, FSDPModelConfig, OptimConfig
 from hybridflow.models.config import ModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_positive, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 
 __all__ = [
     "ActorConfig",
@@ -40,6 +40,7 @@ class CheckpointConfig:
     """Parts to save: model, optimizer, extra (scheduler, RNG), hf_model (also a plain HF directory)."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         missing = [part for part in ("model", "optimizer", "extra") if part not in self.save_contents]
         if missing:
             raise ConfigFieldError(
@@ -185,6 +186,7 @@ class CriticConfig:
     """What critic checkpoints hold."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
         check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu)

@@ -236,11 +236,13 @@ def test_keyword_defaults_live_in_the_loss_configs():
 
 
 def test_loss_hyperparameters_flatten_both_sections():
-    cfg = PPOLossConfig(clip_ratio=0.3, entropy_coeff=0.01, policy_loss=PolicyLossConfig(loss_mode="kl_cov", ppo_kl_coef=0.5))
+    policy_loss = PolicyLossConfig(loss_mode="kl_cov", ppo_kl_coef=0.5)
+    cfg = PPOLossConfig(clip_ratio=0.3, entropy_coeff=0.01, policy_loss=policy_loss)
     params = loss_hyperparameters(cfg)
     assert params["clip_ratio"] == 0.3 and params["ppo_kl_coef"] == 0.5
     # the loss name, its aggregation and the actor's other loss terms are not keyword arguments of a loss
-    assert not {"loss_mode", "policy_loss", "loss_agg_mode", "entropy_coeff", "use_kl_loss", "kl_loss_coef"} & set(params)
+    not_loss_args = {"loss_mode", "policy_loss", "loss_agg_mode", "entropy_coeff", "use_kl_loss", "kl_loss_coef"}
+    assert not not_loss_args & set(params)
     assert set(params) == {f.name for f in dataclasses.fields(PolicyLossConfig) if f.name != "loss_mode"} | {
         "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "tau_pos", "tau_neg", "loss_scale_factor"
     }
@@ -301,4 +303,5 @@ def test_registry_errors(scratch_registry):
         get_policy_loss_fn("vanila")
     assert "vanilla" in str(err.value) and "gspo" in str(err.value)
     with pytest.raises(KeyError):
-        compute_policy_loss_from_config(PPOLossConfig(policy_loss=PolicyLossConfig(loss_mode="nope")), OLD, OLD, ADV, MASK)
+        unknown = PPOLossConfig(policy_loss=PolicyLossConfig(loss_mode="nope"))
+        compute_policy_loss_from_config(unknown, OLD, OLD, ADV, MASK)

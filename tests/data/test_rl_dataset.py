@@ -181,7 +181,8 @@ def test_config_built_from_values_checks_choices_and_names_the_key() -> None:
     assert build_config(RLHFDataConfig, {"truncation": "middle", "train_files": "a.parquet"}, "data") == RLHFDataConfig(
         truncation="middle", train_files=["a.parquet"]
     )
-    with pytest.raises(ValueError, match=r"^data\.truncation='sideways' is not one of \['error', 'left', 'right', 'middle'\]"):
+    choices = r"\['error', 'left', 'right', 'middle'\]"
+    with pytest.raises(ValueError, match=rf"^data\.truncation='sideways' is not one of {choices}"):
         build_config(RLHFDataConfig, {"truncation": "sideways"}, "data")
     with pytest.raises(ValueError, match=r"^data\.max_prompt_length=0 must be > 0"):
         build_config(RLHFDataConfig, {"max_prompt_length": 0}, "data")

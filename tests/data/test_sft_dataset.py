@@ -136,7 +136,8 @@ def test_config_errors_name_the_field(kwargs, match):
 
 
 def test_config_built_from_values_checks_choices_and_nests_multiturn():
-    built = build_config(SFTDataConfig, {"multiturn": {"enable": True, "tools_key": "t"}, "prompt_dict_keys": "q"}, "data")
+    values = {"multiturn": {"enable": True, "tools_key": "t"}, "prompt_dict_keys": "q"}
+    built = build_config(SFTDataConfig, values, "data")
     assert built.multiturn == MultiturnConfig(enable=True, tools_key="t") and built.prompt_dict_keys == ["q"]
     with pytest.raises(ValueError, match=r"^data\.truncation='middle' is not one of \['error', 'left', 'right'\]"):
         build_config(SFTDataConfig, {"truncation": "middle"}, "data")

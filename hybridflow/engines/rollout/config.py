@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
+    check_literal_fields,
     check_positive,
     check_range,
     unsupported,
@@ -38,6 +39,7 @@ class SamplingConfig:
     """False is greedy decoding."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_at_least("temperature", self.temperature, 0.0, "0 is greedy")
         check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.top_k == 0 or self.top_k < -1:
@@ -81,6 +83,7 @@ class MultiTurnConfig:
     """Tool-call format parsed from model text."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_positive("max_assistant_turns", self.max_assistant_turns)
         check_positive("max_parallel_calls", self.max_parallel_calls)
         check_positive("max_tokens_per_turn", self.max_tokens_per_turn, allow_none=True)

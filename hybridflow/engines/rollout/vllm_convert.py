@@ -89,9 +89,7 @@ def describe_log_prob_mismatch(params: SamplingParams, mode: LogprobsMode) -> st
             return None
         return f"vLLM reports them at temperature 1 (logprobs_mode=raw_logprobs), not {temperature}"
     if not params.do_sample:
-        if temperature == 1.0:
-            return None
-        return f"vLLM reports greedy log-probs at temperature 1 (logprobs_mode=processed_logprobs), not {temperature}"
+        return None  # greedy log-probs are at temperature 1 (`log_prob_temperature`), as vLLM reports them
     if params.top_k > 0 or params.top_p < 1.0:
         return (
             "vLLM renormalizes them over the tokens kept by top-k/top-p (logprobs_mode=processed_logprobs), "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from hybridflow.models.config import ModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_range, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_range, unsupported
 
 __all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig"]
 
@@ -46,6 +46,7 @@ class OptimConfig:
     """Old name of lr_scheduler_type."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_at_least("lr", self.lr, 0.0)
         check_range("lr_warmup_steps_ratio", self.lr_warmup_steps_ratio, 0.0, 1.0, high_open=True)
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
@@ -90,6 +91,9 @@ class FSDPConfig:
     forward_prefetch: bool = unsupported(False, "explicit forward prefetching is not implemented")
     """Prefetch the next layer's all-gather during forward."""
 
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+
 
 @dataclass(frozen=True, kw_only=True)
 class FSDPModelConfig(ModelConfig):
@@ -117,6 +121,7 @@ class FSDPEngineConfig:
     """Attention kernel used by the model."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_at_least("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, 1)
         steps = self.optim.schedule_steps(self.total_training_steps)
         if self.optim.lr_scheduler_type != "constant" and steps <= 0:

@@ -15,7 +15,7 @@ from hybridflow.algorithms.config import AlgorithmConfig
 from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_positive, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
 
 __all__ = [
@@ -73,6 +73,7 @@ class RunConfig:
     """torch threads per worker on CPU hosts; 0 divides the cores among the workers."""
 
     def __post_init__(self) -> None:
+        check_literal_fields(self)
         check_positive("nnodes", self.nnodes)
         check_positive("n_gpus_per_node", self.n_gpus_per_node)
         check_positive("total_epochs", self.total_epochs)
