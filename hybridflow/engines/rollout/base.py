@@ -37,7 +37,7 @@ class SamplingParams(SamplingConfig):
     """One generation call's sampling: `SamplingConfig`'s fields plus the length limit and stop tokens.
 
     Greedy calls (`SamplingConfig.is_greedy`) are normalised to `do_sample=False`, so a backend only reads
-    `do_sample`; `temperature` then only scales the reported log-probs (`log_prob_temperature`).
+    `do_sample`; their log-probs are reported at temperature 1 (`log_prob_temperature`), as the trainer's are.
     """
 
     max_new_tokens: int = 256
