@@ -47,6 +47,7 @@ from hybridflow.algorithms.metrics import (
     compute_response_info,
     compute_throughput_metrics,
     compute_timing_metrics,
+    compute_rollout_probs_diff,
 )
 from hybridflow.algorithms.config import (
     AlgorithmConfig,
@@ -80,6 +81,7 @@ from hybridflow.algorithms.validation_metrics import (
 from hybridflow.algorithms.value_loss import compute_value_loss
 
 __all__ = [
+    "compute_rollout_probs_diff",
     # advantages
     "ADV_ESTIMATORS",
     "AdvantageEstimator",

@@ -22,7 +22,14 @@ from hybridflow.utils.config import (
     unsupported,
 )
 
-__all__ = ["AlgorithmConfig", "FilterGroupsConfig", "KLControlConfig", "PPOLossConfig", "PolicyLossConfig"]
+__all__ = [
+    "AlgorithmConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "PPOLossConfig",
+    "PolicyLossConfig",
+    "RolloutCorrectionConfig",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +138,30 @@ class FilterGroupsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RolloutCorrectionConfig:
+    """Off-policy correction between the rollout's and the trainer's log-probs (`algorithm.rollout_correction.*`)."""
+
+    bypass_mode: bool = False
+    """Use the rollout engine's own log-probs as the old log-probs and skip the trainer's old-log-prob pass; only for
+    engines whose log-probs match the training engine's (native)."""
+    loss_type: Literal["ppo_clip"] = "ppo_clip"
+    """Loss in bypass mode: the PPO clipped objective."""
+    rollout_is: Optional[str] = unsupported(None, "importance weights between rollout and trainer are not computed yet")
+    """Importance-sampling aggregation level: token | sequence."""
+    rollout_is_threshold: float = 2.0
+    """Upper truncation of the importance weights (with rollout_is)."""
+    rollout_rs: Optional[str] = unsupported(None, "rejection sampling of off-policy tokens is not implemented yet")
+    """Rejection-sampling rule."""
+    rollout_rs_threshold: Optional[float] = None
+    """Threshold of the rejection-sampling rule (with rollout_rs)."""
+    rollout_is_batch_normalize: bool = unsupported(False, "importance weights are not computed yet")
+    """Normalise the importance weights to mean 1 over the batch."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     """Advantage estimation and reward shaping (`algorithm.*`)."""
 
@@ -152,6 +183,8 @@ class AlgorithmConfig:
     """Reweight samples by reward before the update (PF-PPO)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Where the old log-probs come from, and off-policy correction."""
 
     def __post_init__(self) -> None:
         check_range("gamma", self.gamma, 0.0, 1.0)

@@ -15,7 +15,13 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["compute_response_info", "compute_data_metrics", "compute_timing_metrics", "compute_throughput_metrics"]
+__all__ = [
+    "compute_data_metrics",
+    "compute_response_info",
+    "compute_rollout_probs_diff",
+    "compute_throughput_metrics",
+    "compute_timing_metrics",
+]
 
 _TOKENS_PER_STAGE_OVERALL = ("ref", "values", "adv", "update_critic", "update_actor")
 
@@ -161,4 +167,29 @@ def compute_throughput_metrics(
         "perf/total_num_tokens": total_num_tokens,
         "perf/time_per_step": time,
         "perf/throughput": total_num_tokens / (time * num_workers),
+    }
+
+
+def compute_rollout_probs_diff(
+    rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the training engine's (verl's debug metrics).
+
+    rollout_log_probs, actor_log_probs, response_mask: (bs, response_len) -> `training/rollout_probs_diff_{max,
+    mean,std}` of |p_rollout - p_actor| over response tokens, and their Pearson correlation. A large gap means
+    the rollout's log-probs must not stand in for the trainer's (bypass mode) and the policy is off its samples.
+    """
+    mask = response_mask.bool()
+    rollout = torch.exp(rollout_log_probs.float())[mask]
+    actor = torch.exp(actor_log_probs.float())[mask]
+    if rollout.numel() == 0:
+        return {"training/rollout_probs_diff_valid": 0.0}
+    diff = (rollout - actor).abs()
+    corr = torch.corrcoef(torch.stack([rollout, actor]))[0, 1] if rollout.numel() > 1 else torch.tensor(1.0)
+    return {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0,
+        "training/rollout_actor_probs_pearson_corr": float(torch.nan_to_num(corr, nan=1.0)),
     }

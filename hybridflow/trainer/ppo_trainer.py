@@ -1,7 +1,8 @@
 """`RayPPOTrainer`: the driver loop of PPO/GRPO (the hybrid controller's single controller).
 
 `train_step()` is the algorithm, one RPC per line, each under its timer: generate -> reward -> old log-prob
--> ref -> values -> advantages -> update critic -> update actor. Workers do the heavy work; the driver only
+-> ref -> values -> advantages -> update critic -> update actor. The old-log-prob pass runs only when needed
+(`old_log_prob_source`): an exactly on-policy update takes them from its own forward, bypass mode from the rollout. Workers do the heavy work; the driver only
 moves `DataProto` batches and computes advantages (pure torch).
 """
 
@@ -12,25 +13,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from hybridflow.algorithms import (
     build_kl_controller,
     compute_data_metrics,
+    compute_rollout_probs_diff,
     compute_throughput_metrics,
     compute_timing_metrics,
 )
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
-from hybridflow.trainer.config import PPOConfig, critic_enabled, uses_reference
+from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_source, uses_reference
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.scaffold import due, progress_bar, run_dir, timer, total_steps, worker_metrics
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.trainer.validation import run_validation
 from hybridflow.trainer.worker_setup import WorkerGroups, build_generator, build_worker_groups
+from hybridflow.utils.seqlen_balancing import balanced_partitions, partition_stats
 
 logger = logging.getLogger(__name__)
+
+
+_OLD_LOG_PROB_SOURCES = {
+    "recompute": "a separate actor forward before the update",
+    "update": "the update's own forward (exactly on-policy: one epoch, one mini-batch per step), no separate pass",
+    "rollout": "the rollout engine's log-probs (algorithm.rollout_correction.bypass_mode)",
+}
 
 
 class RayPPOTrainer:
@@ -51,6 +62,7 @@ class RayPPOTrainer:
         self.tracking = tracking
         self.use_critic = critic_enabled(config)
         self.use_reference = uses_reference(config)
+        self.old_log_probs = old_log_prob_source(config)
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
         self.global_steps = 0
@@ -60,6 +72,7 @@ class RayPPOTrainer:
 
     def init_workers(self) -> None:
         """Start the worker processes and load the models (before the first step)."""
+        logger.info("old log-probs: %s", _OLD_LOG_PROB_SOURCES[self.old_log_probs])
         self.workers = build_worker_groups(self.config, self.total_training_steps)
         self.generator = build_generator(self.config, self.workers.actor_rollout, self.reward_fn.tokenizer)
 
@@ -106,11 +119,20 @@ class RayPPOTrainer:
             batch, gen_metrics = generate_batch(
                 self.generator, batch_dict, rollout.n, pass_rows=rollout.mode == "async", validate=False
             )
+        if self.config.trainer.balance_batch:
+            metrics.update(self._balance(batch))
         with timer("reward", timing):
             reward = self.reward_fn(batch)
         batch.batch["token_level_scores"] = reward.reward_tensor
-        with timer("old_log_prob", timing):
-            batch = batch.union(self._collect(actor_rollout.compute_log_prob(batch), metrics))
+        if self.old_log_probs == "recompute":
+            with timer("old_log_prob", timing):
+                batch = batch.union(self._collect(actor_rollout.compute_log_prob(batch), metrics))
+            if "rollout_log_probs" in batch.batch.keys():
+                metrics.update(compute_rollout_probs_diff(
+                    batch.batch["rollout_log_probs"], batch.batch["old_log_probs"], batch.batch["response_mask"]
+                ))
+        elif self.old_log_probs == "rollout":  # bypass mode; "update": the update's own forward supplies them
+            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
         if self.use_reference:
             with timer("ref", timing):
                 batch = batch.union(actor_rollout.compute_ref_log_prob(batch))
@@ -132,6 +154,14 @@ class RayPPOTrainer:
         metrics.update(gen_metrics)
         metrics.update(reward.metrics)
         return batch
+
+    def _balance(self, batch: DataProto) -> dict[str, float]:
+        """Reorder `batch` in place so each rank's chunk holds about the same number of tokens; verl's metrics."""
+        world = self.config.trainer.world_size
+        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        partitions = balanced_partitions(lengths, world)
+        batch.reorder(torch.tensor([row for partition in partitions for row in partition]))
+        return partition_stats(lengths, partitions, world)
 
     def _collect(self, output: DataProto, metrics: dict[str, float]) -> DataProto:
         """Move a worker result's metrics into `metrics`; return the result's data."""

@@ -23,7 +23,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.process import prepare_worker_process
-from hybridflow.workers.ppo_update import make_actor_loss_fn, mean_metrics, run_update
+from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, mean_metrics, run_update
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,7 @@ class ActorRolloutRefWorker(Worker):
         if offload:
             self.actor_engine.load_to_device(model=False, optimizer=True)
         mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.world_size
+        on_policy = self._check_on_policy(data, mini_per_rank)
         metrics = run_update(
             self.actor_engine,
             data,
@@ -225,9 +226,10 @@ class ActorRolloutRefWorker(Worker):
             epochs=actor.ppo_epochs,
             shuffle=actor.shuffle,
             seed=self.runtime.seed + self._update_count,
-            make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts),
+            make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts, on_policy),
             temperature=self.config.rollout.log_prob_temperature,
-            calculate_entropy=actor.entropy_coeff != 0,
+            # Without an old-log-prob pass the update's forward is the only place entropy can be measured.
+            calculate_entropy=actor.entropy_coeff != 0 or on_policy is not None,
             metric_prefix="actor",
         )
         self._update_count += 1
@@ -236,9 +238,25 @@ class ActorRolloutRefWorker(Worker):
         lr = self.actor_engine.lr_scheduler_step()
         self._rollout_weights_stale = self.rollout is not None and not self._rollout_shares_module
         result = mean_metrics(metrics)
+        result.update(on_policy.metrics() if on_policy is not None else {})
         result["actor/lr"] = lr
         result["timing_s/update_actor_worker"] = time.perf_counter() - start
         return DataProto.from_dict({}, meta_info={"metrics": result})
+
+    def _check_on_policy(self, data: DataProto, mini_batch_size_per_rank: int) -> OnPolicyRecord | None:
+        """None when `data` carries old log-probs; else a record for the update's own ones, after checking that the
+        update is one optimizer step (one epoch, one mini-batch), the only case where they equal the old ones."""
+        if "old_log_probs" in data.batch.keys():
+            return None
+        actor = self.config.actor
+        if actor.ppo_epochs != 1 or mini_batch_size_per_rank < len(data):
+            raise ValueError(
+                f"update_actor got no old_log_probs, but ppo_epochs={actor.ppo_epochs} with {len(data)} samples in "
+                f"mini-batches of {mini_batch_size_per_rank} per rank makes several optimizer steps; compute them "
+                "first (compute_log_prob), or make the update one step (ppo_epochs=1, ppo_mini_batch_size = "
+                "data.train_batch_size)"
+            )
+        return OnPolicyRecord()
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

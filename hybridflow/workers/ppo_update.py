@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from hybridflow.algorithms import agg_loss, compute_value_loss, kl_penalty, masked_mean
+from hybridflow.algorithms import agg_loss, compute_rollout_probs_diff, compute_value_loss, kl_penalty, masked_mean
 from hybridflow.algorithms.policy_loss_registry import compute_policy_loss_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers.config import ActorConfig, CriticConfig
@@ -40,19 +40,54 @@ def compute_global_counts(response_mask: torch.Tensor) -> GlobalCounts:
     return GlobalCounts(num_tokens=max(counts[0].item(), 1.0), num_seqs=max(counts[1].item(), 1.0), dp_size=dp_size)
 
 
+@dataclass
+class OnPolicyRecord:
+    """The update's own log-probs, kept when they serve as the old log-probs (an exactly on-policy step), so the
+    gap to the rollout engine's log-probs can still be reported."""
+
+    actor_log_probs: list[torch.Tensor] = field(default_factory=list)
+    rollout_log_probs: list[torch.Tensor] = field(default_factory=list)
+    masks: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, log_prob: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> None:
+        """Keep one micro-batch's detached log-probs with its rollout log-probs (when the rollout sent them)."""
+        if "rollout_log_probs" in batch.keys():
+            self.actor_log_probs.append(log_prob.detach().cpu())
+            self.rollout_log_probs.append(batch["rollout_log_probs"].cpu())
+            self.masks.append(batch["response_mask"].cpu())
+
+    def metrics(self) -> dict[str, float]:
+        """`training/rollout_probs_diff_*` over every recorded token (empty when nothing was recorded)."""
+        if not self.masks:
+            return {}
+        return compute_rollout_probs_diff(
+            torch.cat(self.rollout_log_probs), torch.cat(self.actor_log_probs), torch.cat(self.masks)
+        )
+
+
 def make_actor_loss_fn(
-    actor: ActorConfig, counts: GlobalCounts
+    actor: ActorConfig, counts: GlobalCounts, on_policy: OnPolicyRecord | None = None
 ) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]:
-    """`loss_fn(outputs, micro_batch)` for the training engine: policy loss - entropy bonus + KL loss."""
+    """`loss_fn(outputs, micro_batch)` for the training engine: policy loss - entropy bonus + KL loss.
+
+    Without `old_log_probs` in the batch the step must be exactly on-policy (the caller checks): the current
+    log-probs, detached, are the old ones (ratio 1 in value, the PPO gradient in grad), recorded in `on_policy`.
+    """
     agg = dict(dp_size=counts.dp_size, batch_num_tokens=counts.num_tokens, global_batch_size=counts.num_seqs)
 
     def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         batch = micro_batch.batch
         mask = batch["response_mask"].to(outputs["log_probs"].device).float()
         log_prob = outputs["log_probs"]
+        if "old_log_probs" in batch.keys():
+            old_log_prob = batch["old_log_probs"].to(log_prob.device)
+        else:
+            old_log_prob = log_prob.detach()
+            if on_policy is not None:
+                on_policy.add(log_prob, batch)
         pg_loss, metrics = compute_policy_loss_from_config(
             actor,
-            old_log_prob=batch["old_log_probs"].to(log_prob.device),
+            old_log_prob=old_log_prob,
             log_prob=log_prob,
             advantages=batch["advantages"].to(log_prob.device),
             response_mask=mask,

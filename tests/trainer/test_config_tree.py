@@ -214,6 +214,8 @@ INVALID = [
     ("critic.fsdp_config.param_offload=True", ["critic.model.fsdp_config.param_offload"]),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=exp", ["lr_scheduler_type", "cosine"]),
     ("actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]", ["save_contents", "cannot resume"]),
+    ("algorithm.rollout_correction.bypass_mode=True", ["bypass_mode=True", "rollout.name='hf'", "native"]),
+    ("algorithm.rollout_correction.rollout_is=token", ["rollout_correction.rollout_is", "not supported"]),
 ]
 
 
@@ -302,3 +304,22 @@ def test_frozen_sections_are_dataclasses_all_the_way_down(files):
 def test_packaged_yaml_configs_compose_and_type(name):
     cfg = load_config([], config_name=name)
     assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
+
+
+@pytest.mark.parametrize(
+    ("extra", "source"),
+    [
+        ([], "update"),  # one epoch, one mini-batch: the update's forward gives the old log-probs
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=4"], "recompute"),
+        (["actor_rollout_ref.actor.ppo_epochs=2"], "recompute"),
+        (["algorithm.use_kl_in_reward=True"], "recompute"),  # the reward penalty needs them before the update
+        (["algorithm.rollout_correction.bypass_mode=True", "actor_rollout_ref.rollout.name=native"], "rollout"),
+    ],
+)
+def test_old_log_prob_source(files, extra, source):
+    from hybridflow.trainer.config import old_log_prob_source
+
+    base = [f"data.train_files={files['train']}", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    cfg = load_config(base + extra)
+    validate_config(cfg)
+    assert old_log_prob_source(cfg) == source

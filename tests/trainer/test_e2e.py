@@ -95,7 +95,8 @@ def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
         assert record["actor/grad_norm"] > 0, "non-zero advantages must give gradients"
         assert record["critic/advantages/max"] > 0 and record["response_length/mean"] > 0
         for key in ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "timing_s/gen",
-                    "timing_s/update_actor", "timing_s/update_weights", "perf/throughput"):
+                    "timing_s/old_log_prob", "training/rollout_probs_diff_mean", "timing_s/update_actor",
+                    "timing_s/update_weights", "perf/throughput"):
             assert key in record, key
     assert full[3]["actor/kl_loss"] > 0, "the policy moved away from the reference"
     assert list_steps(full_dir) == [2, 3] and (full_dir / LATEST_FILE).read_text() == "3"
@@ -127,6 +128,19 @@ def test_ppo_with_gae_trains_a_critic(workspace):
                 "critic/returns/mean", "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
         assert key in step, key
     assert step["critic/grad_norm"] > 0
+
+
+def test_on_policy_grpo_skips_the_old_log_prob_pass(workspace):
+    """One epoch, one mini-batch: the update's own forward gives the old log-probs; entropy and the gap between
+    the rollout's and the trainer's log-probs are still logged."""
+    records = by_step(run(overrides(
+        workspace, workspace / "on_policy", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=1",
+        "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    step = records[1]
+    assert "timing_s/old_log_prob" not in step and step["actor/grad_norm"] > 0
+    assert step["actor/entropy"] > 0 and step["training/rollout_probs_diff_max"] < 1e-2
 
 
 def test_val_only_validates_without_training(workspace):

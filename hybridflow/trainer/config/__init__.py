@@ -2,7 +2,13 @@
 
 from hybridflow.trainer.config.loader import PPO_TREE, SFT_TREE, ConfigTree, compose_config, load_config, to_typed
 from hybridflow.trainer.config.schema import PPOConfig, SFTConfig
-from hybridflow.trainer.config.validate import BatchSizes, critic_enabled, uses_reference, validate_config
+from hybridflow.trainer.config.validate import (
+    BatchSizes,
+    critic_enabled,
+    old_log_prob_source,
+    uses_reference,
+    validate_config,
+)
 
 __all__ = [
     "PPO_TREE",
@@ -14,6 +20,7 @@ __all__ = [
     "compose_config",
     "critic_enabled",
     "load_config",
+    "old_log_prob_source",
     "to_typed",
     "uses_reference",
     "validate_config",

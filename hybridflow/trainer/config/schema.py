@@ -108,8 +108,8 @@ class PPOTrainerConfig(RunConfig):
     """verl's separate critic limit; checkpoints hold actor and critic together, so it must equal the actor's."""
     log_val_generations: int = 0
     """Validation samples printed per validation."""
-    balance_batch: bool = unsupported(False, "batches are split over ranks in order, without token balancing")
-    """Reorder each batch so every rank gets about the same number of tokens (verl's default is True)."""
+    balance_batch: bool = True
+    """Reorder each step's samples so every data-parallel rank gets about the same number of tokens."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 from hybridflow.data.config import expand_path
@@ -111,6 +112,26 @@ def uses_reference(cfg: PPOConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+OldLogProbSource = Literal["recompute", "update", "rollout"]
+BYPASS_ENGINES = ("native",)
+"""Rollout engines whose sampled log-probs match the training engine's (to about 1e-4): bypass mode may use them."""
+
+
+def old_log_prob_source(cfg: PPOConfig) -> OldLogProbSource:
+    """Where a step's old log-probs come from.
+
+    - `rollout`: `algorithm.rollout_correction.bypass_mode`, the rollout engine's own log-probs;
+    - `update`: the update is exactly on-policy (one epoch, one mini-batch per step, no KL-in-reward, which needs
+      them before the update), so the old log-probs equal the update's first forward, detached: no separate pass;
+    - `recompute`: a separate forward of the actor before the update (verl's default dataflow).
+    """
+    if cfg.algorithm.rollout_correction.bypass_mode:
+        return "rollout"
+    actor = cfg.actor_rollout_ref.actor
+    one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
+    return "update" if one_step and not cfg.algorithm.use_kl_in_reward else "recompute"
+
+
 def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     """Run every cross-component check; return the derived batch sizes per updated model."""
     _check_names(cfg)
@@ -176,6 +197,13 @@ def _check_algorithm(cfg: PPOConfig) -> None:
         raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic (algorithm.adv_estimator=gae)")
     if estimator == "gae" and cfg.critic.enable is False:
         raise ValueError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False; enable it or use grpo")
+    rollout = cfg.actor_rollout_ref.rollout
+    if cfg.algorithm.rollout_correction.bypass_mode and rollout.name not in BYPASS_ENGINES:
+        raise ValueError(
+            f"algorithm.rollout_correction.bypass_mode=True takes the rollout's log-probs as the old log-probs, but "
+            f"actor_rollout_ref.rollout.name={rollout.name!r} does not report log-probs that match the training "
+            f"engine's; use rollout.name in {list(BYPASS_ENGINES)} or bypass_mode=False"
+        )
     if cfg.actor_rollout_ref.rollout.is_greedy and n > 1:
         raise ValueError(
             f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "

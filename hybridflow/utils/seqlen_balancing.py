@@ -1,0 +1,49 @@
+"""Token balancing of a batch over data-parallel ranks (verl's `trainer.balance_batch`).
+
+The driver splits a batch into equal row chunks, one per rank, and every rank waits for the slowest one; with
+responses of very different lengths one rank can get most of the tokens. `balanced_partitions` groups the rows
+into equal-size partitions with near-equal token sums, and the driver reorders the batch so that rank i's chunk
+is partition i.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+__all__ = ["balanced_partitions", "partition_stats"]
+
+
+def balanced_partitions(lengths: Sequence[int], num_partitions: int) -> list[list[int]]:
+    """Row indices split into `num_partitions` partitions of equal size whose `lengths` sums are near equal.
+
+    Greedy longest-first: each row, longest first, joins the lightest partition that still has room. Within a
+    partition, indices are in ascending order. `len(lengths)` must be a multiple of `num_partitions`.
+    """
+    if num_partitions < 1 or len(lengths) % num_partitions:
+        raise ValueError(f"{len(lengths)} rows cannot be split into {num_partitions} equal partitions")
+    capacity = len(lengths) // num_partitions
+    partitions: list[list[int]] = [[] for _ in range(num_partitions)]
+    heap = [(0, index) for index in range(num_partitions)]  # (token sum, partition), lightest first
+    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        total, index = heapq.heappop(heap)
+        partitions[index].append(row)
+        if len(partitions[index]) < capacity:
+            heapq.heappush(heap, (total + lengths[row], index))
+    return [sorted(partition) for partition in partitions]
+
+
+def partition_stats(lengths: Sequence[int], partitions: Sequence[Sequence[int]], num_partitions: int) -> dict[str, float]:
+    """verl's `global_seqlen/*` metrics: token sums per rank for plain equal chunks (`min`, `max`, `minmax_diff`)
+    and for `partitions` (`balanced_min`, `balanced_max`), and the mean."""
+    chunk = len(lengths) // num_partitions
+    plain = [sum(lengths[i * chunk:(i + 1) * chunk]) for i in range(num_partitions)]
+    balanced = [sum(lengths[row] for row in partition) for partition in partitions]
+    return {
+        "global_seqlen/min": float(min(plain)),
+        "global_seqlen/max": float(max(plain)),
+        "global_seqlen/minmax_diff": float(max(plain) - min(plain)),
+        "global_seqlen/balanced_min": float(min(balanced)),
+        "global_seqlen/balanced_max": float(max(balanced)),
+        "global_seqlen/mean": float(sum(plain) / num_partitions),
+    }
