@@ -1,4 +1,5 @@
-"""Token balancing of a batch over data-parallel ranks (verl's `trainer.balance_batch`).
+"""Token balancing: of a batch over data-parallel ranks (verl's `trainer.balance_batch`), and of a rank's rows
+over micro-batches cut by a token budget (verl's `use_dynamic_bsz`).
 
 The driver splits a batch into equal row chunks, one per rank, and every rank waits for the slowest one; with
 responses of very different lengths one rank can get most of the tokens. `balanced_partitions` groups the rows
@@ -11,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-__all__ = ["balanced_partitions", "partition_stats"]
+__all__ = ["balanced_partitions", "num_token_budget_partitions", "partition_by_tokens", "partition_stats"]
 
 
 def balanced_partitions(lengths: Sequence[int], num_partitions: int) -> list[list[int]]:
@@ -47,3 +48,27 @@ def partition_stats(lengths: Sequence[int], partitions: Sequence[Sequence[int]],
         "global_seqlen/balanced_max": float(max(balanced)),
         "global_seqlen/mean": float(sum(plain) / num_partitions),
     }
+
+
+def num_token_budget_partitions(lengths: Sequence[int], max_tokens: int) -> int:
+    """How many micro-batches of about `max_tokens` tokens the rows of `lengths` need (ceil of the total over the
+    budget); a row longer than the budget is an error."""
+    longest = max(lengths, default=0)
+    if longest > max_tokens:
+        raise ValueError(f"a sequence of {longest} tokens does not fit the micro-batch token budget of {max_tokens}")
+    return max(1, -(-sum(lengths) // max_tokens))
+
+
+def partition_by_tokens(lengths: Sequence[int], num_partitions: int) -> list[list[int]]:
+    """Row indices in exactly `num_partitions` non-empty groups with near-equal token sums (longest row first into
+    the lightest group); indices ascending within a group. Data-parallel ranks must run the same number of
+    micro-batches (FSDP's collectives), so the caller takes the largest count any rank needs."""
+    if not 1 <= num_partitions <= len(lengths):
+        raise ValueError(f"{len(lengths)} rows cannot fill {num_partitions} non-empty micro-batches")
+    partitions: list[list[int]] = [[] for _ in range(num_partitions)]
+    heap = [(0, index) for index in range(num_partitions)]
+    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        total, index = heapq.heappop(heap)
+        partitions[index].append(row)
+        heapq.heappush(heap, (total + lengths[row], index))
+    return [sorted(partition) for partition in partitions]

@@ -186,6 +186,7 @@ class ActorRolloutRefWorker(Worker):
             temperature=self.config.rollout.log_prob_temperature,
             calculate_entropy=True,
             micro_batch_size=self.config.rollout.log_prob_micro_batch_size_per_gpu,
+            max_token_len=self.config.rollout.log_prob_token_budget,
         )
         metrics = {
             "actor/entropy": float(masked_mean(entropy, data.batch["response_mask"].to(entropy.dtype))),
@@ -203,6 +204,7 @@ class ActorRolloutRefWorker(Worker):
             data,
             temperature=self.config.rollout.log_prob_temperature,
             micro_batch_size=self.config.ref.log_prob_micro_batch_size_per_gpu,
+            max_token_len=self.config.ref.log_prob_token_budget,
             disable_adapter=use_base,
         )
         return DataProto.from_dict({"ref_log_prob": log_probs})
@@ -223,6 +225,7 @@ class ActorRolloutRefWorker(Worker):
             data,
             mini_batch_size_per_rank=mini_per_rank,
             micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
+            max_token_len=actor.update_token_budget,
             epochs=actor.ppo_epochs,
             shuffle=actor.shuffle,
             seed=self.runtime.seed + self._update_count,

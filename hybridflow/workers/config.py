@@ -74,10 +74,10 @@ class ActorConfig(PPOLossConfig):
     """Samples per forward/backward on one rank (gradient accumulation fills the mini-batch)."""
     ppo_micro_batch_size: Optional[int] = unsupported(None, "give ppo_micro_batch_size_per_gpu instead")
     """Old global form of ppo_micro_batch_size_per_gpu."""
-    use_dynamic_bsz: bool = unsupported(False, "token-budget micro-batches are not implemented yet")
-    """Form micro-batches by token count instead of sample count."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches by token count (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu rows."""
     ppo_max_token_len_per_gpu: int = 16384
-    """Token budget of a micro-batch with use_dynamic_bsz."""
+    """Tokens (prompt + response) per micro-batch on one rank with use_dynamic_bsz."""
     ppo_epochs: int = 1
     """Passes over each batch."""
     shuffle: bool = False
@@ -103,6 +103,11 @@ class ActorConfig(PPOLossConfig):
         check_positive("ppo_epochs", self.ppo_epochs)
         _check_clip(self.grad_clip, self.optim)
 
+    @property
+    def update_token_budget(self) -> int | None:
+        """Tokens per update micro-batch, or None to cut by rows."""
+        return self.ppo_max_token_len_per_gpu if self.use_dynamic_bsz else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class RefConfig:
@@ -112,10 +117,10 @@ class RefConfig:
     """Samples per forward when computing reference log-probs."""
     log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
     """Old global form of log_prob_micro_batch_size_per_gpu."""
-    log_prob_use_dynamic_bsz: bool = unsupported(False, "token-budget micro-batches are not implemented yet")
-    """Form log-prob micro-batches by token count."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Cut log-prob micro-batches by token count (log_prob_max_token_len_per_gpu) instead of rows."""
     log_prob_max_token_len_per_gpu: int = 16384
-    """Token budget of a log-prob micro-batch with log_prob_use_dynamic_bsz."""
+    """Tokens per log-prob micro-batch on one rank with log_prob_use_dynamic_bsz."""
     ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
     """Ranks that split one sequence (Ulysses)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -123,6 +128,12 @@ class RefConfig:
 
     def __post_init__(self) -> None:
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+
+    @property
+    def log_prob_token_budget(self) -> int | None:
+        """Tokens per log-prob micro-batch, or None to cut by rows."""
+        return self.log_prob_max_token_len_per_gpu if self.log_prob_use_dynamic_bsz else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,12 +175,12 @@ class CriticConfig:
     """Samples per forward when computing values."""
     forward_micro_batch_size: Optional[int] = unsupported(None, "give forward_micro_batch_size_per_gpu instead")
     """Old global form of forward_micro_batch_size_per_gpu."""
-    use_dynamic_bsz: bool = unsupported(False, "token-budget micro-batches are not implemented yet")
-    """Form micro-batches by token count."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches by token count instead of rows (ppo_/forward_max_token_len_per_gpu)."""
     ppo_max_token_len_per_gpu: int = 32768
-    """Token budget of a micro-batch with use_dynamic_bsz."""
+    """Tokens per update micro-batch on one rank with use_dynamic_bsz."""
     forward_max_token_len_per_gpu: int = 32768
-    """Token budget of a value forward with use_dynamic_bsz."""
+    """Tokens per value-forward micro-batch on one rank with use_dynamic_bsz."""
     ppo_epochs: int = 1
     """Passes over each batch."""
     shuffle: bool = False
@@ -193,6 +204,16 @@ class CriticConfig:
         check_positive("ppo_epochs", self.ppo_epochs)
         check_positive("cliprange_value", self.cliprange_value)
         _check_clip(self.grad_clip, self.optim)
+
+    @property
+    def update_token_budget(self) -> int | None:
+        """Tokens per update micro-batch, or None to cut by rows."""
+        return self.ppo_max_token_len_per_gpu if self.use_dynamic_bsz else None
+
+    @property
+    def forward_token_budget(self) -> int | None:
+        """Tokens per value-forward micro-batch, or None to cut by rows."""
+        return self.forward_max_token_len_per_gpu if self.use_dynamic_bsz else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,11 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` (bs, response_len): the value predicted for each response token."""
-        values = self.engine.compute_values(data, micro_batch_size=self.config.forward_micro_batch_size_per_gpu)
+        values = self.engine.compute_values(
+            data,
+            micro_batch_size=self.config.forward_micro_batch_size_per_gpu,
+            max_token_len=self.config.forward_token_budget,
+        )
         return DataProto.from_dict({"values": values})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -49,6 +53,7 @@ class CriticWorker(Worker):
             data,
             mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.world_size,
             micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
+            max_token_len=self.config.update_token_budget,
             epochs=self.config.ppo_epochs,
             shuffle=self.config.shuffle,
             seed=self.runtime.seed + self._update_count,

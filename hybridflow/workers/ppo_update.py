@@ -153,6 +153,7 @@ def run_update(
     *,
     mini_batch_size_per_rank: int,
     micro_batch_size: int,
+    max_token_len: int | None = None,
     epochs: int,
     shuffle: bool,
     seed: int,
@@ -166,7 +167,7 @@ def run_update(
     for mini_batch in iterate_mini_batches(data, mini_batch_size_per_rank, epochs, shuffle, seed):
         counts = compute_global_counts(mini_batch.batch["response_mask"])
         step = engine.train_batch(
-            mini_batch.split(micro_batch_size),
+            engine.split_micro_batches(mini_batch, micro_batch_size, max_token_len)[0],
             make_loss_fn(counts),
             temperature=temperature,
             calculate_entropy=calculate_entropy,

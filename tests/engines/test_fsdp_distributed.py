@@ -106,6 +106,33 @@ def _scenario(rank: int, world_size: int, model_dir: str, out_file: str, ckpt_di
     results["offload_loss_diff"] = abs(loss_off - loss_plain)
     results["offload_param_diff"] = max((a[k] - b[k]).abs().max().item() for k in a)
 
+    # 6) token-budget micro-batches (use_dynamic_bsz): the ranks' rows differ in length, so they need different
+    # numbers of micro-batches; both run the larger count (FSDP pairs their collectives) and the results equal the
+    # row micro-batches'. Rank 1 keeps only one token of each response: far fewer tokens than rank 0.
+    uneven = DataProto.from_dict({k: v.clone() for k, v in local.batch.items()})
+    if rank == 1:
+        uneven.batch["attention_mask"][:, -4:] = 0
+        uneven.batch["response_mask"][:, -4:] = 0
+    budget = int(local.batch["input_ids"].size(1))  # one full-length row per micro-batch at most
+    counts = [None] * world_size
+    dist.all_gather_object(counts, len(plain.split_micro_batches(uneven, max_token_len=budget)[0]))
+    results["token_micro_batch_counts"] = counts
+    by_rows, _ = plain.compute_log_prob(uneven)
+    by_tokens, _ = plain.compute_log_prob(uneven, max_token_len=budget)
+    mask = uneven.batch["response_mask"].bool()
+    results["token_logprob_diff"] = (by_rows - by_tokens)[mask].abs().max().item()
+    total = float(uneven.batch["response_mask"].sum())
+
+    def token_sum_nll(outputs, micro_batch):  # normalised by the whole batch: the same however it is cut
+        token_mask = micro_batch.batch["response_mask"].to(outputs["log_probs"].dtype)
+        return -(outputs["log_probs"] * token_mask).sum() / total, {}
+
+    rows_step = build_fsdp_engine(model_dir, CONFIG).train_batch(
+        plain.split_micro_batches(uneven)[0], token_sum_nll, scale_by_rows=False)
+    tokens_step = build_fsdp_engine(model_dir, CONFIG).train_batch(
+        plain.split_micro_batches(uneven, max_token_len=budget)[0], token_sum_nll, scale_by_rows=False)
+    results["token_grad_norm_diff"] = abs(rows_step["grad_norm"] - tokens_step["grad_norm"])
+
     gathered = [None] * world_size
     dist.all_gather_object(gathered, {k: v for k, v in results.items() if k != "params"})
     if rank == 0:
@@ -162,3 +189,11 @@ def test_fsdp2_param_offload_matches(dist_results):
     for r in dist_results["all"]:
         assert r["offload_loss_diff"] < 1e-6
         assert r["offload_param_diff"] < 1e-6
+
+
+def test_fsdp2_token_budget_micro_batches_agree_across_ranks(dist_results):
+    for r in dist_results["all"]:
+        counts = r["token_micro_batch_counts"]
+        assert counts[0] == counts[1] >= 2, counts  # the shorter rank runs as many micro-batches as the longer
+        assert r["token_logprob_diff"] < 1e-6
+        assert r["token_grad_norm_diff"] < 1e-5

@@ -205,7 +205,8 @@ INVALID = [
     ("trainer.resume_mode=resume_path trainer.resume_from_path=/nonexistent/global_step_3", ["trainer.resume_from_path"]),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", ["tensor_model_parallel_size=2", "not supported"]),
     ("actor_rollout_ref.hybrid_engine=False", ["actor_rollout_ref.hybrid_engine", "not supported"]),
-    ("actor_rollout_ref.actor.use_dynamic_bsz=True", ["use_dynamic_bsz", "not supported"]),
+    ("actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500",
+     ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500", "longest sequence", "1024"]),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", ["ulysses_sequence_parallel_size", "not supported"]),
     ("reward_model.enable=True", ["reward_model.enable", "not supported"]),
     ("actor_rollout_ref.actor.grad_clip=0.5 actor_rollout_ref.actor.optim.clip_grad=2.0", ["grad_clip", "clip_grad"]),
@@ -323,3 +324,15 @@ def test_old_log_prob_source(files, extra, source):
     cfg = load_config(base + extra)
     validate_config(cfg)
     assert old_log_prob_source(cfg) == source
+
+
+def test_dynamic_batch_sizes_follow_the_actor_and_print_a_token_table(files, capsys):
+    overrides = verl_lines(files)["actor_keys_only_gae"] + [
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",  # not used (and need not divide) with token budgets
+    ]
+    cfg = load_config(overrides)
+    assert cfg.actor_rollout_ref.rollout.log_prob_token_budget == 4096 and cfg.critic.update_token_budget == 32768
+    assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz and cfg.critic.forward_token_budget == 32768
+    assert train_main(["--dry-run", *overrides]) == 0
+    assert "micro-batches (use_dynamic_bsz): tokens each, at most about  4096" in capsys.readouterr().out

@@ -118,6 +118,9 @@ def test_ppo_with_gae_trains_a_critic(workspace):
     records = by_step(run(overrides(
         workspace, workspace / "ppo",
         "algorithm.adv_estimator=gae", "algorithm.lam=0.95", "actor_rollout_ref.rollout.n=1",
+        # token-budget micro-batches for the actor, old log-probs and (by verl's interpolation) the critic
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300",
+        "critic.ppo_max_token_len_per_gpu=300", "critic.forward_max_token_len_per_gpu=300",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         f"critic.model.path={workspace / 'tiny'}", "critic.ppo_mini_batch_size=2",
         "critic.ppo_micro_batch_size_per_gpu=1", "critic.optim.lr=1e-3",

@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from hybridflow.utils.seqlen_balancing import balanced_partitions, partition_stats
+from hybridflow.utils.seqlen_balancing import (
+    balanced_partitions,
+    num_token_budget_partitions,
+    partition_by_tokens,
+    partition_stats,
+)
 
 
 def test_partitions_are_equal_sized_cover_every_row_and_balance_tokens():
@@ -33,3 +38,16 @@ def test_random_batches_balance_far_better_than_plain_chunks():
 def test_rows_that_do_not_divide_are_refused():
     with pytest.raises(ValueError, match="7 rows cannot be split into 2 equal partitions"):
         balanced_partitions([1] * 7, 2)
+
+
+def test_token_budget_micro_batches():
+    lengths = [300, 100, 250, 50, 200, 100]  # 1000 tokens
+    assert num_token_budget_partitions(lengths, 400) == 3
+    groups = partition_by_tokens(lengths, 3)
+    assert sorted(row for group in groups for row in group) == list(range(6))
+    assert sorted(sum(lengths[row] for row in group) for group in groups) == [300, 350, 350]
+    assert len(partition_by_tokens(lengths, 6)) == 6 and all(partition_by_tokens(lengths, 6))
+    with pytest.raises(ValueError, match="a sequence of 300 tokens does not fit the micro-batch token budget of 299"):
+        num_token_budget_partitions(lengths, 299)
+    with pytest.raises(ValueError, match="6 rows cannot fill 7 non-empty micro-batches"):
+        partition_by_tokens(lengths, 7)

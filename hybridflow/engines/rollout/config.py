@@ -132,10 +132,10 @@ class RolloutConfig(SamplingConfig):
     """Samples per forward when recomputing old log-probs."""
     log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
     """Old global form of log_prob_micro_batch_size_per_gpu."""
-    log_prob_use_dynamic_bsz: bool = unsupported(False, "token-budget micro-batches are not implemented yet")
-    """Form log-prob micro-batches by token count."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Cut old-log-prob micro-batches by token count (log_prob_max_token_len_per_gpu) instead of rows."""
     log_prob_max_token_len_per_gpu: int = 16384
-    """Token budget of a log-prob micro-batch with log_prob_use_dynamic_bsz."""
+    """Tokens per old-log-prob micro-batch on one rank with log_prob_use_dynamic_bsz."""
     tensor_model_parallel_size: int = unsupported(1, "the rollout engines run one replica per rank, without TP")
     """Tensor-parallel ranks of one rollout replica."""
     gpu_memory_utilization: float = 0.5
@@ -157,3 +157,9 @@ class RolloutConfig(SamplingConfig):
         check_positive("response_length", self.response_length)
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
         check_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
+        check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+
+    @property
+    def log_prob_token_budget(self) -> int | None:
+        """Tokens per old-log-prob micro-batch, or None to cut by rows."""
+        return self.log_prob_max_token_len_per_gpu if self.log_prob_use_dynamic_bsz else None

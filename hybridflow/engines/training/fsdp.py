@@ -55,6 +55,7 @@ from hybridflow.models.lora import (
 from hybridflow.models.value_head import build_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
+from hybridflow.utils.seqlen_balancing import num_token_budget_partitions, partition_by_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -286,12 +287,14 @@ class FSDPEngine:
         temperature: float = 1.0,
         calculate_entropy: bool = False,
         micro_batch_size: int | None = None,
+        max_token_len: int | None = None,
         disable_adapter: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens, on CPU.
 
         Returns `log_probs` (bs, response_len) float32 under softmax(logits / temperature), and `entropy`
         (bs, response_len) or None. Positions after the end of a response hold meaningless values: mask them.
+        Micro-batches hold `micro_batch_size` rows, or about `max_token_len` tokens (`split_micro_batches`).
         `disable_adapter=True` (LoRA engines) computes them with the frozen base weights only: the reference
         policy without a second model in memory.
         """
@@ -300,23 +303,46 @@ class FSDPEngine:
         if disable_adapter and self.lora_scaling is None:
             raise ValueError("disable_adapter=True needs a LoRA engine (lora_rank > 0)")
         self.module.eval()
+        micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
         with self.module.disable_adapter() if disable_adapter else contextlib.nullcontext():
             outs = [
                 self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy)
-                for mb in self._split(batch, micro_batch_size)
+                for mb in micro_batches
             ]
-        log_probs = torch.cat([out["log_probs"] for out in outs]).cpu()
-        entropy = torch.cat([out["entropy"] for out in outs]).cpu() if calculate_entropy else None
+        log_probs = _in_row_order(torch.cat([out["log_probs"] for out in outs]).cpu(), order)
+        entropy = _in_row_order(torch.cat([out["entropy"] for out in outs]).cpu(), order) if calculate_entropy else None
         return log_probs, entropy
 
     @torch.no_grad()
-    def compute_values(self, batch: Batch, *, micro_batch_size: int | None = None) -> torch.Tensor:
+    def compute_values(
+        self, batch: Batch, *, micro_batch_size: int | None = None, max_token_len: int | None = None
+    ) -> torch.Tensor:
         """Values (bs, response_len) float32 on CPU from a value model (critic / reward model)."""
         if self.model_kind != "value":
             raise TypeError("compute_values needs a value-model engine (model_kind='value')")
         self.module.eval()
-        outs = [self.forward_micro_batch(mb)["values"] for mb in self._split(batch, micro_batch_size)]
-        return torch.cat(outs).cpu()
+        micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
+        return _in_row_order(torch.cat([self.forward_micro_batch(mb)["values"] for mb in micro_batches]).cpu(), order)
+
+    def split_micro_batches(
+        self, batch: Batch, micro_batch_size: int | None = None, max_token_len: int | None = None
+    ) -> tuple[list[Batch], list[int] | None]:
+        """This rank's micro-batches and the rows they hold in order (None: rows in their original order).
+
+        With `max_token_len` (verl's `use_dynamic_bsz`), rows are grouped by token count into the number of
+        micro-batches the fullest rank needs for about `max_token_len` tokens each: every rank runs the same
+        number of forwards (FSDP's collectives pair them up). Otherwise groups of `micro_batch_size` rows.
+        """
+        if max_token_len is None:
+            return self._split(batch, micro_batch_size), None
+        lengths = _get(batch, "attention_mask").sum(-1).tolist()
+        count = num_token_budget_partitions(lengths, max_token_len)
+        if self.is_sharded:
+            counts = torch.tensor([count], device=self.device)
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+            count = int(counts.item())
+        partitions = partition_by_tokens(lengths, count)
+        return [_select_rows(batch, rows) for rows in partitions], [row for rows in partitions for row in rows]
 
     def _split(self, batch: Batch, micro_batch_size: int | None) -> list[Batch]:
         size = micro_batch_size or self.config.micro_batch_size_per_gpu
@@ -451,6 +477,22 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
             batch=batch.batch.to(device), non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info
         )
     return {key: batch[key].to(device) for key in batch.keys()}
+
+
+def _select_rows(batch: Batch, rows: list[int]) -> Batch:
+    if isinstance(batch, DataProto):
+        return batch.select_idxs(rows)
+    index = torch.tensor(rows, dtype=torch.long)
+    return {key: batch[key][index] for key in batch.keys()}
+
+
+def _in_row_order(values: torch.Tensor, order: list[int] | None) -> torch.Tensor:
+    """`values` whose row i belongs to original row `order[i]`, put back in the original row order."""
+    if order is None:
+        return values
+    restored = torch.empty_like(values)
+    restored[torch.tensor(order, dtype=torch.long)] = values
+    return restored
 
 
 def _num_rows(batch: Batch) -> int:

@@ -35,6 +35,8 @@ class BatchSizes:
     micro_batch_per_rank: int
     grad_accum_steps: int
     optimizer_steps_per_step: int
+    token_budget: int | None = None
+    """Tokens per micro-batch with use_dynamic_bsz (then micro-batches are cut by tokens, not rows)."""
 
     def table(self, name: str) -> str:
         """The numbers as aligned text lines."""
@@ -45,8 +47,13 @@ class BatchSizes:
             ("mini-batch prompts (ppo_mini_batch_size)", self.mini_batch_prompts),
             ("mini-batch samples (x rollout.n)", self.mini_batch_samples),
             ("mini-batch samples per rank", self.mini_batch_samples_per_rank),
-            ("micro-batch per rank (ppo_micro_batch_size_per_gpu)", self.micro_batch_per_rank),
-            ("gradient accumulation steps", self.grad_accum_steps),
+            *(
+                [("micro-batches (use_dynamic_bsz): tokens each, at most about", self.token_budget),
+                 ("gradient accumulation steps", "as many as the fullest rank's tokens need")]
+                if self.token_budget is not None
+                else [("micro-batch per rank (ppo_micro_batch_size_per_gpu)", self.micro_batch_per_rank),
+                      ("gradient accumulation steps", self.grad_accum_steps)]
+            ),
             ("optimizer steps per training step (x ppo_epochs)", self.optimizer_steps_per_step),
         ]
         width = max(len(label) for label, _ in rows)
@@ -54,9 +61,10 @@ class BatchSizes:
 
 
 def derive_batch_sizes(
-    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int, epochs: int
+    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int, epochs: int, token_budget: int | None = None
 ) -> BatchSizes:
-    """Check and derive the batch numbers of one updated model (`prefix` names its config keys)."""
+    """Check and derive the batch numbers of one updated model (`prefix` names its config keys); with a token
+    budget (use_dynamic_bsz) micro-batches are cut by tokens and the row micro-batch size is not used."""
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     prompts = cfg.data.train_batch_size
     n = cfg.actor_rollout_ref.rollout.n
@@ -77,7 +85,7 @@ def derive_batch_sizes(
             f"over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {world}"
         )
     per_rank = mini_samples // world
-    if per_rank % micro_batch:
+    if token_budget is None and per_rank % micro_batch:
         raise ValueError(
             f"{prefix}.ppo_micro_batch_size_per_gpu={micro_batch} does not divide the {per_rank} mini-batch samples "
             f"per rank ({mini_batch} prompts x n={n} / {world} ranks); use a divisor of {per_rank} such as "
@@ -93,6 +101,7 @@ def derive_batch_sizes(
         micro_batch_per_rank=micro_batch,
         grad_accum_steps=per_rank // micro_batch,
         optimizer_steps_per_step=(prompts // mini_batch) * epochs,
+        token_budget=token_budget,
     )
 
 
@@ -141,19 +150,44 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_agent_loops(cfg)
     _check_rows(cfg)
     _check_lengths(cfg)
+    _check_token_budgets(cfg)
     _check_environment(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
         "actor": derive_batch_sizes(
-            cfg, "actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu, actor.ppo_epochs
+            cfg, "actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu,
+            actor.ppo_epochs, actor.update_token_budget,
         )
     }
     if critic_enabled(cfg):
         critic = cfg.critic
         sizes["critic"] = derive_batch_sizes(
-            cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs
+            cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
+            critic.update_token_budget,
         )
     return sizes
+
+
+def _check_token_budgets(cfg: PPOConfig) -> None:
+    """Each token budget in use holds the longest sequence (max_prompt_length + max_response_length)."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    arr = cfg.actor_rollout_ref
+    budgets = [
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.update_token_budget),
+        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_token_budget),
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_token_budget if uses_reference(cfg) else None),
+    ]
+    if critic_enabled(cfg):
+        budgets += [
+            ("critic.ppo_max_token_len_per_gpu", cfg.critic.update_token_budget),
+            ("critic.forward_max_token_len_per_gpu", cfg.critic.forward_token_budget),
+        ]
+    for key, budget in budgets:
+        if budget is not None and budget < longest:
+            raise ValueError(
+                f"{key}={budget} is below the longest sequence, data.max_prompt_length + data.max_response_length = "
+                f"{longest} tokens; raise it to at least {longest} (a few times more packs several sequences)"
+            )
 
 
 def _check_names(cfg: PPOConfig) -> None:
