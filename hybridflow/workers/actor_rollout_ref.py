@@ -115,6 +115,7 @@ class ActorRolloutRefWorker(Worker):
         update_weights_s = self._sync_rollout_weights()
         start = time.perf_counter()
         self.rollout.wake_up()
+        self._seed_sampling()
         output = self.rollout.generate_sequences(prompts)
         if self.config.rollout.free_cache_engine:
             self.rollout.sleep()
@@ -123,6 +124,13 @@ class ActorRolloutRefWorker(Worker):
             "timing_s/generate_sequences": time.perf_counter() - start,
         }
         return output
+
+    def _seed_sampling(self) -> None:
+        """Give each rank its own sampling stream, deterministic per rank and policy version (the number of
+        updates, which checkpoints restore): copies of one prompt on several ranks (n above the rows per rank, or
+        agent loops spread over replicas) must not sample the same responses."""
+        version = self.actor_engine.lr_scheduler.last_epoch if self.actor_engine is not None else 0
+        torch.manual_seed(self.runtime.seed + 1_000_003 * (self.rank + 1) + version)
 
     def _sync_rollout_weights(self) -> float:
         """Gather the actor's full weights tensor by tensor into the rollout engine (collective); seconds taken."""
@@ -141,9 +149,7 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"wake_up_rollout_server called on a worker with role {self.role!r} (no rollout)")
         update_weights_s = self._sync_rollout_weights()
         self.rollout.wake_up()
-        # Replicas get different requests in no fixed order, and a GRPO group's samples may land on several of
-        # them with equal batches: give each rank its own sampling stream (deterministic per rank and step).
-        torch.manual_seed(self.runtime.seed + 1_000_003 * (self.rank + 1) + self._update_count)
+        self._seed_sampling()
         if self._server is None:
             agent = self.config.rollout.agent
             self._server = GenerationServer(

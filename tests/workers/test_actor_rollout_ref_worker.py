@@ -84,3 +84,11 @@ def test_generate_logprob_update_and_weight_handover(group):
     assert masked_max_diff(new_old.batch["old_log_probs"], second.batch["rollout_log_probs"], new_mask) < 1e-4
     new_ref = group.compute_ref_log_prob(second)
     assert masked_max_diff(new_ref.batch["ref_log_prob"], new_old.batch["old_log_probs"], new_mask) > 1e-3
+
+
+def test_ranks_sample_differently_from_the_same_prompt(group):
+    """Copies of one prompt on two ranks (n above the rows per rank) must not get the same responses."""
+    same = prompts()[[1, 1]]
+    assert torch.equal(same.batch["input_ids"][0], same.batch["input_ids"][1])
+    out = group.generate_sequences(same)
+    assert not torch.equal(out.batch["responses"][0], out.batch["responses"][1])
