@@ -32,7 +32,7 @@ from hybridflow.trainer.scaffold import due, progress_bar, run_dir, timer, total
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.trainer.validation import run_validation
 from hybridflow.trainer.worker_setup import WorkerGroups, build_generator, build_worker_groups
-from hybridflow.utils.seqlen_balancing import balanced_partitions, partition_stats
+from hybridflow.utils.seqlen_balancing import balanced_group_partitions, balanced_partitions, partition_stats
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,12 @@ class RayPPOTrainer:
         """Reorder `batch` in place so each rank's chunk holds about the same number of tokens; verl's metrics."""
         world = self.config.trainer.world_size
         lengths = batch.batch["attention_mask"].sum(-1).tolist()
-        partitions = balanced_partitions(lengths, world)
+        if self.config.actor_rollout_ref.actor.use_prefix_grouper:  # keep each prompt's samples on one rank
+            partitions = balanced_group_partitions(lengths, batch.non_tensor_batch["uid"].tolist(), world)
+            if partitions is None:  # groups that cannot be spread evenly stay in generation order (contiguous)
+                return {}
+        else:
+            partitions = balanced_partitions(lengths, world)
         batch.reorder(torch.tensor([row for partition in partitions for row in partition]))
         return partition_stats(lengths, partitions, world)
 

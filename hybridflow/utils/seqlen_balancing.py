@@ -12,7 +12,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-__all__ = ["balanced_partitions", "num_token_budget_partitions", "partition_by_tokens", "partition_stats"]
+__all__ = [
+    "balanced_group_partitions",
+    "balanced_partitions",
+    "num_token_budget_partitions",
+    "partition_by_tokens",
+    "partition_stats",
+]
 
 
 def balanced_partitions(lengths: Sequence[int], num_partitions: int) -> list[list[int]]:
@@ -32,6 +38,25 @@ def balanced_partitions(lengths: Sequence[int], num_partitions: int) -> list[lis
         if len(partitions[index]) < capacity:
             heapq.heappush(heap, (total + lengths[row], index))
     return [sorted(partition) for partition in partitions]
+
+
+def balanced_group_partitions(
+    lengths: Sequence[int], group_ids: Sequence[object], num_partitions: int
+) -> list[list[int]] | None:
+    """Like `balanced_partitions`, but the rows of a group (a prompt's samples) stay together and in order, so a
+    rank can share their prompt; None when the groups cannot be spread evenly (unequal sizes or a count that
+    `num_partitions` does not divide)."""
+    groups: dict[object, list[int]] = {}
+    for row, group in enumerate(group_ids):
+        groups.setdefault(group, []).append(row)
+    members = list(groups.values())
+    if len(members) % num_partitions or len({len(rows) for rows in members}) != 1:
+        return None
+    totals = [sum(lengths[row] for row in rows) for rows in members]
+    return [
+        [row for index in partition for row in members[index]]
+        for partition in balanced_partitions(totals, num_partitions)
+    ]
 
 
 def partition_stats(lengths: Sequence[int], partitions: Sequence[Sequence[int]], num_partitions: int) -> dict[str, float]:

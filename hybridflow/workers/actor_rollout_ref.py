@@ -61,6 +61,7 @@ class ActorRolloutRefWorker(Worker):
                 optim=actor.optim,
                 micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
                 total_training_steps=runtime.total_training_steps,
+                share_prompts=actor.use_prefix_grouper,
             )
             self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
         # LoRA: the reference is the actor's own model with the adapter disabled (no second model in memory).
@@ -71,6 +72,7 @@ class ActorRolloutRefWorker(Worker):
                 model=dataclasses.replace(model, lora_rank=0, lora_adapter_path=None),
                 fsdp=ref.fsdp_config,
                 micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
+                share_prompts=actor.use_prefix_grouper,
             )
             self.ref_engine = build_fsdp_engine(model_path, ref_config, tokenizer=self.tokenizer)
         if self.is_rollout:

@@ -88,6 +88,9 @@ class ActorConfig(PPOLossConfig):
     """Ranks that split one sequence (Ulysses)."""
     use_torch_compile: bool = unsupported(False, "the training engine runs eagerly")
     """Compile the model's forward."""
+    use_prefix_grouper: bool = False
+    """Forward the samples of one prompt with a single copy of the prompt (update, old and reference log-probs):
+    the same results, with each prompt computed once per group in a micro-batch."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of the actor."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -193,6 +196,8 @@ class CriticConfig:
     """Max global grad norm (the same setting as optim.clip_grad)."""
     ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
     """Ranks that split one sequence (Ulysses)."""
+    use_prefix_grouper: bool = False
+    """Forward the samples of one prompt with a single copy of the prompt (values and update)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """What critic checkpoints hold."""
 

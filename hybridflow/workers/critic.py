@@ -31,6 +31,7 @@ class CriticWorker(Worker):
             optim=critic.optim,
             micro_batch_size_per_gpu=critic.ppo_micro_batch_size_per_gpu,
             total_training_steps=runtime.total_training_steps,
+            share_prompts=critic.use_prefix_grouper,
         )
         self.engine = build_fsdp_engine(model_path, engine_config, model_kind="value", tokenizer=self.tokenizer)
 

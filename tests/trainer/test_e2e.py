@@ -135,10 +135,11 @@ def test_ppo_with_gae_trains_a_critic(workspace):
 
 def test_on_policy_grpo_skips_the_old_log_prob_pass(workspace):
     """One epoch, one mini-batch: the update's own forward gives the old log-probs; entropy and the gap between
-    the rollout's and the trainer's log-probs are still logged."""
+    the rollout's and the trainer's log-probs are still logged (here from shared-prompt forwards)."""
     records = by_step(run(overrides(
         workspace, workspace / "on_policy", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=1",
+        "actor_rollout_ref.actor.use_prefix_grouper=True",  # each prompt's 2 samples share one prompt forward
         "trainer.val_before_train=False", "data.val_files=[]",
     )))
     step = records[1]

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from hybridflow.utils.seqlen_balancing import (
+    balanced_group_partitions,
     balanced_partitions,
     num_token_budget_partitions,
     partition_by_tokens,
@@ -51,3 +52,16 @@ def test_token_budget_micro_batches():
         num_token_budget_partitions(lengths, 299)
     with pytest.raises(ValueError, match="6 rows cannot fill 7 non-empty micro-batches"):
         partition_by_tokens(lengths, 7)
+
+
+def test_group_partitions_keep_each_group_on_one_rank_and_balance():
+    lengths = [10, 12, 50, 52, 30, 31, 20, 22]
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    partitions = balanced_group_partitions(lengths, groups, 2)
+    for partition in partitions:
+        owners = [groups[row] for row in partition]
+        assert all(owners.count(owner) == 2 for owner in owners)  # whole groups, kept contiguous
+    sums = sorted(sum(lengths[row] for row in partition) for partition in partitions)
+    assert sums == [103, 124]  # group totals a 22, b 102, c 61, d 42: {a, b} / {c, d} is the best equal split
+    assert balanced_group_partitions(lengths, groups, 3) is None  # 4 groups over 3 ranks
+    assert balanced_group_partitions(lengths, ["a"] * 3 + ["b"] * 5, 2) is None  # unequal groups

@@ -119,6 +119,9 @@ class FSDPEngineConfig:
     """Trainer steps of the run (the schedule's length unless optim.total_training_steps is set); -1: unknown."""
     attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
     """Attention kernel used by the model."""
+    share_prompts: bool = False
+    """Rows of a micro-batch with the same prompt share one copy of it in the forward (a packed row with a block
+    mask): the same log-probs, values and gradients, with each prompt computed once per group."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)

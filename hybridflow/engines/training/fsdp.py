@@ -42,6 +42,7 @@ from hybridflow.engines.logprob import (
 from hybridflow.engines.training import checkpoint
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engines.training.prefix_sharing import build_shared_prompt_layout
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, to_torch_dtype
 from hybridflow.models.lora import (
@@ -168,6 +169,8 @@ class FSDPEngine:
         tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
         response_length = _get(micro_batch, "responses").size(1)
         with self._autocast():
+            if self.config.share_prompts:
+                return self._forward_shared_prompts(tensors, response_length, temperature, calculate_entropy)
             if self.config.model.use_remove_padding:
                 return self._forward_packed(tensors, response_length, temperature, calculate_entropy)
             return self._forward_padded(tensors, response_length, temperature, calculate_entropy)
@@ -201,6 +204,32 @@ class FSDPEngine:
         out = {"log_probs": unpack_sequences(compute_log_probs_from_logits(logits, next_ids), keep)[:, window]}
         if calculate_entropy:
             out["entropy"] = unpack_sequences(compute_entropy_from_logits(logits), keep)[:, window]
+        return out
+
+    def _forward_shared_prompts(
+        self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        """One packed row in which rows with the same prompt share one copy of it (`prefix_sharing`); only the
+        positions that predict response tokens are projected to the vocabulary."""
+        layout = build_shared_prompt_layout(
+            tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], response_length
+        )
+        valid = layout.predictors >= 0
+        inputs = dict(
+            input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask,
+            use_cache=False,
+        )
+        if self.model_kind == "value":
+            values = self.module(**inputs).logits[0, :, 0].float()
+            return {"values": torch.where(valid, values[layout.predictors.clamp(min=0)], 0.0)}
+        keep = torch.unique(layout.predictors[valid]) if valid.any() else layout.predictors.new_zeros(1)
+        logits = self.module(**inputs, logits_to_keep=keep).logits[0].float() / temperature  # (kept, vocab)
+        rows = torch.searchsorted(keep, layout.predictors.clamp(min=0))  # (bs, response_len) -> kept row
+        labels = tensors["input_ids"][:, -response_length:]
+        picked = logits[rows, labels] - torch.logsumexp(logits, dim=-1)[rows]
+        out = {"log_probs": torch.where(valid, picked, 0.0)}
+        if calculate_entropy:
+            out["entropy"] = torch.where(valid, compute_entropy_from_logits(logits)[rows], 0.0)
         return out
 
     def _autocast(self) -> contextlib.AbstractContextManager:

@@ -201,6 +201,7 @@ PPO_DERIVED: dict[str, str] = {
     "critic.ppo_epochs": f"${{{_ACTOR}.ppo_epochs}}",
     "critic.shuffle": f"${{{_ACTOR}.shuffle}}",
     "critic.loss_agg_mode": f"${{{_ACTOR}.loss_agg_mode}}",
+    "critic.use_prefix_grouper": f"${{{_ACTOR}.use_prefix_grouper}}",
     "critic.optim.clip_grad": "${critic.grad_clip}",
 }
 """verl's interpolations: each key's default is the value of the key it names (set it to break the link)."""

@@ -1,0 +1,92 @@
+"""Shared-prompt forwards equal per-sequence forwards: log-probs, entropy, values and the training step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training.prefix_sharing import build_shared_prompt_layout
+from hybridflow.models.config import ModelConfig
+from hybridflow.protocol import DataProto
+from tests.engines.helpers import make_batch
+
+N = 4  # samples per prompt
+
+
+def grouped_batch(vocab_size: int) -> DataProto:
+    """3 prompts x N samples: each group's rows share the (left-padded) prompt, responses differ in tokens and
+    length; one extra row has a prompt of its own."""
+    base = make_batch(vocab_size, batch_size=3 * N + 1, prompt_len=6, response_len=5, seed=1)
+    tensors = {key: value.clone() for key, value in base.batch.items()}
+    for group in range(3):
+        rows = slice(group * N, (group + 1) * N)
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            tensors[key][rows, :6] = tensors[key][group * N, :6]
+        prompt_end = tensors["position_ids"][group * N, 5]
+        response_mask = tensors["attention_mask"][rows, 6:]
+        tensors["position_ids"][rows, 6:] = prompt_end + response_mask.cumsum(-1) * response_mask
+    tensors["responses"] = tensors["input_ids"][:, 6:]
+    tensors["response_mask"] = tensors["attention_mask"][:, 6:]
+    return DataProto.from_dict(tensors=tensors)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_tokenizer):
+    return grouped_batch(len(tiny_tokenizer))
+
+
+def test_layout_computes_each_prompt_once(batch):
+    t = batch.batch
+    layout = build_shared_prompt_layout(t["input_ids"], t["attention_mask"], t["position_ids"], 5)
+    prompt_tokens = t["attention_mask"][:, :6].sum(-1)
+    response_tokens = int(t["attention_mask"][:, 6:].sum())
+    distinct_prompts = int(prompt_tokens[[0, N, 2 * N, 3 * N]].sum())
+    assert layout.num_tokens == distinct_prompts + response_tokens < int(t["attention_mask"].sum())
+    # The first response token of every row in a group is predicted by the same (last prompt) token.
+    assert len(set(layout.predictors[:N, 0].tolist())) == 1
+    assert ((layout.predictors >= 0) == t["attention_mask"][:, 6:].bool()).all()
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_log_probs_and_entropy_equal_separate_forwards(tiny_llama_dir, batch, remove_padding):
+    model = ModelConfig(path=tiny_llama_dir, use_remove_padding=remove_padding)
+    plain = build_fsdp_engine(tiny_llama_dir, FSDPEngineConfig(model=model, micro_batch_size_per_gpu=5))
+    shared = build_fsdp_engine(
+        tiny_llama_dir, FSDPEngineConfig(model=model, micro_batch_size_per_gpu=5, share_prompts=True)
+    )
+    mask = batch.batch["response_mask"].bool()
+    lp_plain, ent_plain = plain.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
+    lp_shared, ent_shared = shared.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
+    assert (lp_plain - lp_shared)[mask].abs().max() < 1e-5
+    assert (ent_plain - ent_shared)[mask].abs().max() < 1e-5
+
+
+def test_values_equal_separate_forwards(tiny_llama_dir, batch):
+    config = FSDPEngineConfig(model=ModelConfig(path=tiny_llama_dir), micro_batch_size_per_gpu=13)
+    plain = build_fsdp_engine(tiny_llama_dir, config, model_kind="value")
+    shared = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(config, share_prompts=True), model_kind="value")
+    mask = batch.batch["response_mask"].bool()
+    assert (plain.compute_values(batch) - shared.compute_values(batch))[mask].abs().max() < 1e-5
+
+
+def test_training_step_equals_separate_forwards(tiny_llama_dir, batch):
+    def token_nll(outputs, micro_batch):
+        token_mask = micro_batch.batch["response_mask"].to(outputs["log_probs"].dtype)
+        return -(outputs["log_probs"] * token_mask).sum() / token_mask.sum(), {}
+
+    config = FSDPEngineConfig(
+        model=ModelConfig(path=tiny_llama_dir), micro_batch_size_per_gpu=13, optim=OptimConfig(lr=1e-2)
+    )
+    plain = build_fsdp_engine(tiny_llama_dir, config)
+    shared = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(config, share_prompts=True))
+    for engine in (plain, shared):  # the gradients themselves (Adam's first step would amplify rounding)
+        token_nll(engine.forward_micro_batch(batch), batch)[0].backward()
+    plain_grads = {name: p.grad for name, p in plain.module.named_parameters()}
+    for name, param in shared.module.named_parameters():
+        torch.testing.assert_close(param.grad, plain_grads[name], atol=1e-5, rtol=0)
+    a = plain.train_batch(batch, token_nll)
+    b = shared.train_batch(batch, token_nll)
+    assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5
