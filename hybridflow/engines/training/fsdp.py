@@ -195,15 +195,20 @@ class FSDPEngine:
     ) -> dict[str, torch.Tensor]:
         ids, pos, keep = pack_sequences(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
         # No attention mask and use_cache=False: transformers derives a block-diagonal mask from the position ids.
-        logits = self.module(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
         window = slice(-response_length - 1, -1)  # positions that predict the response tokens
         if self.model_kind == "value":
-            return {"values": unpack_sequences(logits[:, 0].float(), keep)[:, window]}
-        logits = logits.float() / temperature
-        next_ids = torch.roll(ids[0], shifts=-1)  # wrong only at each sequence's last token, never a prediction we use
-        out = {"log_probs": unpack_sequences(compute_log_probs_from_logits(logits, next_ids), keep)[:, window]}
+            return {"values": unpack_sequences(self.module(**inputs).logits[0, :, 0].float(), keep)[:, window]}
+        # Project to the vocabulary only the packed positions that predict response tokens (the window's).
+        packed_index = torch.cumsum(keep.flatten(), 0).view(keep.shape) - 1
+        in_window = torch.zeros_like(keep)
+        in_window[:, window] = keep[:, window]
+        kept = packed_index[in_window]  # ascending: row-major order of the packed row
+        logits = self.module(**inputs, logits_to_keep=kept).logits[0].float() / temperature
+        next_ids = ids[0, (kept + 1).clamp(max=ids.size(1) - 1)]  # wrong only past a sequence's end: never used
+        out = {"log_probs": _scatter_window(compute_log_probs_from_logits(logits, next_ids), in_window, window)}
         if calculate_entropy:
-            out["entropy"] = unpack_sequences(compute_entropy_from_logits(logits), keep)[:, window]
+            out["entropy"] = _scatter_window(compute_entropy_from_logits(logits), in_window, window)
         return out
 
     def _forward_shared_prompts(
@@ -506,6 +511,11 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
             batch=batch.batch.to(device), non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info
         )
     return {key: batch[key].to(device) for key in batch.keys()}
+
+
+def _scatter_window(values: torch.Tensor, in_window: torch.Tensor, window: slice) -> torch.Tensor:
+    """Per-position `values` of the kept packed positions back to (bs, response_len); others are 0."""
+    return values.new_zeros(in_window.shape).masked_scatter(in_window, values)[:, window]
 
 
 def _select_rows(batch: Batch, rows: list[int]) -> Batch:
