@@ -1,8 +1,10 @@
 """Checkpoint directories of a run: `global_step_N/`, written atomically, the latest one recorded, old ones pruned.
 
-A step is written into `global_step_N.tmp-<pid>/` and renamed into place only when complete, then
-`latest_checkpointed_iteration.txt` is replaced atomically. A kill during a save therefore leaves the
-previous checkpoint and the pointer to it intact. Nothing is overwritten: saving a step that exists raises.
+A step is written into `global_step_N.tmp-<pid>/`, flushed to disk (fsync of every file and directory), and
+renamed into place only when complete; then `latest_checkpointed_iteration.txt` (verl's pointer) is replaced
+atomically. So every `global_step_N/` is complete, and the newest one is where a run resumes, even when a kill
+came between the rename and the pointer update. A kill before the rename leaves a staging directory, removed by
+the next run (`remove_stale_staging`). Nothing is overwritten: saving a step that exists raises.
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ def commit_step(root: str | os.PathLike, step: int, staging: Path, max_to_keep: 
     final = step_dir(root, step)
     if final.exists():
         raise FileExistsError(f"checkpoint {final} already exists; refusing to overwrite it")
+    fsync_tree(staging)
     os.replace(staging, final)
+    fsync_path(Path(root))
     pointer = Path(root) / LATEST_FILE
     tmp_pointer = pointer.with_suffix(f".tmp-{os.getpid()}")
     tmp_pointer.write_text(str(step))
+    fsync_path(tmp_pointer)
     os.replace(tmp_pointer, pointer)
+    fsync_path(Path(root))
     if max_to_keep is not None and max_to_keep > 0:
         for old in list_steps(root)[:-max_to_keep]:
             shutil.rmtree(step_dir(root, old))
@@ -59,17 +65,58 @@ def list_steps(root: str | os.PathLike) -> list[int]:
 
 
 def latest_step(root: str | os.PathLike) -> int | None:
-    """The step recorded in `latest_checkpointed_iteration.txt`, if that checkpoint exists."""
+    """The newest complete checkpoint's step, or None. The pointer file is verl's record of the same; when it
+    disagrees (a kill between a rename and the pointer update, or an edit) the directories win, with a warning:
+    resuming from an older step would collide with the newer ones on its next save."""
+    steps = list_steps(root)
     pointer = Path(root) / LATEST_FILE
-    if not pointer.is_file():
-        return None
-    text = pointer.read_text().strip()
-    if not text.isdigit():
-        raise ValueError(f"{pointer} holds {text!r}, not a step number; fix or delete it")
-    step = int(text)
-    if not step_dir(root, step).is_dir():
-        raise FileNotFoundError(f"{pointer} points to step {step}, but {step_dir(root, step)} is missing")
-    return step
+    recorded = pointer.read_text().strip() if pointer.is_file() else None
+    if steps and recorded != str(steps[-1]):
+        logger.warning(
+            "%s records %r but the newest checkpoint is global_step_%d; resuming from that (pick another with "
+            "trainer.resume_mode=resume_path)", pointer, recorded, steps[-1],
+        )
+    return steps[-1] if steps else None
+
+
+def remove_stale_staging(root: str | os.PathLike) -> list[Path]:
+    """Delete staging directories left by killed saves (their process is gone); returns what was removed."""
+    root = Path(root)
+    removed = []
+    for entry in root.glob("global_step_*.tmp-*") if root.is_dir() else []:
+        pid = entry.name.rpartition(".tmp-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+            logger.warning("removed %s, left by an interrupted save", entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's entries to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (a checkpoint is only committed once it is on disk)."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fsync_path(Path(directory) / name)
+        fsync_path(Path(directory))
 
 
 def step_of(path: str | os.PathLike) -> int:

@@ -41,13 +41,25 @@ def test_pruning_keeps_the_newest(tmp_path):
     assert cd.list_steps(tmp_path) == [3, 4] and cd.latest_step(tmp_path) == 4
 
 
-def test_bad_pointer_and_step_names_raise_clearly(tmp_path):
+def test_the_newest_directory_wins_over_a_lagging_or_bad_pointer(tmp_path, caplog):
+    write_step(tmp_path, 1)
+    write_step(tmp_path, 2)
+    (tmp_path / cd.LATEST_FILE).write_text("1")  # a kill between the rename of step 2 and the pointer update
+    assert cd.latest_step(tmp_path) == 2 and "newest checkpoint is global_step_2" in caplog.text
     (tmp_path / cd.LATEST_FILE).write_text("abc")
-    with pytest.raises(ValueError, match="not a step number"):
-        cd.latest_step(tmp_path)
-    (tmp_path / cd.LATEST_FILE).write_text("7")
-    with pytest.raises(FileNotFoundError, match="global_step_7 is missing"):
-        cd.latest_step(tmp_path)
+    assert cd.latest_step(tmp_path) == 2
     assert cd.step_of(tmp_path / "global_step_12") == 12
     with pytest.raises(ValueError, match="not a global_step_N"):
         cd.step_of(tmp_path / "step_12")
+
+
+def test_stale_staging_of_dead_processes_is_removed(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"global_step_4.tmp-{dead.stdout.strip()}"
+    stale.mkdir()
+    ours = cd.staging_dir(tmp_path, 5)  # this process is alive: kept
+    assert cd.remove_stale_staging(tmp_path) == [stale]
+    assert not stale.exists() and ours.exists()

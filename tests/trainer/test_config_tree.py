@@ -336,3 +336,12 @@ def test_dynamic_batch_sizes_follow_the_actor_and_print_a_token_table(files, cap
     assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz and cfg.critic.forward_token_budget == 32768
     assert train_main(["--dry-run", *overrides]) == 0
     assert "micro-batches (use_dynamic_bsz): tokens each, at most about  4096" in capsys.readouterr().out
+
+
+def test_disable_resume_on_a_directory_with_checkpoints_is_refused(files, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "global_step_3").mkdir(parents=True)
+    overrides = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}"]
+    validate_config(load_config(overrides))  # auto resumes from it
+    with pytest.raises(ValueError, match=r"resume_mode=disable starts a new run, .* already holds checkpoints \(steps \[3\]\)"):
+        validate_config(load_config(overrides + ["trainer.resume_mode=disable"]))

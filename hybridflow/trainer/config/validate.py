@@ -13,7 +13,7 @@ from typing import Literal
 from pathlib import Path
 
 from hybridflow.data.config import expand_path
-from hybridflow.trainer.config.schema import PPOConfig
+from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg")
@@ -263,6 +263,7 @@ def _check_files(cfg: PPOConfig) -> None:
         check_model_location("critic.model.path", cfg.critic.model.path)
         check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
+    check_run_dir(cfg.trainer)
 
 
 def check_model_location(key: str, location: str | None) -> None:
@@ -276,6 +277,20 @@ def check_model_location(key: str, location: str | None) -> None:
         raise ValueError(
             f"{key}={location!r} is not a catalogue name ({', '.join(MODEL_CATALOGUE.names())}), an existing model "
             "directory, nor a .gguf file"
+        )
+
+
+def check_run_dir(run: RunConfig) -> None:
+    """`trainer.resume_mode=disable` starts at step 0: refuse when the run directory already holds checkpoints, which
+    the new run's saves would collide with (nothing is ever overwritten)."""
+    from hybridflow.trainer import checkpoint_dirs
+
+    steps = checkpoint_dirs.list_steps(expand_path(run.default_local_dir))
+    if run.resume_mode == "disable" and steps:
+        raise ValueError(
+            f"trainer.resume_mode=disable starts a new run, but trainer.default_local_dir={run.default_local_dir!r} "
+            f"already holds checkpoints (steps {steps}); give the new run its own directory, or resume "
+            "(trainer.resume_mode=auto)"
         )
 
 

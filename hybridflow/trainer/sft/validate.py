@@ -8,6 +8,7 @@ from hybridflow.trainer.config.validate import (
     check_logger_packages,
     check_model_location,
     check_resume_path,
+    check_run_dir,
     model_context_length,
 )
 
@@ -35,6 +36,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     check_model_location("model.path", cfg.model.path)
     check_model_location("model.tokenizer_path", cfg.model.tokenizer_path)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
+    check_run_dir(cfg.trainer)
     context = model_context_length(cfg.model.path)
     if context is not None and data.max_length > context:
         raise ValueError(
