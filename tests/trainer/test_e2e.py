@@ -130,7 +130,10 @@ def test_ppo_with_gae_trains_a_critic(workspace):
     for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "critic/vf_explained_var",
                 "critic/returns/mean", "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
         assert key in step, key
-    assert step["critic/grad_norm"] > 0
+    assert step["critic/grad_norm"] > 0 and step["critic/vf_loss"] > 0 and 0 <= step["critic/vf_clipfrac"] <= 1
+    assert abs(step["critic/advantages/mean"]) < 1e-4, "GAE advantages are whitened over the response tokens"
+    assert step["critic/values/max"] > step["critic/values/min"], "a fresh value head still varies per token"
+    assert step["critic/returns/mean"] != step["critic/values/mean"], "returns carry the rewards"
 
 
 def test_on_policy_grpo_skips_the_old_log_prob_pass(workspace):

@@ -6,7 +6,7 @@
         every save_freq steps: workers.save_checkpoint(global_step_N)
 
 Checkpoints are `{trainer.default_local_dir}/global_step_N/` (engine shards, `huggingface/`, `lora_adapter/`
-for LoRA, `driver_state.pt`), written atomically; `hybridflow merge --local_dir .../global_step_N` exports one.
+for LoRA, `driver_state.json`), written atomically; `hybridflow merge --local_dir .../global_step_N` exports one.
 """
 
 from __future__ import annotations
