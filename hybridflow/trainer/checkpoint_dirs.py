@@ -80,13 +80,20 @@ def latest_step(root: str | os.PathLike) -> int | None:
 
 
 def remove_stale_staging(root: str | os.PathLike) -> list[Path]:
-    """Delete staging directories left by killed saves (their process is gone); returns what was removed."""
+    """Delete what killed saves left (their process is gone): staging directories and half-written pointer
+    files; returns what was removed."""
     root = Path(root)
+    stems = ("global_step_", Path(LATEST_FILE).stem + ".tmp-")
     removed = []
-    for entry in root.glob("global_step_*.tmp-*") if root.is_dir() else []:
+    for entry in sorted(root.glob("*.tmp-*")) if root.is_dir() else []:
         pid = entry.name.rpartition(".tmp-")[2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
-            shutil.rmtree(entry, ignore_errors=True)
+        if not entry.name.startswith(stems) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        if not _process_alive(int(pid)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
             removed.append(entry)
             logger.warning("removed %s, left by an interrupted save", entry)
     return removed

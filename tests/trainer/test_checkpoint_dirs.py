@@ -60,6 +60,8 @@ def test_stale_staging_of_dead_processes_is_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f"global_step_4.tmp-{dead.stdout.strip()}"
     stale.mkdir()
+    pointer = tmp_path / f"latest_checkpointed_iteration.tmp-{dead.stdout.strip()}"  # killed before its rename
+    pointer.write_text("4")
     ours = cd.staging_dir(tmp_path, 5)  # this process is alive: kept
-    assert cd.remove_stale_staging(tmp_path) == [stale]
-    assert not stale.exists() and ours.exists()
+    assert cd.remove_stale_staging(tmp_path) == [stale, pointer]
+    assert not stale.exists() and not pointer.exists() and ours.exists()
