@@ -58,16 +58,24 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--output-dir", default="outputs/trl_baseline")
+    parser.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
+                        help="TRL turns it on by default; off is faster when memory allows")
+    parser.add_argument("--json", action="store_true", help="print one JSON line per step (time, tokens, length)")
     args = parser.parse_args()
 
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     step_ends: list[float] = []
+    step_logs: list[dict] = []
 
     class StepTimer(TrainerCallback):
         def on_step_end(self, *callback_args, **callback_kwargs):
             step_ends.append(time.perf_counter())
+
+        def on_log(self, *callback_args, logs=None, **callback_kwargs):
+            if logs and "num_tokens" in logs:
+                step_logs.append(dict(logs))
 
     config = GRPOConfig(
         output_dir=args.output_dir,
@@ -84,6 +92,7 @@ def main() -> None:
         save_strategy="no",
         report_to=[],
         seed=0,
+        gradient_checkpointing=args.gradient_checkpointing == "on",
     )
     dataset = build_dataset(args.data, args.steps * args.prompts_per_step * 2)
     trainer = GRPOTrainer(
@@ -92,6 +101,15 @@ def main() -> None:
     start = time.perf_counter()
     trainer.train()
     times = [end - begin for begin, end in zip([start, *step_ends[:-1]], step_ends, strict=True)]
+    if args.json:
+        seen = 0.0
+        for step, (seconds, logs) in enumerate(zip(times, step_logs), start=1):
+            print(json.dumps({
+                "step": step, "seconds": seconds, "tokens": logs["num_tokens"] - seen,
+                "response_length": logs.get("completions/mean_length"), "reward": logs.get("reward"),
+            }))
+            seen = logs["num_tokens"]
+        return
     rest = times[1:] or times
     print(f"{'trainer':<22}{'first step s':>14}{'mean later step s':>20}{'steps':>7}")
     print(f"{'TRL GRPOTrainer':<22}{times[0]:>14.1f}{statistics.mean(rest):>20.1f}{len(times):>7}")
