@@ -56,7 +56,8 @@ def run_trl(python: str, model: Path, steps: int, gradient_checkpointing: str, o
     ]
     result = subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    marker = "STEP_JSON "
+    return [json.loads(line[len(marker):]) for line in result.stdout.splitlines() if line.startswith(marker)]
 
 
 def summarize(records: list[dict]) -> dict[str, float]:

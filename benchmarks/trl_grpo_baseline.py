@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--output-dir", default="outputs/trl_baseline")
     parser.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
                         help="TRL turns it on by default; off is faster when memory allows")
-    parser.add_argument("--json", action="store_true", help="print one JSON line per step (time, tokens, length)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one `STEP_JSON {...}` line per step (time, tokens, response length)")
     args = parser.parse_args()
 
     from transformers import TrainerCallback
@@ -104,7 +105,7 @@ def main() -> None:
     if args.json:
         seen = 0.0
         for step, (seconds, logs) in enumerate(zip(times, step_logs), start=1):
-            print(json.dumps({
+            print("STEP_JSON", json.dumps({
                 "step": step, "seconds": seconds, "tokens": logs["num_tokens"] - seen,
                 "response_length": logs.get("completions/mean_length"), "reward": logs.get("reward"),
             }))

@@ -28,7 +28,7 @@ import hybridflow.agents.tool_agent  # noqa: F401  (registers tool_agent)
 from hybridflow.agents.base import AGENT_LOOPS, AgentLoopContext, AgentLoopOutput
 from hybridflow.agents.server_manager import AsyncLLMServerManager
 from hybridflow.engines.rollout.base import SamplingParams
-from hybridflow.engines.rollout.output import build_rollout_output
+from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.server import build_prompt_batch
 from hybridflow.protocol import DataProto
 from hybridflow.engines.rollout.config import RolloutConfig
@@ -103,20 +103,13 @@ class AgentLoopManager:
 
 def build_output(outputs: Sequence[AgentLoopOutput], pad_token_id: int, response_length: int) -> DataProto:
     """The trajectories in the batch rollout's layout (see the module docstring), through the one assembly
-    every rollout backend uses (`build_rollout_output`): prompts left-padded to the longest, responses
+    every rollout backend uses (`build_output_for_prompts`): prompts left-padded to the longest, responses
     right-padded to `response_length`, tool/user tokens attended but outside `response_mask`."""
     prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id)
+    prompts.non_tensor_batch["__num_turns__"] = np.array([out.num_turns for out in outputs], dtype=np.int64)
     responses, attention, response_mask, log_probs = _pad_responses(outputs, pad_token_id, response_length)
-    return build_rollout_output(
-        prompts.batch["input_ids"],
-        prompts.batch["attention_mask"],
-        prompts.batch["position_ids"],
-        responses,
-        response_mask,
-        log_probs,
-        pad_token_id,
-        attention_response_mask=attention,
-        non_tensor={"__num_turns__": np.array([out.num_turns for out in outputs], dtype=np.int64)},
+    return build_output_for_prompts(
+        prompts, responses, response_mask, log_probs, pad_token_id, attention_response_mask=attention
     )
 
 

@@ -102,9 +102,11 @@ def build_output_for_prompts(
     log_probs: torch.Tensor,
     pad_token_id: int,
     n: int = 1,
+    attention_response_mask: torch.Tensor | None = None,
 ) -> DataProto:
     """`build_rollout_output` for a batch rollout: `n` responses per row of `prompts` (rows interleaved: prompt 0
-    n times, then prompt 1, ...), whose prompt tensors, per-sample data and meta info are repeated to match."""
+    n times, then prompt 1, ...), whose prompt tensors, per-sample data and meta info are repeated to match.
+    `attention_response_mask` as in `build_rollout_output` (agent loops: tool tokens attended, not trained)."""
     if n > 1:
         prompts = prompts.repeat(n, interleave=True)
     return build_rollout_output(
@@ -115,6 +117,7 @@ def build_output_for_prompts(
         response_mask,
         log_probs,
         pad_token_id,
+        attention_response_mask=attention_response_mask,
         non_tensor=prompts.non_tensor_batch,
         meta_info=prompts.meta_info,
     )
