@@ -18,8 +18,9 @@ def get_torch_device(local_rank: int = 0) -> torch.device:
 
 
 def get_dist_backend() -> str:
-    """The torch.distributed backend for this host: nccl with CUDA, gloo on CPU."""
-    return "nccl" if get_device_name() == "cuda" else "gloo"
+    """The torch.distributed backend for this host: gloo on CPU; with CUDA, nccl for GPU tensors and gloo for
+    CPU ones (counts, CPU-offloaded parameters), so a collective on a CPU tensor never meets an nccl-only group."""
+    return "cpu:gloo,cuda:nccl" if get_device_name() == "cuda" else "gloo"
 
 
 def device_count() -> int:

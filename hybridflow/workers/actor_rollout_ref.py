@@ -102,6 +102,7 @@ class ActorRolloutRefWorker(Worker):
             val_sampling_params=SamplingParams.from_config(rollout.val_kwargs, rollout.response_length),
             **extra,
         )
+        self.rollout.shares_training_weights = shares
 
     def _actor_hf_module(self):
         """The actor's HF model; for LoRA the model inside the peft wrapper, its adapters active."""

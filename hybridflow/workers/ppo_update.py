@@ -28,10 +28,11 @@ class GlobalCounts:
     dp_size: int
 
 
-def compute_global_counts(response_mask: torch.Tensor) -> GlobalCounts:
-    """Sum this rank's counts over the process group (collective when one exists)."""
+def compute_global_counts(response_mask: torch.Tensor, device: torch.device | None = None) -> GlobalCounts:
+    """Sum this rank's counts over the process group (collective when one exists), on `device` (the engine's:
+    an nccl group reduces GPU tensors)."""
     counts = torch.tensor(
-        [float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())], dtype=torch.float64
+        [float(response_mask.sum()), float((response_mask.sum(-1) > 0).sum())], dtype=torch.float64, device=device
     )
     dp_size = 1
     if dist.is_available() and dist.is_initialized():
@@ -165,7 +166,7 @@ def run_update(
     """Optimizer steps over `data` (this rank's shard); returns per-step metric lists (verl's reporting)."""
     metrics: dict[str, list[float]] = defaultdict(list)
     for mini_batch in iterate_mini_batches(data, mini_batch_size_per_rank, epochs, shuffle, seed):
-        counts = compute_global_counts(mini_batch.batch["response_mask"])
+        counts = compute_global_counts(mini_batch.batch["response_mask"], engine.device)
         step = engine.train_batch(
             engine.split_micro_batches(mini_batch, micro_batch_size, max_token_len)[0],
             make_loss_fn(counts),

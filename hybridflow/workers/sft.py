@@ -58,7 +58,7 @@ class SFTWorker(Worker):
         """One optimizer step on this rank's share; metrics `train/loss`, `train/grad_norm`, `train/lr`."""
         start = time.perf_counter()
         data = with_targets(data)
-        counts = compute_global_counts(data.batch["loss_mask"][:, 1:])
+        counts = compute_global_counts(data.batch["loss_mask"][:, 1:], self.engine.device)
         result = self.engine.train_batch(data, sft_loss_fn(counts.num_tokens, counts.dp_size), scale_by_rows=False)
         self.engine.lr_scheduler_step()
         metrics = {

@@ -139,3 +139,20 @@ def test_registry_names_backends_and_rejects_unknown():
     assert set(ROLLOUTS.names()) >= {"hf", "native", "vllm"}
     with pytest.raises(KeyError, match="hf"):
         ROLLOUTS.get("sglang")
+
+
+@pytest.mark.parametrize("shares", [False, True])
+def test_sleep_never_moves_the_trainers_own_module(tiny_llama_dir, tiny_tokenizer, monkeypatch, shares):
+    """On an accelerator, sleep/wake move a rollout's own copy off and back, but a module shared with the
+    training engine (one rank) must stay where the trainer keeps it; only caches are freed."""
+    from hybridflow.engines.rollout import HFRollout, SamplingParams
+
+    rollout = HFRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=2))
+    rollout.shares_training_weights = shares
+    rollout.device = torch.device("cuda", 0)  # what the rollout believes; nothing runs on it here
+    moves: list[str] = []
+    monkeypatch.setattr(rollout.model, "to", lambda device: moves.append(str(device)))
+    monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: moves.append("empty_cache"))
+    rollout.sleep()
+    rollout.wake_up()
+    assert moves == (["empty_cache"] if shares else ["cpu", "empty_cache", "cuda:0"])

@@ -39,3 +39,4 @@ def test_lazy_entries_import_on_first_use_and_reraise_import_errors():
     assert isinstance(info.value.__cause__, ImportError)
     with pytest.raises(ValueError, match="module:attribute"):
         registry.register_lazy("bad", "no_colon")
+

@@ -95,6 +95,9 @@ class BaseRollout(abc.ABC):
     runs_peft_modules: ClassVar[bool] = False
     """True if the backend generates with a peft-wrapped (LoRA) module as is, adapters active; otherwise a
     LoRA actor hands it merged weights (`FSDPEngine.named_full_params`) instead of sharing its module."""
+    shares_training_weights: bool = False
+    """Set by the worker when the rollout generates with the training engine's own module (one rank, no copy):
+    `sleep` / `wake_up` then only free and restore caches and never move that module, which is being trained."""
     supports_streaming: ClassVar[bool] = False
     """True if the backend has `serve(source, params, max_len, max_seqs)`: requests join a decode that is
     already running (the generation server then uses it instead of one `generate_sequences` per batch)."""

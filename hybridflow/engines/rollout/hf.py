@@ -168,12 +168,13 @@ class HFRollout(BaseRollout):
         logger.debug("hf rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:
-        """Move the weights to CPU and free the accelerator cache (no-op on CPU hosts)."""
+        """Move the weights to CPU (unless they are the trainer's) and free the accelerator cache; no-op on CPU."""
         if self.device.type != "cpu":
-            self.model.to("cpu")
+            if not self.shares_training_weights:
+                self.model.to("cpu")
             torch.accelerator.empty_cache()
 
     def wake_up(self) -> None:
-        """Move the weights back to the accelerator (no-op on CPU hosts)."""
-        if self.device.type != "cpu":
+        """Move the weights back to the accelerator (no-op on CPU hosts and for the trainer's own weights)."""
+        if self.device.type != "cpu" and not self.shares_training_weights:
             self.model.to(self.device)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import socket
 
+import torch
 import torch.distributed as dist
 
 from hybridflow import env
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
-from hybridflow.utils.device import get_dist_backend
+from hybridflow.utils.device import get_dist_backend, get_torch_device
 
 
 def find_free_port() -> int:
@@ -74,11 +75,18 @@ class Worker:
         self._master_port = self._master_port or env.dist_master_port()
         if self._master_addr is None or self._master_port is None:
             raise RuntimeError("MASTER_ADDR/MASTER_PORT are not set: create this worker through a worker group")
+        # On GPUs, bind this process to its device before anything touches CUDA: otherwise the first CUDA call
+        # (e.g. inside init_device_mesh with parameter offload) picks LOCAL_RANK, an invalid ordinal where Ray shows
+        # each worker one GPU.
+        device = get_torch_device(env.dist_local_rank())
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         dist.init_process_group(
             backend=backend or get_dist_backend(),
             init_method=f"tcp://{self._master_addr}:{self._master_port}",
             rank=self._rank,
             world_size=self._world_size,
+            device_id=device if device.type == "cuda" else None,
         )
 
     def register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, dp_size: int, is_collect: bool) -> None:

@@ -140,16 +140,18 @@ class NativeRollout(BaseRollout):
         logger.debug("native rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:
-        """Free the KV cache and rope tables; on accelerators also move the weights to CPU."""
+        """Free the KV cache and rope tables; on accelerators also move the weights to CPU (unless they are the
+        trainer's own)."""
         self.cache.release()
         self.forward.release()
         if self.device.type != "cpu":
-            self.model.to("cpu")
+            if not self.shares_training_weights:
+                self.model.to("cpu")
             torch.accelerator.empty_cache()
 
     def wake_up(self) -> None:
         """Reallocate the KV cache (same shape as before `sleep`) and move the weights back."""
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" and not self.shares_training_weights:
             self.model.to(self.device)
         self.cache.restore()
 
