@@ -63,8 +63,21 @@ def build_val_loader(dataset: Dataset, batch_size: int | None, collate_fn: Calla
 
 
 def use_accelerator(run: RunConfig) -> bool:
-    """Whether workers get accelerators: `trainer.device`, with auto meaning 'if the driver sees one'."""
-    return run.device != "cpu" and device_count() > 0
+    """Whether workers get accelerators, per `trainer.device`. auto means: GPUs in the Ray cluster the workers run
+    on (a CPU-only head or driver, as with `ray job submit`, must not hide the GPU nodes), or in this process in
+    local mode. cuda on a cluster without GPUs is an error."""
+    if run.device == "cpu":
+        return False
+    if run.local_mode:
+        available = device_count() > 0
+    else:
+        import ray
+
+        available = ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+    if run.device == "cuda" and not available:
+        where = "this process" if run.local_mode else "the Ray cluster"
+        raise RuntimeError(f"trainer.device='cuda' but {where} has no GPU; use trainer.device=auto or cpu")
+    return available
 
 
 def worker_runtime(run: RunConfig, total_training_steps: int) -> WorkerRuntimeConfig:

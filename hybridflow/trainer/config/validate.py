@@ -458,8 +458,18 @@ def check_logger_packages(loggers: list[str]) -> None:
 
 def _check_environment(cfg: PPOConfig) -> None:
     check_logger_packages(cfg.trainer.logger)
-    if cfg.trainer.device == "cuda":
-        import torch
+    check_device(cfg.trainer, cfg.ray_kwargs.ray_init.address)
 
-        if not torch.cuda.is_available():
-            raise ValueError("trainer.device='cuda' but no CUDA device is visible; use trainer.device=auto or cpu")
+
+def check_device(run: RunConfig, ray_address: str | None) -> None:
+    """`trainer.device=cuda` needs a GPU where the workers run: in the driver's process (local mode) or on the
+    embedded cluster this machine starts. A cluster given by address is checked once joined (`use_accelerator`)."""
+    from hybridflow import env
+    from hybridflow.utils.device import device_count
+
+    joins_cluster = not run.local_mode and bool(ray_address or env.ray_address())
+    if run.device == "cuda" and not joins_cluster and device_count() == 0:
+        raise ValueError(
+            "trainer.device='cuda' but this machine has no CUDA device for its workers; use trainer.device=auto or "
+            "cpu, or join a GPU cluster (ray_kwargs.ray_init.address / RAY_ADDRESS)"
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hybridflow.data.config import expand_path
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.validate import (
+    check_device,
     check_logger_packages,
     check_model_location,
     check_resume_path,
@@ -44,6 +45,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
             "lower it"
         )
     check_logger_packages(cfg.trainer.logger)
+    check_device(cfg.trainer, cfg.ray_kwargs.ray_init.address)
     return [
         ("ranks (nnodes x n_gpus_per_node)", world),
         ("samples per step (data.train_batch_size)", data.train_batch_size),
