@@ -54,7 +54,13 @@ class ScoringConfig:
     'forkserver'/'spawn' start clean interpreters, which re-import the driver's main module: its code
     must sit under `if __name__ == "__main__":` (else every worker start re-runs the script)."""
 
+    max_error_fraction: float = 0.9
+    """A batch in which more than this share of scorer calls fails stops the run, naming the data sources: that
+    is a wrong scorer or ground-truth format, not a bad sample. 1.0 never stops."""
+
     def __post_init__(self) -> None:
+        if not 0.0 < self.max_error_fraction <= 1.0:
+            raise ValueError(f"max_error_fraction must be in (0, 1], got {self.max_error_fraction}")
         if self.timeout_s <= 0:
             raise ValueError(f"reward scoring timeout_s must be > 0 seconds, got {self.timeout_s}")
         if self.num_workers < 0:

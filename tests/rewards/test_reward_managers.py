@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from collections.abc import Iterator
@@ -146,7 +148,14 @@ def test_batch_manager(tmp_path: Path, managers: list) -> None:
     result = custom(make_batch(SAMPLES[:2]))
     assert result.reward_tensor[0, 7].item() == pytest.approx(0.7)
     assert result.reward_tensor[1, 6].item() == pytest.approx(0.6)
-    failed = custom(make_batch(SAMPLES))
+    # Every call failing is a broken scorer, not a bad sample: the run stops, naming the data sources...
+    with pytest.raises(RuntimeError, match=r"4 of 4 reward scorer calls failed .*openai/gsm8k: 2/2.*max_error_fraction"):
+        custom(make_batch(SAMPLES))
+    # ...unless asked to go on: then the samples score 0 and are counted.
+    tolerant = BatchRewardManager(CharTokenizer(), compute_score=load_custom_reward_fn(path, "score"),
+                                  scoring=dataclasses.replace(FAST, max_error_fraction=1.0))
+    managers.append(tolerant)
+    failed = tolerant(make_batch(SAMPLES))
     assert failed.reward_tensor.abs().sum() == 0
     assert failed.metrics["reward/errors"] == 4.0
 

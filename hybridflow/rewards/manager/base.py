@@ -71,8 +71,14 @@ class ScoredBatch:
 
     scores: list[float]
     details: list[dict[str, Any]]
-    num_errors: int
+    errored: list[bool]
+    """Per sample: the scorer raised or returned something that is not a score."""
     num_timeouts: int
+
+    @property
+    def num_errors(self) -> int:
+        """Samples whose scorer failed."""
+        return sum(self.errored)
 
 
 def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> DecodedBatch:
@@ -119,24 +125,43 @@ def bind_scorers(compute_score: Callable[..., Any] | None, data_sources: Sequenc
 def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
     """Scores from outcomes: errors and timeouts score 0; a value that is neither a number nor a dict
     with a numeric 'score' counts as an error."""
-    scores, details, num_errors, num_timeouts = [], [], 0, 0
+    scores, details, errored, num_timeouts = [], [], [], 0
     for outcome in outcomes:
         value = outcome.value
-        score, detail = 0.0, {}
+        score, detail, error = 0.0, {}, False
         if outcome.status == "timeout":
             num_timeouts += 1
         elif outcome.status == "error":
-            num_errors += 1
+            error = True
         elif isinstance(value, dict) and isinstance(value.get("score"), numbers.Real):
             score, detail = float(value["score"]), dict(value)
         elif isinstance(value, numbers.Real):
             score = float(value)
         else:
             logger.warning("reward function returned %r; expected a number or a dict with 'score'", value)
-            num_errors += 1
+            error = True
         scores.append(score)
         details.append(detail)
-    return ScoredBatch(scores, details, num_errors, num_timeouts)
+        errored.append(error)
+    return ScoredBatch(scores, details, errored, num_timeouts)
+
+
+def check_error_fraction(decoded: DecodedBatch, scored: ScoredBatch, max_error_fraction: float) -> None:
+    """Stop when more than `max_error_fraction` of a batch's scorer calls failed: that is a wrong scorer or
+    ground-truth format, not a bad sample, and training on the zeros would teach nothing. Names the data sources."""
+    if not scored.errored or scored.num_errors <= max_error_fraction * len(scored.errored):
+        return
+    failed: dict[str, list[int]] = {}
+    for source, error in zip(decoded.data_sources, scored.errored):
+        counts = failed.setdefault(source, [0, 0])
+        counts[0] += int(error)
+        counts[1] += 1
+    summary = ", ".join(f"{source}: {errors}/{total}" for source, (errors, total) in sorted(failed.items()) if errors)
+    raise RuntimeError(
+        f"{scored.num_errors} of {len(scored.errored)} reward scorer calls failed in this batch ({summary}), more "
+        f"than reward_model.scoring.max_error_fraction={max_error_fraction}; the first traceback is in the log. "
+        "Check the scorer and the ground-truth format of these data sources"
+    )
 
 
 def _fill_value(values: list[Any]) -> Any:

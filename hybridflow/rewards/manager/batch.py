@@ -9,8 +9,8 @@ from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, RewardResult, build_reward_result, decode_batch, log_examples, precomputed_reward,
-    unpack_outcomes)
+    REWARD_MANAGERS, RewardResult, build_reward_result, check_error_fraction, decode_batch, log_examples,
+    precomputed_reward, unpack_outcomes)
 from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
 from hybridflow.rewards.score import default_compute_score_batched, resolve_scorer
 
@@ -53,6 +53,7 @@ class BatchRewardManager:
         [outcome] = self.pool.run([(fn, kwargs)])
         outcomes = _split(outcome, len(decoded.data_sources))
         scored = unpack_outcomes(outcomes)
+        check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         log_examples(decoded, scored.scores, self.num_examine)
         return build_reward_result(data, decoded, scored, scored.scores)
 

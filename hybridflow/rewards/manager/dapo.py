@@ -14,7 +14,8 @@ from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, RewardResult, build_reward_result, decode_batch, log_examples, precomputed_reward)
+    REWARD_MANAGERS, RewardResult, build_reward_result, check_error_fraction, decode_batch, log_examples,
+    precomputed_reward)
 from hybridflow.rewards.manager.naive import score_each
 from hybridflow.rewards.pool import ScorerPool, ScoringConfig
 
@@ -84,6 +85,7 @@ class DAPORewardManager:
             return precomputed
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
+        check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         rewards = list(scored.scores)
         extra: dict[str, list[Any]] = {}
         if self.overlong.enable:

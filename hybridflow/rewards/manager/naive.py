@@ -7,8 +7,8 @@ from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, RewardResult, bind_scorers, build_reward_result, decode_batch, log_examples, precomputed_reward,
-    unpack_outcomes)
+    REWARD_MANAGERS, RewardResult, bind_scorers, build_reward_result, check_error_fraction, decode_batch,
+    log_examples, precomputed_reward, unpack_outcomes)
 from hybridflow.rewards.pool import ScorerPool, ScoringConfig
 
 __all__ = ["NaiveRewardManager", "score_each"]
@@ -56,6 +56,7 @@ class NaiveRewardManager:
             return precomputed
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
+        check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         log_examples(decoded, scored.scores, self.num_examine)
         return build_reward_result(data, decoded, scored, scored.scores)
 
