@@ -15,7 +15,7 @@ from hybridflow.algorithms.config import AlgorithmConfig
 from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
 
 __all__ = [
