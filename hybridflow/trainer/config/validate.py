@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 from pathlib import Path
 
-from hybridflow.data.config import expand_path
+from hybridflow.data.config import DataFilesConfig, expand_path
 from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
@@ -245,15 +245,20 @@ def _check_algorithm(cfg: PPOConfig) -> None:
         )
 
 
-def _check_files(cfg: PPOConfig) -> None:
-    if not cfg.data.train_files:
+def check_data_files(data: DataFilesConfig) -> None:
+    """Training files are given, and every training and validation file exists (`~` expanded)."""
+    if not data.train_files:
         raise ValueError("data.train_files is empty; give parquet files, e.g. data.train_files=[data/train.parquet]")
-    if cfg.trainer.val_only and not cfg.data.val_files:
-        raise ValueError("trainer.val_only=True needs data.val_files; give the parquet files to validate on")
-    for key, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+    for key, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         for path in paths:
             if not expand_path(path).is_file():
-                raise ValueError(f"{key} entry {path!r} does not exist; write it with hybridflow/data/preprocess/")
+                raise ValueError(f"{key} entry {path!r} does not exist; hybridflow/data/preprocess/ writes parquet files")
+
+
+def _check_files(cfg: PPOConfig) -> None:
+    check_data_files(cfg.data)
+    if cfg.trainer.val_only and not cfg.data.val_files:
+        raise ValueError("trainer.val_only=True needs data.val_files; give the parquet files to validate on")
     custom = cfg.custom_reward_function
     if custom.path is not None and not expand_path(custom.path).is_file():
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")

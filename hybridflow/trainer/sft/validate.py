@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hybridflow.data.config import expand_path
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.validate import (
+    check_data_files,
     check_device,
     check_logger_packages,
     check_model_location,
@@ -17,12 +17,7 @@ from hybridflow.trainer.config.validate import (
 def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     """Files, paths, batch arithmetic, the model's context and loggers; returns the batch table rows."""
     data, world = cfg.data, cfg.trainer.world_size
-    if not data.train_files:
-        raise ValueError("data.train_files is empty; give parquet files, e.g. data.train_files=[data/train.parquet]")
-    for key, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
-        for path in paths:
-            if not expand_path(path).is_file():
-                raise ValueError(f"{key} entry {path!r} does not exist")
+    check_data_files(data)
     if data.train_batch_size % world:
         raise ValueError(
             f"data.train_batch_size={data.train_batch_size} cannot be split over {world} ranks "
