@@ -2,7 +2,8 @@
 
 Owns: advantage estimators (`advantages`), policy losses (`policy_losses`, with their registry and
 config in `policy_loss_registry`), loss aggregation
-(`loss_agg`), KL penalties and controllers (`kl`), the value loss (`value_loss`), entropy
+(`loss_agg`), KL penalties and controllers (`kl`), rollout correction (`rollout_correction`: truncated importance
+weights and rejection between rollout and trainer log-probs), the value loss (`value_loss`), entropy
 (`entropy`), masked reductions (`masked`), and training / validation metrics (`metrics`,
 `validation_metrics`). Nothing here does I/O, reads config objects or talks to other processes.
 
@@ -55,6 +56,16 @@ from hybridflow.algorithms.config import (
     KLControlConfig,
     PolicyLossConfig,
     PPOLossConfig,
+    RolloutCorrectionConfig,
+)
+from hybridflow.algorithms.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    compute_offpolicy_metrics,
+    compute_rollout_correction,
+    compute_rollout_is_weights,
+    compute_rollout_log_ratio,
+    compute_rollout_rejection_mask,
 )
 from hybridflow.algorithms.policy_loss_registry import (
     POLICY_LOSSES,
@@ -104,6 +115,7 @@ __all__ = [
     "KLControlConfig",
     "PolicyLossConfig",
     "PPOLossConfig",
+    "RolloutCorrectionConfig",
     "register_policy_loss",
     "get_policy_loss_fn",
     "compute_policy_loss_from_config",
@@ -139,6 +151,14 @@ __all__ = [
     "build_kl_controller",
     "get_kl_controller",
     "apply_kl_penalty",
+    # rollout correction
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_OPTIONS",
+    "compute_rollout_log_ratio",
+    "compute_rollout_is_weights",
+    "compute_rollout_rejection_mask",
+    "compute_offpolicy_metrics",
+    "compute_rollout_correction",
     # metrics
     "compute_response_info",
     "compute_data_metrics",

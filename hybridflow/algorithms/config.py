@@ -12,6 +12,7 @@ from typing import Literal, Optional
 
 from hybridflow.algorithms.kl import KL_PENALTY_TYPES
 from hybridflow.algorithms.loss_agg import LossAggMode
+from hybridflow.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, build_rejection_rules, parse_rollout_rs
 from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
@@ -139,26 +140,81 @@ class FilterGroupsConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutCorrectionConfig:
-    """Off-policy correction between the rollout's and the trainer's log-probs (`algorithm.rollout_correction.*`)."""
+    """Off-policy correction between the rollout's and the trainer's log-probs (`algorithm.rollout_correction.*`).
+
+    With `rollout_is` or `rollout_rs` set, the driver compares the trainer's old log-probs with the rollout
+    engine's (`rollout_log_probs`) after the old-log-prob pass: importance weights multiply each token's policy
+    loss, rejected tokens leave `response_mask` (so the advantages, losses and their token counts skip them).
+    Math and metric names (`rollout_corr/*`): `hybridflow.algorithms.rollout_correction`.
+    """
 
     bypass_mode: bool = False
     """Use the rollout engine's own log-probs as the old log-probs and skip the trainer's old-log-prob pass; only for
-    engines whose log-probs match the training engine's (native)."""
-    loss_type: Literal["ppo_clip"] = "ppo_clip"
-    """Loss in bypass mode: the PPO clipped objective."""
-    rollout_is: Optional[str] = unsupported(None, "importance weights between rollout and trainer are not computed yet")
-    """Importance-sampling aggregation level: token | sequence."""
+    engines whose log-probs match the training engine's (native). Excludes rollout_is and rollout_rs."""
+    loss_type: Literal["ppo_clip", "reinforce"] = unsupported(
+        "ppo_clip", "bypass mode's REINFORCE loss with explicit importance weights is not implemented"
+    )
+    """Loss in bypass mode: ppo_clip (the PPO clipped objective; its ratio to the rollout is the correction)."""
+    rollout_is: Optional[Literal["token", "sequence"]] = None
+    """Truncated importance sampling: token (weight pi_old/pi_rollout per token) | sequence (the product over the
+    response, on each of its tokens) | null (no weights)."""
     rollout_is_threshold: float = 2.0
-    """Upper truncation of the importance weights (with rollout_is)."""
-    rollout_rs: Optional[str] = unsupported(None, "rejection sampling of off-policy tokens is not implemented yet")
-    """Rejection-sampling rule."""
-    rollout_rs_threshold: Optional[float] = None
-    """Threshold of the rejection-sampling rule (with rollout_rs)."""
-    rollout_is_batch_normalize: bool = unsupported(False, "importance weights are not computed yet")
-    """Normalise the importance weights to mean 1 over the batch."""
+    """Upper truncation of the importance weights (typical: 1.5-5 per token, 2-10 per sequence)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the truncated weights by their batch mean (over tokens, or over sequences), so they average 1."""
+    rollout_rs: Optional[str] = None
+    """Rejection of off-policy tokens or sequences: comma-separated rules, all must pass: token_k1|k2|k3,
+    seq_sum_k1|k2|k3, seq_mean_k1|k2|k3 (seq_mean_k1: geometric-mean ratio), seq_max_k2|k3; k1 = -log ratio,
+    k2 = (log ratio)^2/2, k3 = ratio - 1 - log ratio. Quote a list on the command line: 'token_k1,seq_max_k2'."""
+    rollout_rs_threshold: Optional[str | float] = None
+    """Bounds of rollout_rs, one entry for all rules or one per rule (comma-separated): k1 rules take ratios
+    lower_upper (0.5_2.0; write the decimal points, Hydra reads 0.5_2 as 0.52) or one number u for 1/u_u and keep
+    log(lower) <= -log ratio <= log(upper) as verl does; k2/k3 rules take one upper bound."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)
+        if self.rollout_is is not None:
+            check_choice("rollout_is", self.rollout_is, ROLLOUT_IS_LEVELS)
+        check_positive("rollout_is_threshold", self.rollout_is_threshold)
+        if self.rollout_is_batch_normalize and self.rollout_is is None:
+            raise ConfigFieldError(
+                "rollout_is_batch_normalize",
+                "rollout_is_batch_normalize=True normalises importance weights, but rollout_is is null; "
+                "set rollout_is=token or sequence, or rollout_is_batch_normalize=False",
+            )
+        self._check_rejection()
+        if self.bypass_mode and self.enabled:
+            field_name = "rollout_is" if self.rollout_is is not None else "rollout_rs"
+            raise ConfigFieldError(
+                field_name,
+                f"{field_name}={getattr(self, field_name)!r} with bypass_mode=True: bypass mode takes the rollout's "
+                "log-probs as the old log-probs, so the ratio pi_old/pi_rollout is 1 and the correction does nothing "
+                "(verl applies it inside its bypass loss, which hybridflow does not have); set bypass_mode=False, "
+                f"or {field_name}=null",
+            )
+
+    def _check_rejection(self) -> None:
+        if self.rollout_rs is None:
+            if self.rollout_rs_threshold is not None:
+                raise ConfigFieldError(
+                    "rollout_rs_threshold",
+                    f"rollout_rs_threshold={self.rollout_rs_threshold!r} is set but rollout_rs is null; name the "
+                    "rules (e.g. rollout_rs=seq_mean_k1) or set rollout_rs_threshold=null",
+                )
+            return
+        try:
+            parse_rollout_rs(self.rollout_rs)
+        except ValueError as err:
+            raise ConfigFieldError("rollout_rs", str(err)) from None
+        try:
+            build_rejection_rules(self.rollout_rs, self.rollout_rs_threshold)
+        except ValueError as err:
+            raise ConfigFieldError("rollout_rs_threshold", str(err)) from None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the driver computes importance weights or rejects tokens (rollout_is or rollout_rs set)."""
+        return self.rollout_is is not None or self.rollout_rs is not None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_source, uses_reference
 from hybridflow.trainer.generation import generate_batch
+from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, progress_bar, run_dir, timer, total_steps, worker_metrics
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.trainer.validation import run_validation
@@ -133,6 +134,8 @@ class RayPPOTrainer:
                 ))
         elif self.old_log_probs == "rollout":  # bypass mode; "update": the update's own forward supplies them
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        if algo.rollout_correction.enabled:  # importance weights and rejection, rollout vs trainer log-probs
+            metrics.update(apply_rollout_correction(batch, algo.rollout_correction))
         if self.use_reference:
             with timer("ref", timing):
                 batch = batch.union(actor_rollout.compute_ref_log_prob(batch))

@@ -216,7 +216,19 @@ INVALID = [
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=exp", ["lr_scheduler_type", "cosine"]),
     ("actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]", ["save_contents", "cannot resume"]),
     ("algorithm.rollout_correction.bypass_mode=True", ["bypass_mode=True", "rollout.name='hf'", "native"]),
-    ("algorithm.rollout_correction.rollout_is=token", ["rollout_correction.rollout_is", "not supported"]),
+    ("algorithm.rollout_correction.rollout_is=tokens", ["algorithm.rollout_correction.rollout_is=", "'sequence'"]),
+    ("algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=0",
+     ["algorithm.rollout_correction.rollout_is_threshold=0", "> 0"]),
+    ("algorithm.rollout_correction.rollout_rs=geometric algorithm.rollout_correction.rollout_rs_threshold=2",
+     ["algorithm.rollout_correction.rollout_rs='geometric'", "unknown rule", "seq_mean_k1"]),
+    ("algorithm.rollout_correction.rollout_rs=token_k1", ["algorithm.rollout_correction.rollout_rs_threshold=<bounds>"]),
+    ("algorithm.rollout_correction.rollout_rs=token_k1 algorithm.rollout_correction.rollout_rs_threshold=2.0_0.5",
+     ["algorithm.rollout_correction.rollout_rs_threshold='2.0_0.5'", "lower ratio 2 above upper 0.5"]),
+    ("algorithm.rollout_correction.rollout_is_batch_normalize=True",
+     ["algorithm.rollout_correction.rollout_is_batch_normalize=True", "rollout_is is null"]),
+    ("algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.bypass_mode=True "
+     "actor_rollout_ref.rollout.name=native", ["algorithm.rollout_correction.rollout_is='token'", "bypass_mode=False"]),
+    ("algorithm.rollout_correction.loss_type=reinforce", ["algorithm.rollout_correction.loss_type", "not supported"]),
 ]
 
 
@@ -315,6 +327,10 @@ def test_packaged_yaml_configs_compose_and_type(name):
         (["actor_rollout_ref.actor.ppo_epochs=2"], "recompute"),
         (["algorithm.use_kl_in_reward=True"], "recompute"),  # the reward penalty needs them before the update
         (["algorithm.rollout_correction.bypass_mode=True", "actor_rollout_ref.rollout.name=native"], "rollout"),
+        # rollout correction needs the trainer's old log-probs on the driver before the update
+        (["algorithm.rollout_correction.rollout_is=token"], "recompute"),
+        (["algorithm.rollout_correction.rollout_rs=seq_mean_k1", "algorithm.rollout_correction.rollout_rs_threshold=1.5"],
+         "recompute"),
     ],
 )
 def test_old_log_prob_source(files, extra, source):
@@ -324,6 +340,18 @@ def test_old_log_prob_source(files, extra, source):
     cfg = load_config(base + extra)
     validate_config(cfg)
     assert old_log_prob_source(cfg) == source
+
+
+def test_rollout_correction_needs_an_engine_that_returns_rollout_log_probs(files):
+    from hybridflow.engines.rollout import ROLLOUTS
+    from hybridflow.trainer.config.validate import LOG_PROB_ENGINES, _check_rollout_correction
+
+    assert set(ROLLOUTS.names()) <= set(LOG_PROB_ENGINES), "every built-in engine returns rollout_log_probs"
+    cfg = load_config([f"data.train_files={files['train']}", "algorithm.rollout_correction.rollout_is=token"])
+    rollout = dataclasses.replace(cfg.actor_rollout_ref.rollout, name="my_engine")  # e.g. a registered plug-in
+    cfg = dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(cfg.actor_rollout_ref, rollout=rollout))
+    with pytest.raises(ValueError, match=r"rollout_is='token'.*name='my_engine' does not return rollout_log_probs"):
+        _check_rollout_correction(cfg)
 
 
 def test_dynamic_batch_sizes_follow_the_actor_and_print_a_token_table(files, capsys):

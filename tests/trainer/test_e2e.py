@@ -157,3 +157,23 @@ def test_val_only_validates_without_training(workspace):
     assert sorted(records) == [0]
     assert "val-core/reasoning_gym/basic_arithmetic/acc/mean@1" in records[0]
     assert list_steps(run_dir) == [], "nothing was trained, so nothing is saved"
+
+
+def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
+    """Token TIS and a token rejection rule on the driver: verl's `rollout_corr/*` metrics are logged, and with
+    the trainer's and the hf rollout's log-probs agreeing the weights are about 1 and nothing is rejected."""
+    records = by_step(run(overrides(
+        workspace, workspace / "rollout_correction", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=1",
+        "trainer.val_before_train=False", "data.val_files=[]",
+        "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
+    )))
+    step = records[1]
+    assert "timing_s/old_log_prob" in step, "correction needs the separate old-log-prob pass"
+    assert abs(step["rollout_corr/rollout_is_mean"] - 1.0) < 1e-2
+    assert abs(step["rollout_corr/rollout_is_eff_sample_size"] - 1.0) < 1e-2
+    assert step["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0
+    assert step["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    assert abs(step["rollout_corr/kl"]) < 1e-2 and step["rollout_corr/training_ppl"] > 1.0
+    assert step["actor/grad_norm"] > 0

@@ -124,18 +124,27 @@ def uses_reference(cfg: PPOConfig) -> bool:
 OldLogProbSource = Literal["recompute", "update", "rollout"]
 BYPASS_ENGINES = ("native",)
 """Rollout engines whose sampled log-probs match the training engine's (to about 1e-4): bypass mode may use them."""
+LOG_PROB_ENGINES = ("hf", "native", "vllm")
+"""Rollout engines that return `rollout_log_probs` (the agent-loop servers run these too): rollout correction
+(`rollout_is`, `rollout_rs`) compares them with the trainer's."""
 
 
 def old_log_prob_source(cfg: PPOConfig) -> OldLogProbSource:
     """Where a step's old log-probs come from.
 
     - `rollout`: `algorithm.rollout_correction.bypass_mode`, the rollout engine's own log-probs;
-    - `update`: the update is exactly on-policy (one epoch, one mini-batch per step, no KL-in-reward, which needs
-      them before the update), so the old log-probs equal the update's first forward, detached: no separate pass;
-    - `recompute`: a separate forward of the actor before the update (verl's default dataflow).
+    - `recompute`: a separate forward of the actor before the update (verl's default dataflow); always with
+      rollout correction (`rollout_is` / `rollout_rs`), whose weights and rejections need the trainer's old
+      log-probs on the driver before the update;
+    - `update`: otherwise, when the update is exactly on-policy (one epoch, one mini-batch per step, no
+      KL-in-reward, which needs them before the update), the old log-probs equal the update's first forward,
+      detached: no separate pass.
     """
-    if cfg.algorithm.rollout_correction.bypass_mode:
+    correction = cfg.algorithm.rollout_correction
+    if correction.bypass_mode:
         return "rollout"
+    if correction.enabled:
+        return "recompute"
     actor = cfg.actor_rollout_ref.actor
     one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
     return "update" if one_step and not cfg.algorithm.use_kl_in_reward else "recompute"
@@ -238,10 +247,24 @@ def _check_algorithm(cfg: PPOConfig) -> None:
             f"actor_rollout_ref.rollout.name={rollout.name!r} does not report log-probs that match the training "
             f"engine's; use rollout.name in {list(BYPASS_ENGINES)} or bypass_mode=False"
         )
+    _check_rollout_correction(cfg)
     if cfg.actor_rollout_ref.rollout.is_greedy and n > 1:
         raise ValueError(
             f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "
             "identical responses per prompt; sample (do_sample=True, temperature > 0) or set n=1"
+        )
+
+
+def _check_rollout_correction(cfg: PPOConfig) -> None:
+    """Rollout correction needs the rollout's log-probs next to the trainer's (bypass mode, which takes one for
+    the other, is refused with it by `RolloutCorrectionConfig`)."""
+    correction, name = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.rollout.name
+    if correction.enabled and name not in LOG_PROB_ENGINES:
+        key = "rollout_is" if correction.rollout_is is not None else "rollout_rs"
+        raise ValueError(
+            f"algorithm.rollout_correction.{key}={getattr(correction, key)!r} compares the trainer's log-probs with "
+            f"the rollout's, but actor_rollout_ref.rollout.name={name!r} does not return rollout_log_probs; use "
+            f"rollout.name in {list(LOG_PROB_ENGINES)} or {key}=null"
         )
 
 
