@@ -70,7 +70,8 @@ class AgentLoopManager:
                 "data.return_raw_chat=True"
             )
         validate = prompts.meta_info.get("validate", False)
-        params = SamplingParams.from_config(self.rollout.val_kwargs if validate else self.rollout, self.response_length)
+        base = SamplingParams.from_config(self.rollout.val_kwargs if validate else self.rollout, self.response_length)
+        params = base.with_overrides(prompts.meta_info)  # e.g. ReMax's greedy baseline: do_sample=False
         wake = self.worker_group.wake_up_rollout_server()
         try:
             outputs = asyncio.run(self._run_all(prompts, params))

@@ -130,12 +130,19 @@ class KLControlConfig:
 class FilterGroupsConfig:
     """DAPO dynamic sampling (`algorithm.filter_groups.*`)."""
 
-    enable: bool = unsupported(False, "DAPO dynamic sampling (regenerating until groups disagree) is not in the trainer")
-    """Drop prompt groups whose rewards all agree and generate more until the batch is full."""
+    enable: bool = False
+    """Drop prompt groups whose samples all agree on `metric` and generate more until data.train_batch_size groups
+    are in (generation batches hold data.gen_batch_size prompts)."""
     metric: str = "acc"
-    """Per-sample metric compared within a group."""
+    """Per-sample value compared within a group: seq_reward / seq_final_reward (the summed reward), or a column the
+    reward manager returns (acc, score, or a key the scorer returns)."""
     max_num_gen_batches: int = 0
-    """Most generation batches per step (0: no limit)."""
+    """Most generation batches per step before the run stops with an error (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        check_at_least("max_num_gen_batches", self.max_num_gen_batches, 0, "0 means no limit")
+        if not self.metric:
+            raise ConfigFieldError("metric", "metric is empty; use acc, score, seq_reward or seq_final_reward")
 
 
 @dataclass(frozen=True, kw_only=True)

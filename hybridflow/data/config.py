@@ -68,6 +68,9 @@ class RLHFDataConfig(DataFilesConfig):
     """Most tokens generated per response."""
     train_batch_size: int = 1024
     """Prompts per training step (each is sampled actor_rollout_ref.rollout.n times)."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation batch when algorithm.filter_groups is on (DAPO draws more than it trains on); None:
+    train_batch_size."""
     val_batch_size: Optional[int] = None
     """Prompts per validation generation batch; None takes the whole validation set at once."""
     truncation: Literal["error", "left", "right", "middle"] = "error"
@@ -89,6 +92,7 @@ class RLHFDataConfig(DataFilesConfig):
         check_positive("max_prompt_length", self.max_prompt_length)
         check_positive("max_response_length", self.max_response_length)
         check_positive("train_batch_size", self.train_batch_size)
+        check_positive("gen_batch_size", self.gen_batch_size, allow_none=True)
         check_positive("val_batch_size", self.val_batch_size, allow_none=True)
 
 

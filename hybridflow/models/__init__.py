@@ -17,7 +17,8 @@ from hybridflow.models.loader import (
     save_model_and_tokenizer,
     to_torch_dtype,
 )
-from hybridflow.models.tiny import build_local_tokenizer, build_tiny_model, build_tiny_tokenizer, save_tiny_model
+from hybridflow.models.tiny import (
+    build_local_tokenizer, build_tiny_model, build_tiny_tokenizer, save_tiny_model, save_tiny_reward_model)
 from hybridflow.models.value_head import (
     build_value_model,
     compute_sequence_scores,
@@ -44,5 +45,6 @@ __all__ = [
     "resolve_model_path",
     "save_model_and_tokenizer",
     "save_tiny_model",
+    "save_tiny_reward_model",
     "to_torch_dtype",
 ]

@@ -130,3 +130,23 @@ def save_tiny_model(
     """
     model, tokenizer = build_tiny_model(arch, num_layers=num_layers, hidden=hidden, seed=seed, tokenizer=tokenizer)
     return save_model_and_tokenizer(model, tokenizer, path)
+
+
+def save_tiny_reward_model(
+    path: str | os.PathLike,
+    num_layers: int = 2,
+    hidden: int = 64,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> Path:
+    """A tiny random `LlamaForSequenceClassification` (one label: a reward model) saved with its tokenizer."""
+    from transformers import AutoModelForSequenceClassification
+
+    causal, tokenizer = build_tiny_model("llama", num_layers=num_layers, hidden=hidden, seed=seed, tokenizer=tokenizer)
+    config = causal.config
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
+    model.config.architectures = [type(model).__name__]
+    return save_model_and_tokenizer(model, tokenizer, path)

@@ -21,6 +21,7 @@ def build_value_model(
     attn_implementation: str = "sdpa",
     head_init_seed: int = 0,
     trust_remote_code: bool = False,
+    require_trained_head: bool = False,
 ) -> PreTrainedModel:
     """Token-level value model (`...ForTokenClassification`, `num_labels=1`, no dropout) from a checkpoint.
 
@@ -31,6 +32,8 @@ def build_value_model(
         head_init_seed: seed of a newly initialised `score` head (normal(0, initializer_range), zero bias),
             identical on every rank and every run.
         trust_remote_code: allow model code shipped in the checkpoint directory.
+        require_trained_head: raise when the checkpoint has no `score` weight (a reward model must bring its
+            trained head; a fresh one would score at random).
 
     Returns:
         A model whose `forward(input_ids, attention_mask, position_ids, use_cache=False).logits` is (bs, seq, 1).
@@ -50,7 +53,13 @@ def build_value_model(
         output_loading_info=True,
         **extra,
     )
-    _init_missing_head(model, set(info["missing_keys"]), seed=head_init_seed)
+    missing = set(info["missing_keys"])
+    if require_trained_head and "score.weight" in missing:
+        raise ValueError(
+            f"{path_or_name} has no trained score head (it looks like a causal-LM checkpoint): a reward model must be "
+            "a sequence- or token-classification checkpoint with one label"
+        )
+    _init_missing_head(model, missing, seed=head_init_seed)
     return model
 
 

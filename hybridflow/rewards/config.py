@@ -15,11 +15,9 @@ __all__ = ["CustomRewardFunctionConfig", "RewardModelConfig"]
 
 @dataclass(frozen=True, kw_only=True)
 class RewardModelConfig:
-    """How responses are scored: a rule-based reward manager over per-`data_source` scorers."""
+    """How responses are scored by rules: a reward manager over per-`data_source` scorers (the learned reward
+    model's settings are the worker's, `workers.config.RewardModelWorkerConfig`)."""
 
-    enable: bool = unsupported(False, "a learned reward model worker is not in the trainer; rule-based rewards "
-                                      "and custom_reward_function.path are")
-    """Score with a learned reward model."""
     reward_manager: str = "naive"
     """naive | batch | dapo, or a registered custom manager."""
     launch_reward_fn_async: bool = unsupported(False, "scoring runs in the driver's scorer pool between stages")
@@ -28,6 +26,9 @@ class RewardModelConfig:
     """Where scorers run and how long one may take (a raising or hung scorer scores 0 and is counted)."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's soft overlong penalty (reward_manager=dapo)."""
+    rule_reward_coef: float = 0.0
+    """With a reward model (reward_model.enable): weight of the rule-based score (custom_reward_function or the
+    data_source's scorer) added to the model's score; 0 uses the model's score alone, as verl does."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,12 +15,13 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 def generate_batch(
-    generator: Any, batch_dict: dict, n: int, *, pass_rows: bool, validate: bool
+    generator: Any, batch_dict: dict, n: int, *, pass_rows: bool, validate: bool, overrides: dict | None = None
 ) -> tuple[DataProto, dict[str, float]]:
     """`n` responses per prompt of `batch_dict` (each prompt's samples share a `uid`), joined to the prompt rows.
 
     `generator` is the actor/rollout worker group or the agent-loop manager; `pass_rows` sends every row field
-    along (agent loops read them); `validate` selects the validation sampling. Returns the batch and the
+    along (agent loops read them); `validate` selects the validation sampling; `overrides` change sampling
+    parameters for this call (e.g. `{"do_sample": False}` for ReMax's greedy baseline). Returns the batch and the
     generator's metrics.
     """
     batch = DataProto.from_single_dict(batch_dict)
@@ -29,7 +30,7 @@ def generate_batch(
     prompts = batch.select(
         batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if pass_rows else [], meta_info_keys=[]
     )
-    prompts.meta_info = {"validate": validate}
+    prompts.meta_info = {"validate": validate, **(overrides or {})}
     output = generator.generate_sequences(prompts)
     metrics = worker_metrics(output)
     batch.pop(batch_keys=list(PROMPT_KEYS))

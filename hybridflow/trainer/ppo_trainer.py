@@ -27,6 +27,9 @@ from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_source, uses_reference
+from hybridflow.rewards.combine import combine_rewards
+from hybridflow.rewards.manager.base import RewardResult
+from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, progress_bar, run_dir, timer, total_steps, worker_metrics
@@ -70,6 +73,8 @@ class RayPPOTrainer:
         self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
         self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
+        # Agent loops read every row field of the prompts they are sent.
+        self.pass_rows = config.actor_rollout_ref.rollout.mode == "async"
 
     def init_workers(self) -> None:
         """Start the worker processes and load the models (before the first step)."""
@@ -91,12 +96,13 @@ class RayPPOTrainer:
         if trainer_cfg.val_only:
             return val_metrics
         progress = progress_bar(self.total_training_steps, self.global_steps)
-        for batch_dict in self._batches():
+        batches = self._batches()
+        while self.global_steps < self.total_training_steps:
             self.global_steps += 1
             is_last = self.global_steps >= self.total_training_steps
             metrics, timing = {}, {}
             with timer("step", timing):
-                batch = self.train_step(batch_dict, metrics, timing)
+                batch = self.train_step(batches, metrics, timing)
             if self.val_dataloader is not None and due(trainer_cfg.test_freq, self.global_steps, is_last):
                 with timer("testing", timing):
                     val_metrics = self.validate()
@@ -107,24 +113,17 @@ class RayPPOTrainer:
             metrics.update(self._step_metrics(batch, timing))
             self.tracking.log(metrics, step=self.global_steps)
             progress.update(1)
-            if is_last:
-                break
         progress.close()
         return val_metrics
 
-    def train_step(self, batch_dict: dict, metrics: dict[str, float], timing: dict[str, float]) -> DataProto:
-        """One PPO step on a batch of prompts: the seed's dataflow, one RPC per stage."""
-        rollout, algo = self.config.actor_rollout_ref.rollout, self.config.algorithm
+    def train_step(self, batches: Iterator[dict], metrics: dict[str, float], timing: dict[str, float]) -> DataProto:
+        """One PPO step: the seed's dataflow, one RPC per stage. Prompts come from `batches` (dynamic sampling
+        may draw several generation batches for one step)."""
+        algo = self.config.algorithm
         actor_rollout, critic = self.workers.actor_rollout, self.workers.critic
-        with timer("gen", timing):
-            batch, gen_metrics = generate_batch(
-                self.generator, batch_dict, rollout.n, pass_rows=rollout.mode == "async", validate=False
-            )
+        batch = self.sample(batches, metrics, timing)
         if self.config.trainer.balance_batch:
             metrics.update(self._balance(batch))
-        with timer("reward", timing):
-            reward = self.reward_fn(batch)
-        batch.batch["token_level_scores"] = reward.reward_tensor
         if self.old_log_probs == "recompute":
             with timer("old_log_prob", timing):
                 batch = batch.union(self._collect(actor_rollout.compute_log_prob(batch), metrics))
@@ -154,9 +153,71 @@ class RayPPOTrainer:
         if self.global_steps > self.config.trainer.critic_warmup:
             with timer("update_actor", timing):
                 self._collect(actor_rollout.update_actor(batch), metrics)
-        metrics.update(gen_metrics)
-        metrics.update(reward.metrics)
         return batch
+
+    # ------------------------------------------------------------------ experience: generate and score
+    def sample(self, batches: Iterator[dict], metrics: dict[str, float], timing: dict[str, float]) -> DataProto:
+        """Scored rollouts for one step. DAPO's dynamic sampling (`algorithm.filter_groups`) keeps drawing
+        generation batches until `data.train_batch_size` prompt groups disagree on its metric."""
+        filter_groups = self.config.algorithm.filter_groups
+        if not filter_groups.enable:
+            batch, _ = self.generate_and_score(next(batches), metrics, timing)
+            return batch
+        groups = GroupFilter(
+            filter_groups.metric, self.config.data.train_batch_size, self.config.actor_rollout_ref.rollout.n,
+            filter_groups.max_num_gen_batches,
+        )
+        step_metrics: list[dict[str, float]] = []
+        while not groups.full:
+            step_metrics.append({})
+            batch, extra_info = self.generate_and_score(next(batches), step_metrics[-1], timing)
+            groups.add(batch, extra_info)
+        batch, filter_metrics = groups.take()
+        metrics.update(merge_generation_metrics(step_metrics))
+        metrics.update(filter_metrics)
+        return batch
+
+    def generate_and_score(
+        self, batch_dict: dict, metrics: dict[str, float], timing: dict[str, float]
+    ) -> tuple[DataProto, dict[str, list]]:
+        """Generate `rollout.n` responses per prompt and score them (`token_level_scores`); ReMax adds the greedy
+        response's score as `reward_baselines`. Returns the batch and the reward manager's per-sample columns."""
+        rollout = self.config.actor_rollout_ref.rollout
+        with timer("gen", timing):
+            batch, gen_metrics = generate_batch(
+                self.generator, batch_dict, rollout.n, pass_rows=self.pass_rows, validate=False
+            )
+        metrics.update(gen_metrics)
+        if self.config.algorithm.adv_estimator == "remax":
+            with timer("gen_max", timing):
+                greedy, _ = generate_batch(
+                    self.generator, batch_dict, 1, pass_rows=self.pass_rows, validate=False,
+                    overrides={"do_sample": False},
+                )
+            baseline = self.score(greedy, {}, timing).reward_tensor.sum(dim=-1)
+            batch.batch["reward_baselines"] = baseline.repeat_interleave(rollout.n)
+        reward = self.score(batch, metrics, timing)
+        batch.batch["token_level_scores"] = reward.reward_tensor
+        return batch, reward.extra_info
+
+    def score(self, batch: DataProto, metrics: dict[str, float], timing: dict[str, float]) -> RewardResult:
+        """Rewards of `batch`: the reward model's score (`rm`), the rule-based reward manager's (`reward`), or
+        both weighted by `reward_model.rule_reward_coef`."""
+        reward_model = self.workers.reward_model
+        if reward_model is None:
+            with timer("reward", timing):
+                reward = self.reward_fn(batch)
+            metrics.update(reward.metrics)
+            return reward
+        with timer("rm", timing):
+            rm_scores = reward_model.compute_rm_score(batch).batch["rm_scores"]
+        rule = None
+        if self.config.reward_model.rule_reward_coef != 0:
+            with timer("reward", timing):
+                rule = self.reward_fn(batch)
+        reward = combine_rewards(rm_scores, rule, self.config.reward_model.rule_reward_coef)
+        metrics.update(reward.metrics)
+        return reward
 
     def _balance(self, batch: DataProto) -> dict[str, float]:
         """Reorder `batch` in place so each rank's chunk holds about the same number of tokens; verl's metrics."""
@@ -177,9 +238,14 @@ class RayPPOTrainer:
         return output
 
     def _batches(self) -> Iterator[dict]:
-        """Training batches from the current position on (resumable through the sampler)."""
-        while self.global_steps < self.total_training_steps:
-            yield from self.train_dataloader
+        """Generation batches from the current position on, epoch after epoch (resumable through the sampler)."""
+        while True:
+            empty = True
+            for batch_dict in self.train_dataloader:
+                empty = False
+                yield batch_dict
+            if empty:
+                raise RuntimeError("the training data loader gave no batch in a whole epoch")
 
     def validate(self) -> dict[str, float]:
         """Validation metrics of the current policy over the whole validation set."""
@@ -189,7 +255,7 @@ class RayPPOTrainer:
             self.val_dataloader,
             self.val_reward_fn,
             n=rollout.val_kwargs.n,
-            pass_rows=rollout.mode == "async",
+            pass_rows=self.pass_rows,
             num_examples=self.config.trainer.log_val_generations,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -27,9 +28,11 @@ logger = logging.getLogger(__name__)
 
 
 def build_dataloaders(data: RLHFDataConfig, tokenizer: Any) -> tuple[DataLoader, DataLoader | None]:
-    """Training loader (seeded, resumable sampler, full batches only) and validation loader of `data.*`."""
+    """Training loader of generation batches (seeded, resumable sampler, full batches only: `data.gen_batch_size`
+    prompts with dynamic sampling, else `train_batch_size`) and validation loader of `data.*`."""
     train_set = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
-    train_loader = build_train_loader(train_set, data.train_batch_size, data.shuffle, data.seed, collate_fn)
+    batch_size = data.gen_batch_size or data.train_batch_size
+    train_loader = build_train_loader(train_set, batch_size, data.shuffle, data.seed, collate_fn)
     if not data.val_files:
         return train_loader, None
     val_set = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
@@ -54,7 +57,10 @@ def run_ppo(config: PPOConfig, batch_sizes: dict[str, BatchSizes]) -> dict[str, 
     for name, sizes in batch_sizes.items():
         logger.info("batch arithmetic\n%s", sizes.table(name))
     tokenizer = build_tokenizer(config.actor_rollout_ref.model)
-    train_loader, val_loader = build_dataloaders(config.data, tokenizer)
+    data = config.data
+    if config.reward_model.enable:  # the reward model re-templates conversations from each row's chat messages
+        data = dataclasses.replace(data, return_raw_chat=True)
+    train_loader, val_loader = build_dataloaders(data, tokenizer)
     reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     val_reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     tracking = build_tracking(config.trainer, config)

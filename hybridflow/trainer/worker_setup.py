@@ -8,16 +8,17 @@ from typing import Any
 from hybridflow.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
 from hybridflow.trainer.config import PPOConfig, critic_enabled, uses_reference
 from hybridflow.trainer.scaffold import WorkerProcesses, worker_runtime
-from hybridflow.workers import ActorRolloutRefWorker, CriticWorker
+from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 
 @dataclass
 class WorkerGroups:
-    """The groups the driver calls; `critic` is None when no critic is trained."""
+    """The groups the driver calls; `critic` / `reward_model` are None when the run has no such role."""
 
     actor_rollout: Any
     critic: Any | None
     processes: WorkerProcesses
+    reward_model: Any | None = None
 
     def shutdown(self) -> None:
         """Kill the worker processes and release their placement group."""
@@ -25,12 +26,14 @@ class WorkerGroups:
 
 
 def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerGroups:
-    """Start one process per rank hosting actor+rollout(+ref)(+critic), and split it into role groups."""
+    """Start one process per rank hosting actor+rollout(+ref)(+critic)(+reward model), split into role groups."""
     runtime = worker_runtime(config.trainer, total_training_steps)
     role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
     classes = {"actor_rollout": RayClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role, runtime)}
     if critic_enabled(config):
         classes["critic"] = RayClassWithInitArgs(CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, runtime)
+    if config.reward_model.enable:
+        classes["rm"] = RayClassWithInitArgs(RewardModelWorker, config.reward_model, runtime)
     rollout = config.actor_rollout_ref.rollout
     if rollout.mode == "async":
         # Each rank serves many concurrent generate_tokens calls (agent loops), batched by its server.
@@ -43,11 +46,13 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
         })
     processes = WorkerProcesses(config.trainer, create_colocated_worker_cls(classes), name_prefix="hybridflow")
     groups = processes.group.spawn(list(classes))
-    critic = groups.get("critic")
-    if critic is not None:
-        critic.init_model()
-    groups["actor_rollout"].init_model()
-    return WorkerGroups(actor_rollout=groups["actor_rollout"], critic=critic, processes=processes)
+    for role in ("critic", "rm", "actor_rollout"):
+        if role in groups:
+            groups[role].init_model()
+    return WorkerGroups(
+        actor_rollout=groups["actor_rollout"], critic=groups.get("critic"), processes=processes,
+        reward_model=groups.get("rm"),
+    )
 
 
 def build_generator(config: PPOConfig, actor_rollout: Any, tokenizer: Any) -> Any:

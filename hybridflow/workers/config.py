@@ -23,6 +23,8 @@ __all__ = [
     "CheckpointConfig",
     "CriticConfig",
     "RefConfig",
+    "RewardModelModelConfig",
+    "RewardModelWorkerConfig",
     "WorkerRuntimeConfig",
 ]
 
@@ -218,6 +220,58 @@ class CriticConfig:
     @property
     def forward_token_budget(self) -> int | None:
         """Tokens per value-forward micro-batch, or None to cut by rows."""
+        return self.forward_max_token_len_per_gpu if self.use_dynamic_bsz else None
+
+
+# ----------------------------------------------------------------------------- reward model
+@dataclass(frozen=True, kw_only=True)
+class RewardModelModelConfig(FSDPModelConfig):
+    """The reward model's weights (`reward_model.model.*`): a sequence- or token-classification checkpoint."""
+
+    input_tokenizer: Optional[str] = None
+    """The policy's tokenizer (defaults to actor_rollout_ref.model.path). When the reward model's tokenizer or chat
+    template differ from it, each response is decoded and the conversation re-templated for the reward model;
+    None feeds the policy's token ids as they are (same tokenizer and template)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardModelWorkerConfig:
+    """A learned reward model that scores each response (`reward_model.*`): the worker's part of the section."""
+
+    enable: bool = False
+    """Score responses with the reward model (its score replaces, or with rule_reward_coef joins, rule rewards)."""
+    strategy: Strategy = "fsdp2"
+    """Engine: fsdp2 (fsdp is accepted as a synonym)."""
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    """Reward-model weights, tokenizer and sharding."""
+    micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per reward-model forward on one rank; None: the rank's whole share at once."""
+    micro_batch_size: Optional[int] = unsupported(None, "give micro_batch_size_per_gpu instead")
+    """Old global form of micro_batch_size_per_gpu."""
+    max_length: Optional[int] = None
+    """Most tokens of a re-templated conversation (the start is cut, the response end kept); None: no limit."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches by token count (forward_max_token_len_per_gpu) instead of rows."""
+    forward_max_token_len_per_gpu: int = 32768
+    """Tokens per micro-batch on one rank with use_dynamic_bsz."""
+    enable_resource_pool: bool = unsupported(False, "the reward model shares the actor's worker processes")
+    """Place the reward model on its own resource pool."""
+    n_gpus_per_node: int = unsupported(0, "the reward model shares the actor's worker processes")
+    """GPUs per node of the reward model's own pool."""
+    nnodes: int = unsupported(0, "the reward model shares the actor's worker processes")
+    """Nodes of the reward model's own pool."""
+    ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
+    """Ranks that split one sequence (Ulysses)."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+        check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, allow_none=True)
+        check_at_least("max_length", self.max_length if self.max_length is not None else 2, 2)
+        check_positive("forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu)
+
+    @property
+    def forward_token_budget(self) -> int | None:
+        """Tokens per forward micro-batch, or None to cut by rows."""
         return self.forward_max_token_len_per_gpu if self.use_dynamic_bsz else None
 
 

@@ -159,6 +159,34 @@ def test_val_only_validates_without_training(workspace):
     assert list_steps(run_dir) == [], "nothing was trained, so nothing is saved"
 
 
+def test_reward_model_remax_and_dynamic_sampling_run_together(workspace):
+    """Three dataflows in one GRPO-style run on Ray: a reward-model worker joined with the rule reward, ReMax's
+    greedy baseline, and DAPO's dynamic sampling drawing generation batches of 4 prompts for steps of 2."""
+    from hybridflow.models import save_tiny_reward_model
+
+    rm_dir = workspace / "tiny_rm"
+    if not rm_dir.exists():
+        save_tiny_reward_model(rm_dir, num_layers=2, hidden=64, seed=5)
+    records = by_step(run(overrides(
+        workspace, workspace / "dataflows", "algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=2", "data.gen_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "reward_model.enable=True", f"reward_model.model.path={rm_dir}", "reward_model.rule_reward_coef=1.0",
+        "reward_model.micro_batch_size_per_gpu=2",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=seq_reward",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    for step in (1, 2):
+        record = records[step]
+        for key in ("timing_s/gen", "timing_s/gen_max", "timing_s/rm", "timing_s/reward", "reward/rm_score/mean",
+                    "reward/rule_score/mean", "train/num_gen_batches", "filter_groups/kept_fraction"):
+            assert key in record, key
+        assert record["filter_groups/kept_groups"] >= 2 and 1 <= record["train/num_gen_batches"] <= 4
+        assert record["actor/grad_norm"] > 0
+        assert record["critic/score/mean"] != record["reward/rule_score/mean"], "the reward model's score counts"
+
+
 def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     """Token TIS and a token rejection rule on the driver: verl's `rollout_corr/*` metrics are logged, and with
     the trainer's and the hf rollout's log-probs agreeing the weights are about 1 and nothing is rejected."""

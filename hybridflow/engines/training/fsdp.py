@@ -53,14 +53,14 @@ from hybridflow.models.lora import (
     save_hf_model_from_state_dict,
     save_lora_adapter,
 )
-from hybridflow.models.value_head import build_value_model
+from hybridflow.models.value_head import build_value_model, compute_sequence_scores
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
 from hybridflow.utils.seqlen_balancing import num_token_budget_partitions, partition_by_tokens
 
 logger = logging.getLogger(__name__)
 
-ModelKind = Literal["causal_lm", "value"]
+ModelKind = Literal["causal_lm", "value", "reward"]
 Batch = Any  # DataProto, or a Mapping / TensorDict of tensors
 LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, Mapping[str, float]]]
 
@@ -113,10 +113,11 @@ def build_fsdp_engine(
     load = dict(dtype="float32", attn_implementation=config.attn_implementation, trust_remote_code=model.trust_remote_code)
     if model_kind == "causal_lm":
         module = build_causal_lm(model_path, **load)
-    elif model_kind == "value":
-        module = build_value_model(model_path, **load)
+    elif model_kind in ("value", "reward"):  # a reward model is a value model that must bring its trained head
+        module = build_value_model(model_path, require_trained_head=model_kind == "reward", **load)
+        model_kind = "value"
     else:
-        raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm' or 'value'")
+        raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm', 'value' or 'reward'")
     if model.use_lora:
         if model_kind != "causal_lm":
             raise ValueError("LoRA (lora_rank > 0) is supported for causal LMs only, not value models")
@@ -357,6 +358,31 @@ class FSDPEngine:
         self.module.eval()
         micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
         return _in_row_order(torch.cat([self.forward_micro_batch(mb)["values"] for mb in micro_batches]).cpu(), order)
+
+    @torch.no_grad()
+    def compute_scores(
+        self, batch: Batch, *, micro_batch_size: int | None = None, max_token_len: int | None = None
+    ) -> torch.Tensor:
+        """Reward-model scores (bs,) float32 on CPU: the value head's output at each sequence's last attended
+        token (a sequence classifier's pooled logit). Needs `input_ids`, `attention_mask`, `position_ids`."""
+        if self.model_kind != "value":
+            raise TypeError("compute_scores needs a value-model engine (model_kind='value')")
+        self.module.eval()
+        micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
+        scores = []
+        for micro_batch in micro_batches:
+            tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
+            with self._autocast():
+                if self.config.model.use_remove_padding:
+                    ids, pos, keep = pack_sequences(
+                        tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"]
+                    )
+                    packed = self.module(input_ids=ids, position_ids=pos, use_cache=False).logits[0, :, 0].float()
+                    token_scores = unpack_sequences(packed, keep)
+                else:
+                    token_scores = self.module(**tensors, use_cache=False).logits[..., 0].float()
+            scores.append(compute_sequence_scores(token_scores, tensors["attention_mask"]))
+        return _in_row_order(torch.cat(scores).cpu(), order)
 
     def split_micro_batches(
         self, batch: Batch, micro_batch_size: int | None = None, max_token_len: int | None = None

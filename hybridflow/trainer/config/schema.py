@@ -16,7 +16,7 @@ from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
-from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
 
 __all__ = [
     "PPOConfig",
@@ -24,6 +24,7 @@ __all__ = [
     "PPOTrainerConfig",
     "RayInitConfig",
     "RayKwargsConfig",
+    "RewardSectionConfig",
     "RunConfig",
     "SFTConfig",
     "SFTTrainerConfig",
@@ -161,6 +162,20 @@ class RayKwargsConfig:
     """Arguments of ray.init."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class RewardSectionConfig(RewardModelConfig, RewardModelWorkerConfig):
+    """verl's `reward_model.*` section: rule-based scoring (`rewards`) and the learned reward model (`workers`)."""
+
+    def __post_init__(self) -> None:
+        RewardModelWorkerConfig.__post_init__(self)
+        if self.rule_reward_coef != 0 and not self.enable:
+            raise ConfigFieldError(
+                "rule_reward_coef",
+                f"rule_reward_coef={self.rule_reward_coef} weighs rule scores against a reward model's, but "
+                "reward_model.enable=False: enable the reward model or leave rule_reward_coef at 0",
+            )
+
+
 # ----------------------------------------------------------------------------- roots
 @dataclass(frozen=True, kw_only=True)
 class PPOConfig:
@@ -169,7 +184,7 @@ class PPOConfig:
     data: RLHFDataConfig = field(default_factory=RLHFDataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward_model: RewardSectionConfig = field(default_factory=RewardSectionConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: PPOTrainerConfig = field(default_factory=PPOTrainerConfig)
@@ -203,6 +218,9 @@ PPO_DERIVED: dict[str, str] = {
     "critic.loss_agg_mode": f"${{{_ACTOR}.loss_agg_mode}}",
     "critic.use_prefix_grouper": f"${{{_ACTOR}.use_prefix_grouper}}",
     "critic.optim.clip_grad": "${critic.grad_clip}",
+    "reward_model.model.input_tokenizer": "${actor_rollout_ref.model.path}",
+    "reward_model.use_dynamic_bsz": "${critic.use_dynamic_bsz}",
+    "reward_model.forward_max_token_len_per_gpu": "${critic.forward_max_token_len_per_gpu}",
 }
 """verl's interpolations: each key's default is the value of the key it names (set it to break the link)."""
 

@@ -17,8 +17,10 @@ from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg")
-# Estimators this trainer cannot feed yet (remax needs a greedy baseline rollout per prompt).
-UNSUPPORTED_BY_TRAINER = {"remax": "it needs a greedy baseline generation per prompt, not wired into the trainer yet"}
+# Estimators this trainer cannot feed (none today; the table names the reason when one is added).
+UNSUPPORTED_BY_TRAINER: dict[str, str] = {}
+# Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
+REWARD_MODEL_HEADS = ("ForSequenceClassification", "ForTokenClassification")
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
@@ -247,11 +249,37 @@ def _check_algorithm(cfg: PPOConfig) -> None:
             f"actor_rollout_ref.rollout.name={rollout.name!r} does not report log-probs that match the training "
             f"engine's; use rollout.name in {list(BYPASS_ENGINES)} or bypass_mode=False"
         )
+    _check_filter_groups(cfg)
     _check_rollout_correction(cfg)
     if cfg.actor_rollout_ref.rollout.is_greedy and n > 1:
         raise ValueError(
             f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "
             "identical responses per prompt; sample (do_sample=True, temperature > 0) or set n=1"
+        )
+
+
+def _check_filter_groups(cfg: PPOConfig) -> None:
+    """DAPO's dynamic sampling: generation batches, its metric, and what it needs from the rewards."""
+    data, filter_groups = cfg.data, cfg.algorithm.filter_groups
+    if not filter_groups.enable:
+        if data.gen_batch_size is not None and data.gen_batch_size != data.train_batch_size:
+            raise ValueError(
+                f"data.gen_batch_size={data.gen_batch_size} differs from data.train_batch_size={data.train_batch_size}, "
+                "but only dynamic sampling draws generation batches of another size: set "
+                "algorithm.filter_groups.enable=True or drop data.gen_batch_size"
+            )
+        return
+    metric = filter_groups.metric
+    if metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ValueError(
+            "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the KL penalty needs "
+            "reference log-probs, computed after groups are filtered; use metric=seq_reward"
+        )
+    rm_only = cfg.reward_model.enable and cfg.reward_model.rule_reward_coef == 0
+    if rm_only and metric not in ("seq_reward", "seq_final_reward", "rm_score"):
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r}: with a reward model alone (reward_model.enable=True, "
+            "rule_reward_coef=0) no rule scorer runs in training; use seq_reward or rm_score"
         )
 
 
@@ -290,8 +318,31 @@ def _check_files(cfg: PPOConfig) -> None:
     if critic_enabled(cfg):
         check_model_location("critic.model.path", cfg.critic.model.path)
         check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)
+    if cfg.reward_model.enable:
+        _check_reward_model(cfg)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
     check_run_dir(cfg.trainer)
+
+
+def _check_reward_model(cfg: PPOConfig) -> None:
+    """The reward model is a local classification checkpoint with one label, used for inference only."""
+    model = cfg.reward_model.model
+    check_model_location("reward_model.model.path", model.path)
+    check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path)
+    check_model_location("reward_model.model.input_tokenizer", model.input_tokenizer)
+    for key, value in (("lora_rank", model.lora_rank), ("enable_gradient_checkpointing", model.enable_gradient_checkpointing)):
+        if value:
+            raise ValueError(f"reward_model.model.{key}={value!r}: the reward model is not trained; leave it unset")
+    config_file = expand_path(model.path) / "config.json"
+    architectures = []
+    if config_file.is_file():
+        architectures = json.loads(config_file.read_text()).get("architectures") or []
+    if not any(name.endswith(REWARD_MODEL_HEADS) for name in architectures):
+        raise ValueError(
+            f"reward_model.model.path={model.path!r} is not a reward model: its config.json lists architectures "
+            f"{architectures or 'none'}, but a reward model is a ...ForSequenceClassification (or "
+            "...ForTokenClassification) checkpoint with one label and a trained score head"
+        )
 
 
 def check_model_location(key: str, location: str | None) -> None:
@@ -355,7 +406,8 @@ def _check_rows(cfg: PPOConfig) -> None:
                 raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
             table = pq.read_table(expand_path(path), columns=[c for c in (key, "agent_name") if c in columns])
             num_train_rows += table.num_rows if name == "data.train_files" else 0
-            if cfg.custom_reward_function.path is None:
+            rm_only = cfg.reward_model.enable and cfg.reward_model.rule_reward_coef == 0
+            if cfg.custom_reward_function.path is None and not (rm_only and name == "data.train_files"):
                 _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
             if "agent_name" in columns:
                 _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)
@@ -372,7 +424,11 @@ def _check_steps(cfg: PPOConfig, num_train_rows: int) -> None:
             f"data.train_batch_size={data.train_batch_size} is larger than the {num_train_rows} training rows; lower "
             "it or add data"
         )
-    most_steps = trainer.total_epochs * (num_train_rows // data.train_batch_size)
+    if data.gen_batch_size is not None and num_train_rows < data.gen_batch_size:
+        raise ValueError(
+            f"data.gen_batch_size={data.gen_batch_size} is larger than the {num_train_rows} training rows; lower it"
+        )
+    most_steps = trainer.total_epochs * (num_train_rows // (data.gen_batch_size or data.train_batch_size))
     steps = min(most_steps, trainer.total_training_steps or most_steps)
     if trainer.critic_warmup and trainer.critic_warmup >= steps:
         raise ValueError(

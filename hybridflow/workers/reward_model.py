@@ -1,0 +1,113 @@
+"""`RewardModelWorker`: a learned reward model that scores each (prompt, response) with one number.
+
+The model is a sequence- or token-classification checkpoint with one label; its output at a sequence's last
+token is the score, placed on the last response token as `rm_scores` (bs, response_len). When the reward
+model's tokenizer or chat template differ from the policy's, each response is decoded with the policy's
+tokenizer and the conversation (`raw_prompt` + the response) is re-templated and re-tokenized for the reward
+model, as verl does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.models.value_head import compute_token_level_scores
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.workers.config import RewardModelWorkerConfig, WorkerRuntimeConfig
+from hybridflow.workers.process import prepare_worker_process
+
+__all__ = ["RewardModelWorker", "encode_chat", "same_tokenization", "template_for_reward_model"]
+
+
+def same_tokenization(a: Any, b: Any) -> bool:
+    """Whether two tokenizers turn a conversation into the same ids (same vocabulary and chat template)."""
+    return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """Token ids of a whole conversation in `tokenizer`'s chat template."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def template_for_reward_model(
+    raw_prompts: np.ndarray,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    input_tokenizer: Any,
+    rm_tokenizer: Any,
+    max_length: int | None,
+) -> dict[str, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask`, `position_ids` of each conversation in the RM's own template.
+
+    raw_prompts: (bs,) chat message lists; responses / response_mask: (bs, response_len) policy ids and 0/1 mask.
+    Sequences longer than `max_length` lose their start (the score is read at the end).
+    """
+    rows: list[list[int]] = []
+    for messages, ids, mask in zip(raw_prompts, responses, response_mask):
+        text = input_tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        chat = [*list(messages), {"role": "assistant", "content": text}]
+        row = encode_chat(rm_tokenizer, chat)
+        rows.append(row[-max_length:] if max_length else row)
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), rm_tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        input_ids[index, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[index, : len(row)] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+class RewardModelWorker(Worker):
+    """Scores responses with the reward model; one instance per rank, sharded with FSDP2 over the group."""
+
+    def __init__(self, config: RewardModelWorkerConfig, runtime: WorkerRuntimeConfig) -> None:
+        super().__init__()
+        self.config, self.runtime = config, runtime
+        self.input_tokenizer: Any = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the reward model and tokenizers (collective when sharded); fails on a checkpoint without a head."""
+        config, runtime = self.config, self.runtime
+        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, config.model)
+        if config.model.input_tokenizer is not None:
+            source = load_tokenizer(resolve_model_path(config.model.input_tokenizer))
+            if not same_tokenization(source, self.tokenizer):
+                self.input_tokenizer = source
+        engine_config = FSDPEngineConfig(
+            model=config.model, fsdp=config.model.fsdp_config, micro_batch_size_per_gpu=config.micro_batch_size_per_gpu or 1
+        )
+        self.engine = build_fsdp_engine(model_path, engine_config, model_kind="reward", tokenizer=self.tokenizer)
+
+    @property
+    def retemplates(self) -> bool:
+        """Whether responses are re-templated for the reward model's own tokenizer."""
+        return self.input_tokenizer is not None
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` (bs, response_len): each sequence's reward-model score on its last response token."""
+        response_mask = data.batch["response_mask"]
+        if self.retemplates:
+            if "raw_prompt" not in data.non_tensor_batch:
+                raise KeyError("the reward model re-templates conversations and needs each row's raw_prompt")
+            inputs = template_for_reward_model(
+                data.non_tensor_batch["raw_prompt"], data.batch["responses"], response_mask,
+                self.input_tokenizer, self.tokenizer, self.config.max_length,
+            )
+        else:
+            inputs = {key: data.batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+        scores = self.engine.compute_scores(
+            inputs,
+            micro_batch_size=self.config.micro_batch_size_per_gpu or len(data),
+            max_token_len=self.config.forward_token_budget,
+        )
+        return DataProto.from_dict({"rm_scores": compute_token_level_scores(scores, response_mask)})
