@@ -18,7 +18,7 @@ from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
-from hybridflow.models import build_causal_lm
+from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, register
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
@@ -28,6 +28,15 @@ from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, me
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def check_same_vocabulary(policy_tokenizer, teacher_tokenizer) -> None:
+    """A reference (distillation teacher) scores the policy's token ids, so both must share one vocabulary."""
+    if policy_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        raise ValueError(
+            "actor_rollout_ref.ref.model.path: the reference (teacher) model's tokenizer differs from the policy's; "
+            "its log-probs of the policy's token ids would be meaningless. Use a teacher with the same tokenizer"
+        )
 
 
 class ActorRolloutRefWorker(Worker):
@@ -64,17 +73,25 @@ class ActorRolloutRefWorker(Worker):
                 share_prompts=actor.use_prefix_grouper,
             )
             self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
+        ref = self.config.ref
+        is_teacher = ref.model.path not in (None, model.path)  # another checkpoint: KL terms distil toward it
         # LoRA: the reference is the actor's own model with the adapter disabled (no second model in memory).
-        if self.is_ref and not (self.actor_engine is not None and self.actor_engine.lora_scaling is not None):
-            ref = self.config.ref
-            # A separate reference is the base model: never wrapped in (or loaded with) LoRA adapters.
+        lora_base = self.actor_engine is not None and self.actor_engine.lora_scaling is not None and not is_teacher
+        if self.is_ref and not lora_base:
+            ref_path = model_path
+            if is_teacher:
+                ref_path = resolve_model_path(ref.model.path)
+                teacher_tokenizer = resolve_model_path(ref.model.tokenizer_path or ref.model.path)
+                check_same_vocabulary(self.tokenizer, load_tokenizer(teacher_tokenizer))
+            # A separate reference is a plain model: never wrapped in (or loaded with) LoRA adapters.
+            ref_model = ref.model if ref.model.path is not None else model  # None: the actor's model config
             ref_config = FSDPEngineConfig(
-                model=dataclasses.replace(model, lora_rank=0, lora_adapter_path=None),
+                model=dataclasses.replace(ref_model, lora_rank=0, lora_adapter_path=None),
                 fsdp=ref.fsdp_config,
                 micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
                 share_prompts=actor.use_prefix_grouper,
             )
-            self.ref_engine = build_fsdp_engine(model_path, ref_config, tokenizer=self.tokenizer)
+            self.ref_engine = build_fsdp_engine(ref_path, ref_config, tokenizer=self.tokenizer)
         if self.is_rollout:
             self._build_rollout(model_path)
 

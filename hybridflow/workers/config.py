@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointConfig",
     "CriticConfig",
     "RefConfig",
+    "RefModelConfig",
     "RewardModelModelConfig",
     "RewardModelWorkerConfig",
     "WorkerRuntimeConfig",
@@ -115,6 +116,24 @@ class ActorConfig(PPOLossConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RefModelConfig(ModelConfig):
+    """The reference's weights (`actor_rollout_ref.ref.model.*`); `path=None` means the actor's model as it is."""
+
+    path: Optional[str] = None
+    """Reference (teacher) checkpoint: None, or the actor's path, is the actor's initial model."""
+
+    def __post_init__(self) -> None:
+        if self.path is not None:
+            super().__post_init__()
+        for name in ("lora_rank", "lora_adapter_path", "enable_gradient_checkpointing"):
+            if getattr(self, name):
+                raise ConfigFieldError(
+                    name, f"{name}={getattr(self, name)!r}: the reference is frozen, leave it unset (a LoRA actor's "
+                    "reference is its base model already)"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
 class RefConfig:
     """The frozen reference policy (for KL)."""
 
@@ -130,6 +149,10 @@ class RefConfig:
     """Ranks that split one sequence (Ulysses)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """Sharding of the reference model."""
+    model: RefModelConfig = field(default_factory=lambda: RefModelConfig())
+    """Reference weights: the actor's model unless set. Another checkpoint with the policy's tokenizer is a
+    teacher: actor.use_kl_loss / algorithm.use_kl_in_reward then give on-policy distillation (the per-token
+    reverse KL of the policy's own samples to the teacher)."""
 
     def __post_init__(self) -> None:
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)

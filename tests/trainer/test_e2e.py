@@ -205,3 +205,26 @@ def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     assert step["rollout_corr/rollout_rs_masked_fraction"] == 0.0
     assert abs(step["rollout_corr/kl"]) < 1e-2 and step["rollout_corr/training_ppl"] > 1.0
     assert step["actor/grad_norm"] > 0
+
+
+def test_on_policy_distillation_toward_a_teacher(workspace):
+    """A reference other than the actor's model is a teacher: from the first step the KL loss is the student's
+    reverse KL to it (to itself, the first step's KL would be 0)."""
+    teacher_dir = workspace / "tiny_teacher"
+    if not teacher_dir.exists():
+        save_tiny_model_like(teacher_dir)
+    records = by_step(run(overrides(
+        workspace, workspace / "distill", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", f"actor_rollout_ref.ref.model.path={teacher_dir}",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.kl_loss_coef=1.0", "trainer.total_training_steps=2",
+        "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    assert records[1]["actor/kl_loss"] > 0.01, "the student starts away from the teacher"
+    assert records[2]["actor/grad_norm"] > 0
+
+
+def save_tiny_model_like(path: Path) -> None:
+    from hybridflow.models import save_tiny_model
+
+    save_tiny_model(path, num_layers=2, hidden=64, seed=11)

@@ -315,6 +315,7 @@ def _check_files(cfg: PPOConfig) -> None:
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
     check_model_location("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
     check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path)
+    _check_teacher(cfg)
     if critic_enabled(cfg):
         check_model_location("critic.model.path", cfg.critic.model.path)
         check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)
@@ -322,6 +323,20 @@ def _check_files(cfg: PPOConfig) -> None:
         _check_reward_model(cfg)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
     check_run_dir(cfg.trainer)
+
+
+def _check_teacher(cfg: PPOConfig) -> None:
+    """A reference model other than the actor's (a distillation teacher) must exist and be used by a KL term."""
+    ref_model, actor_model = cfg.actor_rollout_ref.ref.model, cfg.actor_rollout_ref.model
+    if ref_model.path == actor_model.path:
+        return
+    check_model_location("actor_rollout_ref.ref.model.path", ref_model.path)
+    check_model_location("actor_rollout_ref.ref.model.tokenizer_path", ref_model.tokenizer_path)
+    if not uses_reference(cfg):
+        raise ValueError(
+            f"actor_rollout_ref.ref.model.path={ref_model.path!r} sets a teacher, but no KL term uses the reference: "
+            "set actor_rollout_ref.actor.use_kl_loss=True (KL loss) or algorithm.use_kl_in_reward=True (KL reward)"
+        )
 
 
 def _check_reward_model(cfg: PPOConfig) -> None:
