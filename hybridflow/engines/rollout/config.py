@@ -136,6 +136,9 @@ class RolloutConfig(SamplingConfig):
     """Cut old-log-prob micro-batches by token count (log_prob_max_token_len_per_gpu) instead of rows."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Tokens per old-log-prob micro-batch on one rank with log_prob_use_dynamic_bsz."""
+    calculate_log_probs: bool = False
+    """Return the sampled tokens' log-probs (`rollout_log_probs`, which rollout correction and bypass mode read);
+    the hf, native and vllm engines always return them, at no extra forward, so both values work."""
     tensor_model_parallel_size: int = unsupported(1, "the rollout engines run one replica per rank, without TP")
     """Tensor-parallel ranks of one rollout replica."""
     gpu_memory_utilization: float = 0.5
