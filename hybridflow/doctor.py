@@ -55,15 +55,26 @@ def ray_status() -> str:
 
 
 def sandbox_status() -> str:
-    """Run a one-line program in the sandbox: its status and the isolation layers that were active."""
-    from hybridflow.sandbox import SandboxError, SandboxLimits, run_python
+    """Which isolation this machine gives sandboxed code: a one-line program run with the default (required)
+    namespaces, its status, time and active layers; where namespaces are unavailable, that and the setting."""
+    from hybridflow.sandbox import (
+        SandboxError, SandboxLimits, describe_cgroup_support, max_concurrent_runs, run_python)
 
     try:
         result = run_python("print(6 * 7)", limits=SandboxLimits(wall_time_s=10))
     except SandboxError as err:
-        return f"cannot start: {err}"
+        try:
+            fallback = run_python("print(6 * 7)", limits=SandboxLimits(wall_time_s=10, isolation="none"))
+        except SandboxError as second:
+            return f"cannot start: {second}"
+        layers = ", ".join(fallback.isolation)
+        return (f"NO namespaces: code rewards and the code interpreter fail unless isolation='none' "
+                f"({fallback.status} with isolation='none': {layers}). {err}")
     layers = ", ".join(result.isolation) or "none reported"
-    return f"{result.status} ({result.wall_s * 1000:.0f} ms; {layers})"
+    memory = (f"whole sandbox capped ({describe_cgroup_support()})" if "cgroup_memory" in result.isolation
+              else f"per process only (RLIMIT_AS; memory cgroup: {describe_cgroup_support()})")
+    return (f"{result.status} ({result.wall_s * 1000:.0f} ms; isolation: {result.isolation_mode}; memory: {memory}; "
+            f"{max_concurrent_runs()} sandboxes at once; layers: {layers})")
 
 
 def report() -> list[tuple[str, str]]:

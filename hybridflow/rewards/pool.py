@@ -25,8 +25,11 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from hybridflow.rewards.score.code import DEFAULT_LIMITS
+from hybridflow.sandbox import SandboxLimits
 
 __all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
 
@@ -57,6 +60,12 @@ class ScoringConfig:
     max_error_fraction: float = 0.9
     """A batch in which more than this share of scorer calls fails stops the run, naming the data sources: that
     is a wrong scorer or ground-truth format, not a bad sample. 1.0 never stops."""
+
+    sandbox: SandboxLimits = field(default_factory=lambda: DEFAULT_LIMITS)
+    """Sandbox of the scorers that run model-written code (`code`, `openai_humaneval`): time, memory, disk and
+    `isolation` ('namespaces', required by default; 'none' only where the machine has no user namespaces and
+    you accept running the code with rlimits and an audit hook only). Keep `wall_time_s` below `timeout_s`, so
+    the sandbox stops a slow program itself (status 'timeout') before the pool cuts the scorer off."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.max_error_fraction <= 1.0:

@@ -1,30 +1,39 @@
-"""Bootstrap of one sandboxed run: `runner.py` starts `python -I -S -B -X utf8 _child.py JOB_FILE`.
+"""Bootstrap of one sandboxed run: `runner.py` starts `python -I -S -B -X utf8 _child.py JOB_FILE REPORT_FD`.
 
 Standard library only, never imported by the trainer. Reads (and deletes) the job file, sets up isolation,
-runs the program and writes one JSON report line per event to fd 3 (a pipe only the trainer reads).
+runs the program and writes one JSON report line per event to REPORT_FD (a pipe only the trainer reads and
+the program never holds).
 
-Process tree with namespaces (the default where unprivileged user namespaces work):
-    trainer -> P0 (new user, mount, net, ipc, uts namespaces) -> R (pid 1 of a new pid namespace) -> U
-- P0 unshares, maps ids and waits for R. When the trainer runs as root, a short-lived helper forked before
-  the unshare maps the namespace to uid/gid `job["sandbox_uid"]` (nobody) in the parent namespace, so the
-  program holds no root-owned file rights and RLIMIT_NPROC applies (the kernel exempts real root from it);
-  otherwise the trainer's own uid is mapped.
-- R builds a new root on a tmpfs: read-only bind mounts of /usr, /etc, /bin, /sbin, /lib* and the Python
-  installation, a read-write bind of the working directory, a minimal /dev (null, zero, full, random,
+Process tree with namespaces (`isolation='namespaces'`, the default; required):
+    trainer -> P0 (new user, mount, net, ipc, uts namespaces) -> R (pid 1 of a new pid namespace) -> U [, H]
+- P0 first joins the sandbox's memory cgroup when the trainer made one (`_cgroup.py`), then unshares, maps
+  ids and waits for R. When the trainer runs as root, a short-lived helper forked before the unshare maps the
+  namespace to uid/gid `job["sandbox_uid"]` (nobody) in the parent namespace, so the program holds no
+  root-owned file rights and RLIMIT_NPROC applies (the kernel exempts real root from it); otherwise the
+  trainer's own uid is mapped. If the kernel refuses the namespaces, P0 reports a setup error (the trainer
+  raises `SandboxError` naming the setting) and nothing runs: there is no fallback.
+- R ignores every signal (so the program cannot stop or confuse its pid 1) and builds a new root on a tmpfs:
+  read-only bind mounts of /usr, /etc, /bin, /sbin, /lib* and the Python installation, the working directory
+  as a private tmpfs of `disk_mb` holding the job's files, a minimal /dev (null, zero, full, random,
   urandom, a small /dev/shm), a fresh read-only /proc that shows only the sandbox's processes; it
   pivot_roots into it and detaches the old root. Everything else (home directories, /run, /var, other
   sandboxes' directories, unix sockets of host services) is absent. R then supervises U; when U exits, R
   exits and the kernel kills every process left in the pid namespace (daemonised grandchildren included).
-- U drops all capabilities, sets no_new_privs, the rlimits and the audit hook (`_guard.py`), then runs the
-  program as `__main__` with filename `<sandbox>`. Its parent pid is 1 (R), which it cannot signal.
+- U drops all capabilities, sets no_new_privs and the rlimits, execs a fresh interpreter that installs the
+  audit hook (`_runtime.py`), tells R it is ready on the start pipe, waits for R's go, then runs the program
+  as `__main__` with filename `<sandbox>`. Its parent pid is 1 (R), which it cannot signal.
+- H (only for a run with tests) is forked by R before U and runs the test code against the program over two
+  pipes (`_harness.py`); it reports the verdict on the report pipe, which U never holds.
 The net namespace has only a down loopback device: no network at all.
 
-Without namespaces (unshare refused, or `use_namespaces=False`): trainer -> P0 -> U, same rlimits, exec and
-audit hook; the hook then also refuses `os.fork` (no kernel process cap) and signals to other processes.
+Without namespaces (`isolation='none'`): trainer -> P0 -> U [, H], same rlimits, exec, handshake and audit
+hook; P0 is the supervisor (not dumpable, ignoring signals), the working directory is on the trainer's disk,
+and the hook also refuses `os.fork` (no kernel process cap) and signals to other processes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -33,6 +42,8 @@ import signal
 import sys
 
 SETUP_EXIT = 3
+READY, GO = b"R", b"G"  # the start handshake with `_runtime.main` (the same bytes there)
+_MAX_ANSWER_BYTES = 1 << 24  # the longest answer from the program the test harness reads
 _CLONE_FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS UTS IPC USER PID NET
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_STRICTATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 24
@@ -140,7 +151,6 @@ def _bind_sources(job: dict) -> dict[str, tuple[str, int]]:
             paths.append(real)
     sources = {p: ("ro", os.open(p, os.O_PATH)) for p in paths}
     sources.update({f"/dev/{d}": ("dev", os.open(f"/dev/{d}", os.O_PATH)) for d in _DEVICES})
-    sources[job["work_dir"]] = ("rw", os.open(job["work_dir"], os.O_PATH))
     return sources
 
 
@@ -208,8 +218,8 @@ def _locked_flags(options: list[str]) -> int:
 
 
 def _bind(libc: _Libc, root: str, fd: int, target: str, kind: str) -> None:
-    """Bind the O_PATH `fd` at cwd-relative `.target`: 'ro' (recursive, every submount read-only), 'rw'
-    (the working directory) or 'dev' (a device node)."""
+    """Bind the O_PATH `fd` at cwd-relative `.target`: 'ro' (recursive, every submount read-only) or 'dev'
+    (a device node)."""
     relative = "." + target
     if kind == "dev":
         os.close(os.open(relative, os.O_CREAT | os.O_WRONLY, 0o644))
@@ -219,7 +229,7 @@ def _bind(libc: _Libc, root: str, fd: int, target: str, kind: str) -> None:
     os.close(fd)
     for point, options in _mounts_under(root, target):
         flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _locked_flags(options)
-        flags |= {"ro": _MS_RDONLY | _MS_NODEV, "rw": _MS_NODEV, "dev": _MS_NOEXEC}[kind]
+        flags |= {"ro": _MS_RDONLY | _MS_NODEV, "dev": _MS_NOEXEC}[kind]
         libc.mount(None, point, None, flags)
 
 
@@ -233,13 +243,17 @@ def _build_root(libc: _Libc, job: dict, sources: dict[str, tuple[str, int]]) -> 
     libc.mount("tmpfs", "./dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
     for target, (kind, fd) in sources.items():
         _bind(libc, root, fd, target, kind)
+    work, disk_mb = "." + job["work_dir"], job["limits"]["disk_mb"]
+    os.makedirs(work, exist_ok=True)  # the quota: all the program's files share one tmpfs of disk_mb
+    libc.mount("tmpfs", work, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+               f"mode=0700,size={disk_mb}m,nr_inodes={max(1024, disk_mb * 256)}")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"./dev/{name}")
     os.mkdir("./dev/shm")
     libc.mount("tmpfs", "./dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                f"mode=1777,size={job['limits']['file_size_mb']}m")
-    layers = ["user_ns", "net_ns", "pid_ns", "ipc_ns", "uts_ns", "mount_ns", "readonly_root"]
+    layers = ["user_ns", "net_ns", "pid_ns", "ipc_ns", "uts_ns", "mount_ns", "readonly_root", "workdir_tmpfs"]
     os.mkdir("./proc")
     try:
         libc.mount("proc", "./proc", "proc", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
@@ -270,8 +284,19 @@ def _set_rlimits(limits: dict, isolated: bool) -> None:
     lower(resource.RLIMIT_FSIZE, limits["file_size_mb"] << 20)
     lower(resource.RLIMIT_CORE, 0)
     lower(resource.RLIMIT_NOFILE, 256)
-    if isolated:  # counted per user namespace; +2 for P0 and R, which share the namespace's uid
-        lower(resource.RLIMIT_NPROC, limits["max_processes"] + 2)
+    if isolated:  # counted per user namespace; +3 for P0, R and H, which share the namespace's uid
+        lower(resource.RLIMIT_NPROC, limits["max_processes"] + 3)
+
+
+def _set_signals(handler) -> None:
+    """Every signal a process may catch to `handler` (SIGCHLD stays default: ignoring it would auto-reap)."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue
+        try:
+            signal.signal(sig, handler)
+        except (OSError, ValueError):
+            continue  # 32 and 33: reserved by the C library, not deliverable to Python
 
 
 # Runs in the program's fresh interpreter: load the runtime (the audit hook) from the memfd, then the program.
@@ -286,48 +311,117 @@ runtime.main(job)
 """
 
 
-def _job_memfd(job: dict, runtime: str, isolated: bool) -> int:
+def _job_memfd(job: dict, sources: dict, isolated: bool, fds: dict) -> int:
     fd = os.memfd_create("hybridflow-sandbox-job", 0)  # no MFD_CLOEXEC: the program's interpreter reads it
-    payload = {"code": job["code"], "work_dir": job["work_dir"], "allow_fork": isolated,
-               "allow_kill": isolated, "runtime": runtime}
+    payload = {"code": job["code"], "work_dir": job["work_dir"], "allow_fork": isolated, "allow_kill": isolated,
+               "runtime": sources["runtime"], "harness": sources.get("harness"), **fds}
     os.write(fd, json.dumps(payload).encode())
     return fd
 
 
-def _exec_program(libc: _Libc | None, job: dict, runtime: str, isolated: bool) -> None:
-    """U: lock the process down and exec the program's interpreter. Never returns."""
+def _exec_program(libc: _Libc | None, job: dict, sources: dict, isolated: bool, fds: dict) -> None:
+    """U: lock the process down and exec the program's interpreter. Never returns. A failure before the exec
+    goes to the start pipe (`fds['start_fd']`), which the supervisor turns into a setup error."""
     try:
+        _set_signals(signal.SIG_DFL)  # R ignores every signal; the program starts with the defaults
         if libc is not None:
             libc("prctl", _PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if isolated:
                 libc.drop_capabilities()
             libc("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         os.chdir(job["work_dir"])
-        memfd = _job_memfd(job, runtime, isolated)
-        os.set_inheritable(_report_fd(), False)  # closed by the exec; open to report a failed exec
+        memfd = _job_memfd(job, sources, isolated, fds)
+        for fd in fds.values():
+            os.set_inheritable(fd, True)
+        os.set_inheritable(_report_fd(), False)  # the program never holds the report pipe
         _set_rlimits(job["limits"], isolated)
         python = os.path.realpath(sys.executable)
         os.execv(python, [python, "-I", "-S", "-B", "-X", "utf8", "-c", _STAGE2, str(memfd)])
     except BaseException as err:
-        _report(setup_error=f"program start: {type(err).__name__}: {err}")
+        os.write(fds["start_fd"], f"program start: {type(err).__name__}: {err}".encode()[:2000])
     os._exit(SETUP_EXIT)
 
 
-def _supervise(libc: _Libc | None, job: dict, runtime: str, isolated: bool, **facts) -> None:
-    """Report the isolation facts, fork U, wait for it (as pid 1, reaping orphans meanwhile), report how it
-    ended. Never returns."""
-    _report(**facts)
+def _run_harness(libc: _Libc | None, job: dict, sources: dict, isolated: bool, requests_fd: int,
+                 answers_fd: int) -> None:
+    """H: run the job's tests against the program (`_harness.py`) and report the verdict. Never returns.
+    Forked from the supervisor, so it is not dumpable and ignores signals; the program cannot reach it."""
+    try:
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        if libc is not None:
+            libc("prctl", _PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if isolated:
+                libc.drop_capabilities()
+            libc("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        os.chdir("/")
+        _set_rlimits(job["limits"], isolated)
+        harness = type(sys)("_hybridflow_sandbox_harness")
+        exec(compile(sources["harness"], "<sandbox-harness>", "exec"), harness.__dict__)
+        verdict = harness.run_tests(job["tests"], requests_fd, answers_fd, _MAX_ANSWER_BYTES)
+    except BaseException as err:  # the harness's own failure: the tests did not pass
+        verdict = {"passed": False, "started": False, "detail": f"harness: {type(err).__name__}: {err}"[:500]}
+    _report(tests=verdict)
+    os._exit(0)
+
+
+def _start(libc: _Libc | None, job: dict, sources: dict, isolated: bool) -> tuple[int, int | None, int, int]:
+    """Fork H (with tests) and U; returns (U's pid, H's pid, start pipe's read end, go pipe's write end)."""
+    fds, harness_pid = {}, None
+    if job.get("tests") is not None:
+        requests_r, requests_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        harness_pid = os.fork()
+        if harness_pid == 0:
+            os.close(requests_r)
+            os.close(answers_w)
+            _run_harness(libc, job, sources, isolated, requests_w, answers_r)
+        os.close(requests_w)
+        os.close(answers_r)
+        fds.update(requests_fd=requests_r, answers_fd=answers_w)
+    start_r, start_w = os.pipe()
+    go_r, go_w = os.pipe()
+    fds.update(start_fd=start_w, go_fd=go_r)
     pid = os.fork()
     if pid == 0:
-        _exec_program(libc, job, runtime, isolated)
+        os.close(start_r)
+        os.close(go_w)
+        _exec_program(libc, job, sources, isolated, fds)
+    for fd in fds.values():
+        os.close(fd)
+    return pid, harness_pid, start_r, go_w
+
+
+def _supervise(libc: _Libc | None, job: dict, sources: dict, isolated: bool, **facts) -> None:
+    """Report the isolation facts, start U (and H), let U run the program once it reported ready, wait for
+    them (as pid 1, reaping orphans meanwhile), report how U ended. Never returns.
+
+    The trainer trusts a setup error only before 'started'; 'started' is reported before U may run a line
+    of the program (U waits for the go byte), so nothing the program does can pass for a setup error."""
+    _report(**facts)
+    pid, harness_pid, start_r, go_w = _start(libc, job, sources, isolated)
     _detach_stdio()
-    while True:
-        try:
-            done, status, usage = os.wait4(-1 if isolated else pid, 0)
-        except ChildProcessError:
-            os._exit(SETUP_EXIT)
+    ready = os.read(start_r, 4096)
+    os.close(start_r)
+    if ready != READY:
+        _, status = os.waitpid(pid, 0)
+        if harness_pid is not None:
+            os.kill(harness_pid, signal.SIGKILL)
+        detail = ready.decode("utf-8", "replace") or f"the interpreter ended first (wait status {status})"
+        _report(setup_error=f"program start: {detail}")
+        os._exit(SETUP_EXIT)
+    _report(started=True)
+    os.write(go_w, GO)
+    os.close(go_w)
+    waiting = {pid} if harness_pid is None else {pid, harness_pid}
+    status, usage = 0, None
+    while waiting:
+        done, done_status, done_usage = os.wait4(-1 if isolated else next(iter(waiting)), 0)
         if done == pid:
-            break
+            status, usage = done_status, done_usage
+        waiting.discard(done)
     exited = os.WIFEXITED(status)
     _report(exit_code=os.WEXITSTATUS(status) if exited else None,
             signal=None if exited else os.WTERMSIG(status),
@@ -335,44 +429,77 @@ def _supervise(libc: _Libc | None, job: dict, runtime: str, isolated: bool, **fa
     os._exit(0)
 
 
-def _init_process(libc: _Libc, job: dict, runtime: str, sources: dict) -> None:
+def _write_files(job: dict) -> None:
+    """The job's input files, into the working directory (R: its tmpfs; P0 without namespaces: the disk)."""
+    for name, content in job["files"].items():
+        path = os.path.join(job["work_dir"], name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(base64.b64decode(content))
+
+
+def _init_process(libc: _Libc, job: dict, sources: dict, binds: dict) -> None:
     """R, pid 1 of the new pid namespace. Never returns."""
     try:
+        _set_signals(signal.SIG_IGN)  # the program may signal its pid 1: nothing it sends does anything
         libc("prctl", _PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        layers = _build_root(libc, job, sources)
+        layers = _build_root(libc, job, binds)
         libc("prctl", _PR_SET_DUMPABLE, 0, 0, 0, 0)  # U may not open /proc/1/fd (the report pipe)
+        _write_files(job)
     except BaseException as err:
-        _report(setup_error=f"namespace setup: {type(err).__name__}: {err}")
-        os._exit(SETUP_EXIT)
-    _supervise(libc, job, runtime, True, layers=layers + ["rlimits", "nproc", "audit_hook"])
+        _fail_setup(f"namespace setup: {type(err).__name__}: {err}")
+    _supervise(libc, job, sources, True, layers=layers + ["rlimits", "nproc", "audit_hook"])
+
+
+def _fail_setup(message: str, **facts) -> None:
+    _report(setup_error=message, **facts)
+    os._exit(SETUP_EXIT)
+
+
+def _enter_cgroup(job: dict) -> None:
+    """P0, first thing: into the sandbox's memory cgroup (the trainer made it), so every process starts there;
+    and first in line for the OOM killer, before the trainer (raising one's own score needs no privilege)."""
+    if job["cgroup"]:
+        _write_file(os.path.join(job["cgroup"], "cgroup.procs"), str(os.getpid()))
+    try:
+        _write_file("/proc/self/oom_score_adj", "1000")
+    except OSError:
+        return  # a /proc that refuses it (some containers): a preference, not a limit; the caps still hold
 
 
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as handle:
         job = json.load(handle)
-    os.unlink(sys.argv[1])  # the program must not find the source (or anything appended to it) on disk
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_runtime.py"), encoding="utf-8") as handle:
-        runtime = handle.read()  # read now: after pivot_root this file is out of sight
+    os.unlink(sys.argv[1])  # the program must not find the source, its tests or its files on disk
+    _enter_cgroup(job)
+    here = os.path.dirname(os.path.abspath(__file__))
+    sources = {}  # read now: after pivot_root these files are out of sight
+    for name in ("runtime", "harness") if job.get("tests") is not None else ("runtime",):
+        with open(os.path.join(here, f"_{name}.py"), encoding="utf-8") as handle:
+            sources[name] = handle.read()
     try:
         libc = _Libc()
     except (ImportError, OSError) as err:  # a Python built without ctypes: no namespaces, no pdeathsig
-        libc, ns_error = None, f"ctypes unavailable: {err}"
-    else:
-        ns_error = None if job["use_namespaces"] else "disabled (use_namespaces=False)"
-    if libc is not None and ns_error is None:
+        libc, libc_error = None, f"ctypes unavailable: {err}"
+    if job["isolation"] == "namespaces":
+        if libc is None:
+            _fail_setup(libc_error, namespaces_unavailable=True)
         try:
-            sources = _enter_namespaces(libc, job)
+            binds = _enter_namespaces(libc, job)
         except LookupError as err:
-            ns_error = f"unshare refused: {err}"
-        else:
-            pid = os.fork()
-            if pid == 0:
-                _init_process(libc, job, runtime, sources)
-            os.close(_report_fd())
-            _detach_stdio()
-            os.waitpid(pid, 0)
-            os._exit(0)
-    _supervise(libc, job, runtime, False, layers=["rlimits", "audit_hook"], namespace_error=ns_error)
+            _fail_setup(f"unshare refused: {err}", namespaces_unavailable=True)
+        pid = os.fork()
+        if pid == 0:
+            _init_process(libc, job, sources, binds)
+        os.close(_report_fd())
+        _detach_stdio()
+        os.waitpid(pid, 0)
+        os._exit(0)
+    if libc is not None:
+        libc("prctl", _PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program may not open /proc/<P0>/fd or its memory
+    _set_signals(signal.SIG_IGN)
+    _write_files(job)
+    _supervise(libc, job, sources, False, layers=["rlimits", "audit_hook"])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ interpreter never has ctypes loaded (in CPython 3.11 calls through an already-re
 no audit event, and `object.__subclasses__()` reaches any loaded class). Standard library only; the trainer
 imports it only for the constants.
 
+Start handshake: once the hook is in place, `main` writes `READY` (or the setup error) to the supervisor's
+start pipe and waits for its go byte, then closes both pipes and only then runs the program. So the
+supervisor reports "started" to the trainer before any of the program's code runs, and a setup error can
+only come from here, before the program, on a pipe the program never holds (nothing it prints counts).
+
 The hook sees the events CPython raises for sensitive operations and ends the program (exit status
 `BLOCKED_EXIT`, one line starting with `BLOCKED_MARK` on stderr) at the first one outside this policy:
 - files: writes (open for writing, create, remove, rename, link, chmod, chown, truncate, utime, xattr,
@@ -41,8 +46,9 @@ import types
 
 BLOCKED_EXIT = 125
 BLOCKED_MARK = "hybridflow-sandbox: blocked"
-SETUP_MARK = "hybridflow-sandbox: setup failed"
 SETUP_EXIT = 3
+READY = b"R"
+GO = b"G"
 
 _WRITE_FLAGS = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND
 _WRITABLE_DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
@@ -278,8 +284,9 @@ def _finish(status: int) -> int:
     return status
 
 
-def run_program(source: str) -> None:
-    """Run `source` as `__main__` (filename `<sandbox>`), then exit the process with its status."""
+def run_program(source: str, after=None) -> None:
+    """Run `source` as `__main__` (filename `<sandbox>`), then `after(namespace)` if it ended normally, then
+    exit the process with its status."""
     import builtins
 
     main = types.ModuleType("__main__")
@@ -289,6 +296,8 @@ def run_program(source: str) -> None:
     status = 0
     try:
         exec(compile(source, "<sandbox>", "exec"), main.__dict__)
+        if after is not None:
+            after(main.__dict__)
     except SystemExit as err:
         status = _exit_status(err)
     except BaseException as err:  # print the program's traceback without this file's frame
@@ -299,14 +308,31 @@ def run_program(source: str) -> None:
     posix._exit(_finish(status))
 
 
+def _harness_server(job: dict):
+    """`after` for a run with tests: serve the harness (see `_harness.py`) on the job's two pipes."""
+    harness = types.ModuleType("_hybridflow_sandbox_harness")
+    exec(compile(job["harness"], "<sandbox-harness>", "exec"), harness.__dict__)
+    serve, requests_fd, answers_fd = harness.serve, job["requests_fd"], job["answers_fd"]
+    return lambda namespace: serve(namespace, requests_fd, answers_fd)
+
+
 def main(job: dict) -> None:
-    """Entry point in the program's interpreter: job = {code, work_dir, allow_fork, allow_kill}."""
+    """Entry point in the program's interpreter: job = {code, work_dir, allow_fork, allow_kill, start_fd,
+    go_fd, harness (source or None), requests_fd, answers_fd}."""
+    start_fd, go_fd = job["start_fd"], job["go_fd"]
     try:
         posix.chdir(job["work_dir"])
         source = job.pop("code")
+        after = _harness_server(job) if job.get("harness") else None
         install(job["work_dir"], allow_fork=job["allow_fork"], allow_kill=job["allow_kill"])
     except BaseException as err:
-        posix.write(2, f"\n{SETUP_MARK}: {type(err).__name__}: {err}\n".encode())
+        posix.write(start_fd, f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:2000])
         posix._exit(SETUP_EXIT)
-    del job
-    run_program(source)
+    posix.write(start_fd, READY)
+    go = posix.read(go_fd, 1)
+    posix.close(start_fd)
+    posix.close(go_fd)
+    if go != GO:
+        posix._exit(SETUP_EXIT)  # the supervisor is gone: never run the program unreported
+    del job, start_fd, go_fd
+    run_program(source, after)

@@ -1,13 +1,15 @@
-"""What a sandboxed run may use (`SandboxLimits`) and how it ended (`SandboxResult`, `SandboxError`)."""
+"""What a sandboxed run may use (`SandboxLimits`) and how it ended (`SandboxResult`, `HarnessVerdict`,
+`SandboxError`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
-__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "SandboxStatus"]
+__all__ = ["HarnessVerdict", "IsolationMode", "SandboxError", "SandboxLimits", "SandboxResult", "SandboxStatus"]
 
 SandboxStatus = Literal["ok", "error", "timeout", "memory", "output_limit", "killed", "blocked"]
+IsolationMode = Literal["namespaces", "none"]
 
 
 class SandboxError(RuntimeError):
@@ -17,7 +19,15 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxLimits:
-    """Resources one run may use. Every limit applies to the program and each process it forks."""
+    """Resources one run may use. Every limit applies to the program and each process it forks.
+
+    Memory: each process's address space is capped at `memory_mb` (RLIMIT_AS). Where the trainer can create
+    a memory cgroup (cgroup v2 with the memory controller delegated, or a writable cgroup v1 memory
+    hierarchy), the whole sandbox's resident memory, its in-memory files included, is also capped at
+    `memory_mb + disk_mb` (status 'memory' when the kernel's OOM killer stops it). Without one, the bound on
+    the whole sandbox is `memory_mb * max_processes + disk_mb + file_size_mb` (address space of every
+    process, plus the working directory and /dev/shm tmpfs files).
+    """
 
     cpu_time_s: float = 5.0
     """CPU seconds per process (RLIMIT_CPU, rounded up to whole seconds): SIGXCPU, then SIGKILL 1 s later."""
@@ -26,7 +36,8 @@ class SandboxLimits:
     """Seconds from start until the trainer kills the whole sandbox (its process group and pid namespace)."""
 
     memory_mb: int = 512
-    """Address space per process (RLIMIT_AS), in MiB. Python itself needs about 30 MiB."""
+    """Address space per process (RLIMIT_AS), in MiB; with a memory cgroup also the whole sandbox's resident
+    memory (plus `disk_mb`). Python itself needs about 30 MiB."""
 
     output_bytes: int = 65536
     """stdout and stderr are each kept up to this many bytes; a program writing more is stopped
@@ -34,27 +45,53 @@ class SandboxLimits:
 
     max_processes: int = 16
     """Processes and threads the program may have at once, itself included (RLIMIT_NPROC in its private
-    user namespace; the kernel counts per namespace and uid). Without namespaces the program may not fork."""
+    user namespace; the kernel counts per namespace and uid). With isolation='none' the program may not fork."""
 
     file_size_mb: int = 16
     """Largest file the program may write (RLIMIT_FSIZE), in MiB; also the size of its private /dev/shm."""
 
-    use_namespaces: bool = True
-    """Isolate with Linux namespaces where the kernel allows it (the default; one warning is logged where it
-    does not). False runs with rlimits and the audit hook only, the fallback mode: for tests and debugging."""
+    disk_mb: int = 64
+    """Size of the working directory, in MiB: a tmpfs private to the sandbox's mount namespace, so all the
+    program's files together fit in it (writes past it fail with ENOSPC). With isolation='none' the working
+    directory is on the trainer's disk and only `file_size_mb` (per file) applies."""
+
+    isolation: IsolationMode = "namespaces"
+    """'namespaces' (required by default): private user, pid, net, mount, ipc and uts namespaces, a read-only
+    minimal root, the working directory on a size-limited tmpfs; a machine without unprivileged user
+    namespaces makes every run raise `SandboxError` naming this setting. 'none': rlimits and an audit hook
+    only (no kernel boundary for files, network or other processes): only for code you would run anyway."""
 
     def __post_init__(self) -> None:
         for name in ("cpu_time_s", "wall_time_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"SandboxLimits.{name} must be a number of seconds > 0, got {value!r}")
-        minimums = {"memory_mb": 32, "output_bytes": 1, "max_processes": 1, "file_size_mb": 1}
+        minimums = {"memory_mb": 32, "output_bytes": 1, "max_processes": 1, "file_size_mb": 1, "disk_mb": 1}
         for name, minimum in minimums.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ValueError(f"SandboxLimits.{name} must be an int >= {minimum}, got {value!r}")
-        if not isinstance(self.use_namespaces, bool):
-            raise ValueError(f"SandboxLimits.use_namespaces must be a bool, got {self.use_namespaces!r}")
+        if self.isolation not in ("namespaces", "none"):
+            raise ValueError(f"SandboxLimits.isolation must be 'namespaces' or 'none', got {self.isolation!r}")
+
+    @property
+    def memory_bound_mb(self) -> int:
+        """The most memory the whole sandbox can hold without a memory cgroup (see the class docstring)."""
+        return self.memory_mb * self.max_processes + self.disk_mb + self.file_size_mb
+
+
+@dataclass(frozen=True)
+class HarnessVerdict:
+    """What the test harness (a separate process the program cannot reach) found.
+
+    passed: the test code ran to its end without an exception.
+    started: the program ran to its end and answered the harness (False: it exited or failed first).
+    detail: the first failure, e.g. 'AssertionError: ' or 'NameError: name 'f' is not defined'.
+    """
+
+    passed: bool
+    started: bool
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,15 +102,18 @@ class SandboxResult:
         'ok'            exited with status 0
         'error'         exited non-zero (an uncaught exception prints its traceback to stderr, status 1)
         'timeout'       past `wall_time_s` (killed by the trainer) or `cpu_time_s` (SIGXCPU/SIGKILL)
-        'memory'        died of MemoryError (past `memory_mb`)
+        'memory'        died of MemoryError (past `memory_mb`), or the memory cgroup's OOM killer stopped it
         'output_limit'  wrote more than `output_bytes` to stdout or stderr; stopped, output truncated
         'killed'        died from a signal for another reason (segfault from deep recursion, abort, kill)
         'blocked'       attempted something the sandbox forbids (network, exec, writing outside its
                         directory, ctypes, ...); stopped at that point, the reason is on stderr's last line
     exit_code: the program's exit status; -N if a signal N ended it; None if the trainer stopped it.
-    wall_s: seconds from start to end as seen by the trainer.
+    wall_s: seconds from start to end as seen by the trainer (waiting for a free slot not included).
     cpu_s: CPU seconds the program's main process used (None if the trainer stopped it).
-    isolation: the isolation layers that were active (e.g. 'net_ns', 'readonly_root', 'audit_hook').
+    isolation: the layers that were active (e.g. 'net_ns', 'readonly_root', 'workdir_tmpfs', 'cgroup_memory',
+        'audit_hook').
+    isolation_mode: the `SandboxLimits.isolation` this run had: 'namespaces' or 'none'.
+    tests: the harness's verdict when the run was given `tests`, else None.
     """
 
     status: SandboxStatus
@@ -83,6 +123,8 @@ class SandboxResult:
     wall_s: float
     cpu_s: float | None = None
     isolation: tuple[str, ...] = ()
+    isolation_mode: IsolationMode = "none"
+    tests: Optional[HarnessVerdict] = None
 
     @property
     def ok(self) -> bool:

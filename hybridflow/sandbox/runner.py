@@ -1,21 +1,26 @@
 """Starting, watching and stopping sandboxed programs from the trainer: `run_python`, `run_python_async`.
 
-Per run the trainer makes a private directory (`tempfile.mkdtemp`, deleted afterwards) holding the working
-directory and a job file, then starts `_child.py` with the base interpreter (`python -I -S -B -X utf8`: no
-site-packages, no PYTHON* variables, no bytecode writes) in a new session, with a minimal environment
-(PATH, HOME and TMPDIR = the working directory, LANG) and nothing else inherited: no secrets, no fds but
-the report pipe. The trainer itself never compiles or runs the program.
+Per run the trainer waits for one of the process-wide slots (`set_max_concurrent_runs`; every caller in the
+process shares them, so 256 concurrent tool calls start at most that many sandboxes and queue the rest), makes
+a private directory (`tempfile.mkdtemp`, deleted afterwards) holding the job file and, without namespaces,
+the working directory, and a memory cgroup where the kernel allows (`_cgroup.py`). It starts `_child.py`
+with the base interpreter (`python -I -S -B -X utf8`: no site-packages, no PYTHON* variables, no bytecode
+writes) in a new session, with a minimal environment (PATH, HOME and TMPDIR = the working directory, LANG)
+and nothing else inherited: no secrets, no fds but the report pipe. The trainer itself never compiles or
+runs the program.
+
+Trust: what the program writes (stdout, stderr, its exit status) is the program's result and nothing more.
+The sandbox's own processes talk to the trainer on the report pipe, which the program never holds; a setup
+error counts only when it arrives there before the 'started' line, which the supervisor writes before the
+program may run. A setup failure raises `SandboxError`; nothing is ever run again with weaker isolation, and
+no run changes how later runs are isolated.
 
 Watching: stdout and stderr are read as they come, each kept up to `output_bytes` (so a program printing
 gigabytes costs the trainer 2 x `output_bytes` of memory); past that, or past `wall_time_s`, the whole
 process group is killed with SIGKILL (and with it pid 1 of the sandbox's pid namespace, which takes every
 process in the namespace down). The trainer's own pid is never visible to the program. Whatever happens in
 the caller (an exception, a SIGALRM from the reward pool's timeout, an asyncio cancellation), the `finally`
-blocks kill the group and delete the directory.
-
-Isolation layers are described in `_child.py` (namespaces) and `_runtime.py` (audit hook). The first run
-learns whether namespaces work here; if they do not, one warning is logged and later runs use rlimits and
-the audit hook only (`SandboxResult.isolation` always says what was active).
+blocks kill the group and delete the directory and the cgroup.
 
 Cost per run of a trivial program (2 cores shared with other jobs, load ~3.5): about 80-120 ms with
 namespaces, 50-70 ms without; two interpreter start-ups dominate, the namespace setup takes ~10 ms.
@@ -24,6 +29,7 @@ namespaces, 50-70 ms without; two interpreter start-ups dominate, the namespace 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -34,16 +40,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hybridflow.sandbox._runtime import BLOCKED_EXIT, BLOCKED_MARK, SETUP_EXIT, SETUP_MARK
-from hybridflow.sandbox.limits import SandboxError, SandboxLimits, SandboxResult, SandboxStatus
+from hybridflow.sandbox import _slots
+from hybridflow.sandbox._cgroup import Cgroup, create_cgroup
+from hybridflow.sandbox._runtime import BLOCKED_EXIT, BLOCKED_MARK
+from hybridflow.sandbox.limits import HarnessVerdict, SandboxError, SandboxLimits, SandboxResult, SandboxStatus
 
-__all__ = ["run_python", "run_python_async"]
+__all__ = ["max_concurrent_runs", "run_python", "run_python_async", "set_max_concurrent_runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,28 +58,23 @@ _CHILD = Path(__file__).with_name("_child.py")
 _SANDBOX_UID = 65534  # `nobody`: the uid a root trainer's sandboxes run as (inside their user namespace)
 _CHUNK = 65536
 _STOP_GRACE_S = 5.0  # how long to wait for killed processes to be reaped
+_NAMESPACES_HELP = (
+    "SandboxLimits.isolation='namespaces' (the default) requires Linux user namespaces. Enable them "
+    "(sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in Docker, a seccomp/AppArmor "
+    "profile that allows unshare), or accept running untrusted code with rlimits and an audit hook only by "
+    "setting isolation='none' (code rewards: reward_model.scoring.sandbox.isolation=none; code interpreter "
+    "tool: config.limits.isolation: none)")
 
 
-class _SetupFailed(Exception):
-    """The child reported that isolation could not be set up (the program did not run)."""
+def set_max_concurrent_runs(num_runs: int) -> None:
+    """Let at most `num_runs` sandboxes of this process run at once (all callers, sync and async, share the
+    limit; the rest wait in order). Default: the CPU cores this process may use, at least 4."""
+    _slots.SLOTS.resize(num_runs)
 
 
-class _NamespaceSupport:
-    """Whether namespaces work on this machine: None until the first run says, then True or False."""
-
-    lock = threading.Lock()
-    available: bool | None = None
-
-    @classmethod
-    def record(cls, available: bool, reason: str = "") -> None:
-        with cls.lock:
-            if cls.available is None or (cls.available and not available):
-                if not available:
-                    logger.warning(
-                        "sandbox: Linux namespaces are unavailable (%s); untrusted code runs with rlimits and an "
-                        "audit hook only: no kernel-level network or filesystem isolation, and os.fork is refused",
-                        reason)
-                cls.available = available
+def max_concurrent_runs() -> int:
+    """How many sandboxes this process runs at once (`set_max_concurrent_runs`)."""
+    return _slots.SLOTS.size
 
 
 @dataclass
@@ -83,14 +85,28 @@ class _Launch:
     env: dict[str, str]
     report_r: int
     report_w: int
+    cgroup: Cgroup | None
+
+
+@dataclass
+class _Report:
+    """What the sandbox's own processes reported (never the program: it does not hold the pipe)."""
+
+    started: bool = False
+    setup_error: str | None = None
+    namespaces_unavailable: bool = False
+    facts: dict = field(default_factory=dict)
+    tests: HarnessVerdict | None = None
 
 
 def _check_args(code: str, stdin: str, limits: SandboxLimits | None,
-                files: Mapping[str, str | bytes] | None) -> SandboxLimits:
+                files: Mapping[str, str | bytes] | None, tests: str | None) -> SandboxLimits:
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     if not isinstance(stdin, str):
         raise TypeError(f"stdin must be a str, got {type(stdin).__name__}")
+    if tests is not None and not isinstance(tests, str):
+        raise TypeError(f"tests must be a str or None, got {type(tests).__name__}")
     if limits is not None and not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
     for name, content in (files or {}).items():
@@ -102,42 +118,35 @@ def _check_args(code: str, stdin: str, limits: SandboxLimits | None,
     return limits or SandboxLimits()
 
 
-def _write_files(work_dir: str, files: Mapping[str, str | bytes], owner: int | None) -> None:
-    for name, content in files.items():
-        path = Path(work_dir, name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-    if owner is not None:  # a root trainer's sandbox runs as `owner`: it must own its working directory
-        for root, dirs, names in os.walk(work_dir):
-            os.chown(root, owner, owner)
-            for name in dirs + names:
-                os.chown(os.path.join(root, name), owner, owner, follow_symlinks=False)
-
-
 def _prepare(code: str, limits: SandboxLimits, files: Mapping[str, str | bytes] | None,
-             use_namespaces: bool) -> _Launch:
+             tests: str | None) -> _Launch:
     python = os.path.realpath(sys.executable) if sys.executable else ""
     if not os.path.isfile(python):
         raise SandboxError(f"no Python interpreter to start (sys.executable={sys.executable!r})")
     base = tempfile.mkdtemp(prefix="hybridflow-sandbox-")
+    cgroup = None
     try:
         work = os.path.join(base, "work")
         os.mkdir(work, 0o700)
-        owner = _SANDBOX_UID if use_namespaces and os.geteuid() == 0 else None
-        _write_files(work, files or {}, owner)
-        job = {"code": code, "base_dir": base, "work_dir": work, "limits": asdict(limits),
-               "use_namespaces": use_namespaces, "sandbox_uid": _SANDBOX_UID}
+        cgroup = create_cgroup((limits.memory_mb + limits.disk_mb) << 20, limits.max_processes)
+        encoded = {name: base64.b64encode(content.encode() if isinstance(content, str) else content).decode()
+                   for name, content in (files or {}).items()}
+        job = {"code": code, "tests": tests, "files": encoded, "base_dir": base, "work_dir": work,
+               "limits": asdict(limits), "isolation": limits.isolation, "sandbox_uid": _SANDBOX_UID,
+               "cgroup": cgroup.path if cgroup else None}
         job_path = os.path.join(base, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
             json.dump(job, handle)
         report_r, report_w = os.pipe()
     except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
         _remove_tree(base)
         raise
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8",
            "LC_ALL": "C.UTF-8"}
     argv = [python, "-I", "-S", "-B", "-X", "utf8", str(_CHILD), job_path, str(report_w)]
-    return _Launch(base, work, argv, env, report_r, report_w)
+    return _Launch(base, work, argv, env, report_r, report_w, cgroup)
 
 
 def _remove_tree(path: str) -> None:
@@ -163,7 +172,8 @@ def _kill_group(pid: int, returncode: int | None) -> None:
         pass  # already gone
 
 
-def _read_report(fd: int) -> dict:
+def _read_report(fd: int) -> _Report:
+    """Parse the report pipe in order; a setup error after 'started' is ignored (it cannot be one)."""
     os.set_blocking(fd, False)
     data = b""
     while True:
@@ -174,38 +184,60 @@ def _read_report(fd: int) -> dict:
         if not chunk:
             break
         data += chunk
-    report: dict = {}
+    report = _Report()
     for line in data.decode("utf-8", "replace").splitlines():
         try:
             fields = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(fields, dict):
-            report.update(fields)
-    if "setup_error" in report:
-        raise _SetupFailed(str(report["setup_error"]))
+        if not isinstance(fields, dict):
+            continue
+        if "setup_error" in fields:
+            if not report.started and report.setup_error is None:
+                report.setup_error = str(fields["setup_error"])
+                report.namespaces_unavailable = bool(fields.get("namespaces_unavailable"))
+        elif fields.get("started") is True:
+            report.started = True
+        elif isinstance(fields.get("tests"), dict):
+            verdict = fields["tests"]
+            report.tests = HarnessVerdict(passed=verdict.get("passed") is True, started=verdict.get("started") is True,
+                                       detail=str(verdict.get("detail", "")))
+        else:
+            report.facts.update(fields)
     return report
 
 
-def _classify(stopped: str | None, report: dict, stderr: str,
-              limits: SandboxLimits) -> tuple[SandboxStatus, int | None]:
+def _check_setup(report: _Report, stopped: str | None, stderr: bytes) -> None:
+    """Raise `SandboxError` when the sandbox failed before the program started."""
+    if report.namespaces_unavailable:
+        raise SandboxError(f"Linux namespaces are unavailable on this machine ({report.setup_error}). "
+                           f"{_NAMESPACES_HELP}")
+    if report.setup_error is not None:
+        raise SandboxError(f"sandbox setup failed: {report.setup_error}")
+    if not report.started and stopped is None:
+        tail = stderr.decode("utf-8", "replace")[-1000:]  # no program ran: only the sandbox's own output
+        raise SandboxError(f"sandbox setup ended without a report; its stderr: {tail or '(empty)'}")
+
+
+def _classify(stopped: str | None, facts: dict, stderr: str, limits: SandboxLimits,
+              oom_kills: int) -> tuple[SandboxStatus, int | None]:
     if stopped is not None:
-        return stopped, None  # type: ignore[return-value]
-    code, sig, cpu_s = report.get("exit_code"), report.get("signal"), report.get("cpu_s") or 0.0
+        return ("memory" if oom_kills else stopped), None  # type: ignore[return-value]
+    code, sig, cpu_s = facts.get("exit_code"), facts.get("signal"), facts.get("cpu_s") or 0.0
     tail = stderr[-2000:]
     if isinstance(sig, int):
+        if oom_kills:
+            return "memory", -sig
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_time_s):
             return "timeout", -sig
         return ("memory" if "MemoryError" in tail else "killed"), -sig
-    if not isinstance(code, int):
-        return "killed", None  # the sandbox's own processes were killed (e.g. by the program) before reporting
-    if code == SETUP_EXIT and SETUP_MARK in tail:
-        raise _SetupFailed(tail.rsplit(SETUP_MARK, 1)[-1].strip())
+    if not isinstance(code, int):  # the sandbox's supervisor died (e.g. the OOM killer) before reporting
+        return ("memory" if oom_kills else "killed"), None
     if code == BLOCKED_EXIT and BLOCKED_MARK in tail:
         return "blocked", code
     if code != 0:
         last = tail.rstrip().rsplit("\n", 1)[-1]
-        return ("memory" if last.startswith("MemoryError") else "error"), code
+        return ("memory" if last.startswith("MemoryError") or oom_kills else "error"), code
     return "ok", 0
 
 
@@ -225,16 +257,17 @@ def _annotate_traceback(stderr: str, code: str, max_lines: int = 50) -> str:
 def _finish(launch: _Launch, code: str, limits: SandboxLimits, stdout: bytes, stderr: bytes,
             stopped: str | None, wall_s: float) -> SandboxResult:
     report = _read_report(launch.report_r)
+    _check_setup(report, stopped, stderr)
     err_text = stderr.decode("utf-8", "replace")
-    status, exit_code = _classify(stopped, report, err_text, limits)
-    isolation = tuple(str(layer) for layer in report.get("layers", ()))
-    if report.get("namespace_error") and limits.use_namespaces:
-        _NamespaceSupport.record(False, str(report["namespace_error"]))
-    elif "user_ns" in isolation:
-        _NamespaceSupport.record(True)
+    oom_kills = launch.cgroup.oom_kills() if launch.cgroup is not None else 0
+    status, exit_code = _classify(stopped, report.facts, err_text, limits, oom_kills)
+    isolation = tuple(str(layer) for layer in report.facts.get("layers", ()))
+    if launch.cgroup is not None:
+        isolation += (launch.cgroup.layer,)
     return SandboxResult(status=status, exit_code=exit_code, stdout=stdout.decode("utf-8", "replace"),
                          stderr=_annotate_traceback(err_text, code), wall_s=round(wall_s, 4),
-                         cpu_s=report.get("cpu_s") if stopped is None else None, isolation=isolation)
+                         cpu_s=report.facts.get("cpu_s") if stopped is None else None, isolation=isolation,
+                         isolation_mode=limits.isolation, tests=report.tests)
 
 
 def _pump(proc: subprocess.Popen, data: bytes, limits: SandboxLimits, deadline: float,
@@ -278,8 +311,8 @@ def _pump(proc: subprocess.Popen, data: bytes, limits: SandboxLimits, deadline: 
     return None
 
 
-def _run_sync(code: str, stdin: str, limits: SandboxLimits, files, use_namespaces: bool) -> SandboxResult:
-    launch = _prepare(code, limits, files, use_namespaces)
+def _run_sync(code: str, stdin: str, limits: SandboxLimits, files, tests: str | None) -> SandboxResult:
+    launch = _prepare(code, limits, files, tests)
     proc = None
     try:
         start = time.monotonic()
@@ -307,8 +340,7 @@ def _run_sync(code: str, stdin: str, limits: SandboxLimits, files, use_namespace
             _stop_sync(proc)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 stream.close()
-        _close_report(launch)
-        _remove_tree(launch.base_dir)
+        _clean_up(launch)
 
 
 def _stop_sync(proc: subprocess.Popen) -> None:
@@ -320,51 +352,46 @@ def _stop_sync(proc: subprocess.Popen) -> None:
         logger.warning("sandbox: process %d did not exit %.0f s after SIGKILL", proc.pid, _STOP_GRACE_S)
 
 
-def _close_report(launch: _Launch) -> None:
+def _clean_up(launch: _Launch) -> None:
+    """After the sandbox's processes are killed and reaped: close the report pipe, remove the cgroup (killing
+    anything that escaped the process group) and the directory."""
     for fd in (launch.report_r, launch.report_w):
         if fd >= 0:
             os.close(fd)
-
-
-def _namespaces_first(limits: SandboxLimits) -> bool:
-    return limits.use_namespaces and _NamespaceSupport.available is not False
-
-
-def _after_setup_failure(err: _SetupFailed, used_namespaces: bool) -> None:
-    """A run whose namespace setup failed is repeated once without namespaces (and later runs skip them)."""
-    if not used_namespaces:
-        raise SandboxError(f"sandbox setup failed: {err}") from err
-    _NamespaceSupport.record(False, str(err))
+    launch.report_r = launch.report_w = -1
+    if launch.cgroup is not None:
+        launch.cgroup.remove()
+    _remove_tree(launch.base_dir)
 
 
 def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = None,
-               files: Mapping[str, str | bytes] | None = None) -> SandboxResult:
+               files: Mapping[str, str | bytes] | None = None, tests: str | None = None) -> SandboxResult:
     """Run the Python program `code` in a fresh sandbox and return how it ended.
+
+    Waits for a free slot first (`set_max_concurrent_runs`).
 
     Args:
         code: program source, run as `__main__` (standard library only: no site-packages).
         stdin: text fed to the program's stdin (UTF-8).
         limits: resource limits; default `SandboxLimits()`.
         files: relative path -> content (str as UTF-8, or bytes), written into the working directory first.
+        tests: test code to run against the program once its module code has run, in a separate harness
+            process the program cannot reach (see `_harness.py`): names the tests do not define (the entry
+            point, helpers) are looked up in the program, calls and results cross as plain data. The verdict
+            is `SandboxResult.tests`; nothing the program prints or does can forge it.
 
     Returns:
         A `SandboxResult`; a program's failure (exception, timeout, forbidden action) is a status, not an
         exception here.
 
     Raises:
-        SandboxError: the sandbox could not start (the program did not run).
+        SandboxError: the sandbox could not start (the program did not run), e.g. namespaces are unavailable
+            while `limits.isolation='namespaces'`; the message names the setting to change.
         TypeError, ValueError: invalid arguments.
     """
-    limits = _check_args(code, stdin, limits, files)
-    use_namespaces = _namespaces_first(limits)
-    try:
-        return _run_sync(code, stdin, limits, files, use_namespaces)
-    except _SetupFailed as err:
-        _after_setup_failure(err, use_namespaces)
-    try:
-        return _run_sync(code, stdin, limits, files, False)
-    except _SetupFailed as err:
-        raise SandboxError(f"sandbox setup failed: {err}") from err
+    limits = _check_args(code, stdin, limits, files, tests)
+    with _slots.SLOTS.hold():
+        return _run_sync(code, stdin, limits, files, tests)
 
 
 async def _drain(stream: asyncio.StreamReader, buffer: bytearray, cap: int, stop) -> None:
@@ -386,8 +413,8 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.close()
 
 
-async def _run_async(code: str, stdin: str, limits: SandboxLimits, files, use_namespaces: bool) -> SandboxResult:
-    launch = _prepare(code, limits, files, use_namespaces)
+async def _run_async(code: str, stdin: str, limits: SandboxLimits, files, tests: str | None) -> SandboxResult:
+    launch = _prepare(code, limits, files, tests)
     proc = None
     try:
         start = time.monotonic()
@@ -424,8 +451,7 @@ async def _run_async(code: str, stdin: str, limits: SandboxLimits, files, use_na
         if proc is not None:
             _kill_group(proc.pid, proc.returncode)
             await _reap(proc)
-        _close_report(launch)
-        _remove_tree(launch.base_dir)
+        await asyncio.to_thread(_clean_up, launch)  # removing the cgroup may wait for killed processes
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
@@ -439,16 +465,10 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run_python_async(code: str, *, stdin: str = "", limits: SandboxLimits | None = None,
-                           files: Mapping[str, str | bytes] | None = None) -> SandboxResult:
-    """`run_python` for asyncio callers (agent loops running many tools at once): the same sandbox, watched
-    with `asyncio.create_subprocess_exec` so the event loop stays free. Cancelling it kills the sandbox."""
-    limits = _check_args(code, stdin, limits, files)
-    use_namespaces = _namespaces_first(limits)
-    try:
-        return await _run_async(code, stdin, limits, files, use_namespaces)
-    except _SetupFailed as err:
-        _after_setup_failure(err, use_namespaces)
-    try:
-        return await _run_async(code, stdin, limits, files, False)
-    except _SetupFailed as err:
-        raise SandboxError(f"sandbox setup failed: {err}") from err
+                           files: Mapping[str, str | bytes] | None = None, tests: str | None = None) -> SandboxResult:
+    """`run_python` for asyncio callers (agent loops running many tools at once): the same sandbox and
+    arguments, watched with `asyncio.create_subprocess_exec` so the event loop stays free; the wait for a
+    slot does not block it either. Cancelling it (also while waiting) kills the sandbox and frees the slot."""
+    limits = _check_args(code, stdin, limits, files, tests)
+    async with _slots.SLOTS.hold_async():
+        return await _run_async(code, stdin, limits, files, tests)

@@ -25,7 +25,8 @@ class CodeInterpreterConfig:
 
     limits: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of `hybridflow.sandbox.SandboxLimits` (cpu_time_s, wall_time_s, memory_mb,
-    output_bytes, ...); unset ones keep the sandbox's defaults."""
+    output_bytes, disk_mb, isolation, ...); unset ones keep the sandbox's defaults. `isolation: none` runs
+    the model's code without namespaces (only where the machine has none; the default requires them)."""
 
     max_output_chars: int = 4000
     """The response text is cut to this many characters (stdout is cut first; the cut is marked)."""

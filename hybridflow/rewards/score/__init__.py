@@ -1,7 +1,9 @@
 """Rule-based scorers, dispatched on a row's `data_source` through the `SCORERS` registry.
 
 A scorer is `fn(data_source, solution_str, ground_truth, extra_info, *, format_score) -> float | dict`
-(a dict holds at least 'score'); it may carry a `preload()` attribute that imports what it needs.
+(a dict holds at least 'score'); it may carry a `preload()` attribute that imports what it needs, and a
+`uses_sandbox = True` attribute when it also takes `sandbox=` (the `SandboxLimits` of
+`reward_model.scoring.sandbox`; `scorer_kwargs` adds it).
 `resolve_scorer(data_source)` finds it: the exact data source first, then its family, the part before
 the first '/' ('reasoning_gym/countdown' -> 'reasoning_gym'). Add a data source with
 `SCORERS.register("my/source", fn)` before the reward manager's first call; reward managers resolve the
@@ -16,9 +18,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridflow.rewards.score import code, countdown, gsm8k, math, reasoning_gym
+from hybridflow.sandbox import SandboxLimits
 from hybridflow.utils.registry import Registry
 
-__all__ = ["SCORERS", "default_compute_score", "default_compute_score_batched", "has_scorer", "resolve_scorer"]
+__all__ = ["SCORERS", "default_compute_score", "default_compute_score_batched", "has_scorer", "resolve_scorer",
+           "scorer_kwargs"]
 
 SCORERS: Registry[Callable[..., float | dict]] = Registry("reward scorer")
 
@@ -39,8 +43,8 @@ def _score_countdown(data_source: str, solution_str: str, ground_truth: Any, ext
 
 
 def _score_code(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
-                format_score: float = 0.0) -> dict:
-    return code.compute_score(solution_str, ground_truth, extra_info, format_score=format_score)
+                format_score: float = 0.0, sandbox: SandboxLimits | None = None) -> dict:
+    return code.compute_score(solution_str, ground_truth, extra_info, format_score=format_score, limits=sandbox)
 
 
 def _score_reasoning_gym(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
@@ -50,6 +54,7 @@ def _score_reasoning_gym(data_source: str, solution_str: str, ground_truth: Any,
 
 # Heavy imports a scorer needs, run by `resolve_scorer` in the driver so that forked workers inherit them.
 _score_reasoning_gym.preload = reasoning_gym.preload  # type: ignore[attr-defined]
+_score_code.uses_sandbox = True  # type: ignore[attr-defined]
 
 for _name in ("openai/gsm8k", "gsm8k"):
     SCORERS.register(_name, _score_gsm8k)
@@ -83,19 +88,32 @@ def resolve_scorer(data_source: str) -> Callable[..., float | dict]:
     )
 
 
+def scorer_kwargs(scorer: Callable[..., Any], format_score: float,
+                  sandbox: SandboxLimits | None) -> dict[str, Any]:
+    """The keyword arguments to call a registered `scorer` with: `format_score`, and `sandbox` (when not None)
+    for the scorers that run code."""
+    kwargs: dict[str, Any] = {"format_score": format_score}
+    if sandbox is not None and getattr(scorer, "uses_sandbox", False):
+        kwargs["sandbox"] = sandbox
+    return kwargs
+
+
 def default_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                          *, format_score: float = 0.0) -> float | dict:
-    """Score one response with the scorer registered for its data source (verl's `default_compute_score`).
+                          *, format_score: float = 0.0, sandbox: SandboxLimits | None = None) -> float | dict:
+    """Score one response with the scorer registered for its data source (verl's `default_compute_score`);
+    `sandbox` limits the scorers that run code (None: their own defaults).
 
     Returns the scorer's float (1.0 right, `format_score` well-formed but wrong, 0.0 unreadable) or dict.
     """
-    return resolve_scorer(data_source)(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
+    scorer = resolve_scorer(data_source)
+    return scorer(data_source, solution_str, ground_truth, extra_info, **scorer_kwargs(scorer, format_score, sandbox))
 
 
 def default_compute_score_batched(data_sources: Sequence[str], solution_strs: Sequence[str],
                                   ground_truths: Sequence[Any], extra_infos: Sequence[dict | None], *,
-                                  format_score: float = 0.0) -> list[float | dict]:
+                                  format_score: float = 0.0,
+                                  sandbox: SandboxLimits | None = None) -> list[float | dict]:
     """`default_compute_score` over a batch (the `batch` reward manager's calling convention)."""
-    score = functools.partial(default_compute_score, format_score=format_score)
+    score = functools.partial(default_compute_score, format_score=format_score, sandbox=sandbox)
     rows = zip(data_sources, solution_strs, ground_truths, extra_infos)
     return [score(ds, sol, gt, info) for ds, sol, gt, info in rows]

@@ -10,12 +10,17 @@ data source works the same way):
   answer (the function body only, no `def <entry_point>`) continues the stub.
 
 The program is the last ```python (or ```py) block of the response, else the last ``` block, else the whole
-response. It runs in `hybridflow.sandbox` with `DEFAULT_LIMITS`, never in this process. After the tests the
-program prints a random token; the score is 1.0 only if the run ended 'ok' and the token was printed, so a
-program that exits early (`sys.exit(0)`, `os._exit(0)`) before the tests ran scores 0.
+response. It runs in `hybridflow.sandbox` with `DEFAULT_LIMITS` (or `reward_model.scoring.sandbox`), never in
+this process. Test code runs in the sandbox's harness, a separate process the program cannot reach: the
+program's module code runs first, then the tests call its functions across a pipe, with arguments and results
+copied as plain data (`hybridflow.sandbox._harness`). The score is 1.0 only if the harness reports that the
+tests ran to their end and the program exited cleanly. So nothing the program prints, no early
+`sys.exit(0)`/`os._exit(0)`, no frame or gc introspection (the test code and its expected values are not in
+its process) and no result object whose `__eq__` always says True (it reaches the tests as a reference that
+equals nothing) can earn the score.
 
-Not caught: a program that reads the token from its own code object (frame introspection), and answers that
-return objects whose `__eq__` always says True (HumanEval's own harness has the same weakness).
+Limits of the harness: a test that checks an argument the function mutated in place fails (arguments are
+copies), and so does a test that passes a function (a callback) to the program.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -74,10 +78,8 @@ def _io_cases(ground_truth: Any) -> tuple[list[str], list[str]] | None:
 
 
 def _run_tests(program: str, tests: str, limits: SandboxLimits) -> tuple[bool, SandboxResult]:
-    token = f"hybridflow-tests-passed-{secrets.token_hex(16)}"
-    result = run_python(f"{program}\n\n\n{tests}\n\nprint({token!r})\n", limits=limits)
-    lines = result.stdout.rstrip("\n").rsplit("\n", 1)
-    return result.ok and lines[-1] == token, result
+    result = run_python(program, tests=tests, limits=limits)
+    return result.ok and result.tests is not None and result.tests.passed, result
 
 
 def _run_io_cases(program: str, inputs: list[str], outputs: list[str],
@@ -108,7 +110,8 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
     Returns:
         {'score': 1.0 if every test passes, else `format_score` (fenced answer) or 0.0; 'acc': 1.0 or 0.0;
         'status': the sandbox status of the (first failing) run, or 'no_code' (empty response),
-        'exited_before_tests' (exit 0 without running the tests), 'wrong_answer' (a case's output differs)}.
+        'exited_before_tests' (exit 0 before the tests could call it), 'wrong_answer' (a test failed or a
+        case's output differs)}.
     """
     if not solution_str.strip():
         return {"score": 0.0, "acc": 0.0, "status": "no_code"}
@@ -125,7 +128,8 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
                          f"got {type(ground_truth).__name__}")
     status = result.status if result is not None else ("ok" if passed else "timeout")
     if not passed and status == "ok":
-        status = "wrong_answer" if cases is not None else "exited_before_tests"
+        started = cases is not None or (result.tests is not None and result.tests.started)
+        status = "wrong_answer" if started else "exited_before_tests"
     if passed:
         return {"score": 1.0, "acc": 1.0, "status": status}
     return {"score": format_score if fenced else 0.0, "acc": 0.0, "status": status}
