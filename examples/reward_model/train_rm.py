@@ -5,6 +5,8 @@
 3. A value head on SmolLM2 is trained with the Bradley-Terry loss through hybridflow's training engine (one
    process), and its pair accuracy is measured on held-out prompts before and after.
 4. The model is saved as a token-classification checkpoint that `reward_model.model.path` loads.
+With `--sft_file`, the verified-correct answers are also written as SFT rows (prompt messages, response): SFT on
+them gives the teacher of the on-policy distillation example.
 
 Run (after `make demo` wrote the data):
     python examples/reward_model/train_rm.py --train_file outputs/demo/data/train.parquet --out outputs/rm
@@ -35,11 +37,12 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards.score import default_compute_score
 
 
-def sample_answers(model_path: str, tokenizer, dataset: RLHFDataset, n: int, response_length: int, seed: int):
+def sample_answers(model_path: str, tokenizer, dataset: RLHFDataset, n: int, response_length: int, seed: int,
+                   temperature: float):
     """Every prompt's `n` sampled answers: (prompt rows repeated n times, response ids, response mask, texts)."""
     rollout = ROLLOUTS.get("native")(
         model_path, tokenizer,
-        SamplingParams.from_config(RolloutConfig(name="native", temperature=1.0, response_length=response_length),
+        SamplingParams.from_config(RolloutConfig(name="native", temperature=temperature, response_length=response_length),
                                    response_length),
     )
     rows = collate_fn([dataset[i] for i in range(len(dataset))])
@@ -51,6 +54,18 @@ def sample_answers(model_path: str, tokenizer, dataset: RLHFDataset, n: int, res
     texts = tokenizer.batch_decode([r[m.bool()].tolist() for r, m in zip(output.batch["responses"], mask)],
                                    skip_special_tokens=True)
     return rows, output, texts
+
+
+def write_correct_answers(path: str, dataset: RLHFDataset, texts: list[str], scores: list[float], n: int) -> None:
+    """SFT rows (`prompt`: the chat messages, `response`: the answer) of every verified-correct answer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": dataset[i // n]["raw_prompt"], "response": text}
+            for i, (text, score) in enumerate(zip(texts, scores)) if score >= 1.0]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    print(f"wrote {len(rows)} correct answers to {path}")
 
 
 def pair_batch(output: DataProto, pairs: list[tuple[int, int]], pad_token_id: int) -> DataProto:
@@ -95,6 +110,8 @@ def main() -> None:
     parser.add_argument("--pairs_per_step", type=int, default=16)
     parser.add_argument("--held_out", type=float, default=0.2, help="share of prompts kept for evaluation")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sft_file", default=None, help="also write the correct answers here (parquet)")
+    parser.add_argument("--temperature", type=float, default=0.7)
     args = parser.parse_args()
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -105,11 +122,13 @@ def main() -> None:
     model_path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_path)
     data_config = RLHFDataConfig(train_files=[args.train_file], max_prompt_length=96,
-                                 max_response_length=args.response_length)
+                                 max_response_length=args.response_length, return_raw_chat=True)
     dataset = RLHFDataset(args.train_file, tokenizer, data_config, max_samples=args.num_prompts)
 
     start = time.perf_counter()
-    rows, output, texts = sample_answers(model_path, tokenizer, dataset, args.n, args.response_length, args.seed)
+    rows, output, texts = sample_answers(
+        model_path, tokenizer, dataset, args.n, args.response_length, args.seed, args.temperature
+    )
     gen_s = time.perf_counter() - start
     sources = np.repeat(rows["data_source"], args.n)
     truths = np.repeat([r["ground_truth"] for r in rows["reward_model"]], args.n)
@@ -117,6 +136,8 @@ def main() -> None:
     results = [default_compute_score(s, t, g, i) for s, t, g, i in zip(sources, texts, truths, infos)]
     scores = [float(r["score"] if isinstance(r, dict) else r) for r in results]
     prompt_ids = [str(i // args.n) for i in range(len(scores))]
+    if args.sft_file:
+        write_correct_answers(args.sft_file, dataset, texts, scores, args.n)
     pairs = preference_pairs(prompt_ids, scores)
     held_out_prompts = set(random.sample(sorted(set(prompt_ids)), int(len(set(prompt_ids)) * args.held_out)))
     train_pairs = [p for p in pairs if prompt_ids[p[0]] not in held_out_prompts]
