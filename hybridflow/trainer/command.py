@@ -30,8 +30,8 @@ class TrainerCommand:
     """The trainer's config tree."""
     validate: Callable[[Any], Any]
     """Cross-component checks of a typed config; returns what the run needs (e.g. batch sizes)."""
-    describe: Callable[[Any], str]
-    """The dry-run table of what `validate` returned."""
+    describe: Callable[[Any, Any], str]
+    """The dry-run tables of the typed config and what `validate` returned."""
     run: Callable[[Any, Any], Any]
     """Runs the job from the typed config and `validate`'s result."""
 
@@ -86,7 +86,7 @@ def main(command: TrainerCommand, argv: Sequence[str] | None = None) -> int:
         return 2
     if args.dry_run:
         print(OmegaConf.to_yaml(asdict(cfg)))
-        print(command.describe(checked))
+        print(command.describe(cfg, checked))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     exit_on_sigterm()

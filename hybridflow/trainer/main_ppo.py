@@ -20,12 +20,19 @@ def _run(cfg, batch_sizes):
     return run_ppo(cfg, batch_sizes)
 
 
+def _describe(cfg, batch_sizes) -> str:
+    from hybridflow.trainer.placement import describe_placement
+
+    tables = [sizes.table(name) for name, sizes in batch_sizes.items()]
+    return "\n".join([*tables, describe_placement(cfg)])
+
+
 COMMAND = TrainerCommand(
     prog="hybridflow train",
     description="Run PPO-family RL (PPO, GRPO, RLOO, REINFORCE++, ...) with verl's config keys.",
     tree=PPO_TREE,
     validate=validate_config,
-    describe=lambda batch_sizes: "\n".join(sizes.table(name) for name, sizes in batch_sizes.items()),
+    describe=_describe,
     run=_run,
 )
 

@@ -1,8 +1,8 @@
 """`RayPPOTrainer`: the driver loop of PPO/GRPO (the hybrid controller's single controller).
 
 `train_step()` is the algorithm, one RPC per line, each under its timer: generate -> reward -> old log-prob
--> ref -> values -> advantages -> update critic -> update actor. The old-log-prob pass runs only when needed
-(`old_log_prob_source`): an exactly on-policy update takes them from its own forward, bypass mode from the rollout. Workers do the heavy work; the driver only
+-> ref -> values -> advantages -> update critic -> update actor (-> weight sync to a split rollout pool). The
+old-log-prob pass runs only when needed (`old_log_prob_source`): an exactly on-policy update takes them from its own forward, bypass mode from the rollout. Workers do the heavy work; the driver only
 moves `DataProto` batches and computes advantages (pure torch).
 """
 
@@ -80,7 +80,7 @@ class RayPPOTrainer:
         """Start the worker processes and load the models (before the first step)."""
         logger.info("old log-probs: %s", _OLD_LOG_PROB_SOURCES[self.old_log_probs])
         self.workers = build_worker_groups(self.config, self.total_training_steps)
-        self.generator = build_generator(self.config, self.workers.actor_rollout, self.reward_fn.tokenizer)
+        self.generator = build_generator(self.config, self.workers.generation, self.reward_fn.tokenizer)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -153,7 +153,15 @@ class RayPPOTrainer:
         if self.global_steps > self.config.trainer.critic_warmup:
             with timer("update_actor", timing):
                 self._collect(actor_rollout.update_actor(batch), metrics)
+            self.sync_rollout_weights(metrics, timing)
         return batch
+
+    def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> None:
+        """Split placement: send the actor's new weights to the rollout pool (`timing_s/sync_rollout_weights`).
+        Colocated, the rollout reads them in its own process before it generates."""
+        if self.workers.weight_sync is not None:
+            with timer("sync_rollout_weights", timing):
+                metrics.update(self.workers.sync_rollout_weights())
 
     # ------------------------------------------------------------------ experience: generate and score
     def sample(self, batches: Iterator[dict], metrics: dict[str, float], timing: dict[str, float]) -> DataProto:
@@ -283,6 +291,7 @@ class RayPPOTrainer:
             return 0
         state = checkpointing.load_driver_state(path)
         self.workers.actor_rollout.load_checkpoint(str(path / "actor"))
+        self.sync_rollout_weights({}, {})
         if self.workers.critic is not None:
             self.workers.critic.load_checkpoint(str(path / "critic"))
         self.train_dataloader.sampler.load_state_dict(state["sampler"])

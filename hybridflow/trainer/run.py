@@ -13,6 +13,7 @@ from hybridflow.data.config import RLHFDataConfig
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.trainer.config import BatchSizes, PPOConfig
+from hybridflow.trainer.placement import num_worker_processes
 from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 from hybridflow.trainer.scaffold import (
@@ -65,7 +66,7 @@ def run_ppo(config: PPOConfig, batch_sizes: dict[str, BatchSizes]) -> dict[str, 
     val_reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     tracking = build_tracking(config.trainer, config)
     if not config.trainer.local_mode:
-        init_ray(config.ray_kwargs.ray_init, config.trainer.world_size)
+        init_ray(config.ray_kwargs.ray_init, num_worker_processes(config))
     trainer = RayPPOTrainer(config, train_loader, val_loader, reward_fn, val_reward_fn, tracking)
     try:
         trainer.init_workers()

@@ -80,24 +80,27 @@ def use_accelerator(run: RunConfig) -> bool:
     return available
 
 
-def worker_runtime(run: RunConfig, total_training_steps: int) -> WorkerRuntimeConfig:
-    """Seed, schedule length and torch threads of each worker (CPU workers share the machine's cores)."""
+def worker_runtime(run: RunConfig, total_training_steps: int, num_processes: int | None = None) -> WorkerRuntimeConfig:
+    """Seed, schedule length and torch threads of each worker (CPU workers share the machine's cores: the
+    `num_processes` of all pools, `run.world_size` by default)."""
     threads = run.num_threads_per_worker
     if threads == 0 and not use_accelerator(run):
-        threads = max(1, (os.cpu_count() or 1) // run.world_size)
+        threads = max(1, (os.cpu_count() or 1) // (num_processes or run.world_size))
     return WorkerRuntimeConfig(total_training_steps=total_training_steps, seed=run.seed, num_threads=threads)
 
 
 class WorkerProcesses:
     """The processes that host a trainer's workers: in the driver (local mode) or Ray actors in one pool."""
 
-    def __init__(self, run: RunConfig, worker: RayClassWithInitArgs, name_prefix: str) -> None:
-        """Start one process per rank (`trainer.nnodes x n_gpus_per_node`) for `worker`."""
+    def __init__(
+        self, run: RunConfig, worker: RayClassWithInitArgs, name_prefix: str, pool: RayResourcePool | None = None
+    ) -> None:
+        """Start one process per rank of `pool` (default: `trainer.nnodes x n_gpus_per_node`) for `worker`."""
         self.pool: RayResourcePool | None = None
         if run.local_mode:
             self.group: Any = LocalWorkerGroup(worker, world_size=1)
             return
-        self.pool = RayResourcePool(
+        self.pool = pool or RayResourcePool(
             [run.n_gpus_per_node] * run.nnodes, use_gpu=use_accelerator(run), name_prefix=f"{name_prefix}_pool"
         )
         self.group = RayWorkerGroup(self.pool, worker, name_prefix=name_prefix)

@@ -26,3 +26,25 @@ def get_dist_backend() -> str:
 def device_count() -> int:
     """Number of accelerators visible (0 on a CPU host)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def new_standalone_process_group(store, rank: int, world_size: int, timeout):
+    """A process group outside torch.distributed's global state (not `new_group`, which needs one world): nccl on
+    CUDA hosts, gloo elsewhere. It lives beside the process's own default group; call its collectives directly
+    (`group.broadcast([tensor], options).wait()`), not through `torch.distributed.*`.
+
+    Args:
+        store: a `torch.distributed.Store` that every member reaches (e.g. a `TCPStore` behind a `PrefixStore`).
+        rank, world_size: this process's rank in the new group and the group's size.
+        timeout: a `datetime.timedelta` for each collective.
+    """
+    import torch.distributed as dist
+
+    if get_device_name() == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        # Connect now, on this process's device, rather than at the first broadcast.
+        group.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+        return group
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)

@@ -4,6 +4,9 @@ One instance per rank. With role `actor_rollout_ref` the three share a process: 
 the rollout engine receives the actor's current weights, gathered from the FSDP shards one tensor at a
 time (`timing_s/update_weights`); on a single rank the rollout uses the actor's own module, so there is
 no hand-over and no second copy of the weights.
+
+Split placement puts role `actor` (or `actor_ref`) on the trainer pool and role `rollout` on its own pool; after
+each update the driver has the trainer's rank 0 broadcast the weights to the rollout ranks (`workers.weight_sync`).
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.single_controller import Dispatch, Execute, Worker, register
+from hybridflow.single_controller.base.worker import find_free_port, get_node_ip
+from hybridflow.utils.device import get_torch_device
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, mean_metrics, run_update
+from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe_tensors, digest_tensors
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 def check_same_vocabulary(policy_tokenizer, teacher_tokenizer) -> None:
@@ -47,14 +53,18 @@ class ActorRolloutRefWorker(Worker):
         if role not in ROLES:
             raise ValueError(f"role={role!r} is not one of {list(ROLES)}")
         self.config, self.role, self.runtime = config, role, runtime
-        self.is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self.is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self.is_ref = role in ("ref", "actor_rollout_ref")
+        self.is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         self.actor_engine = self.ref_engine = self.rollout = None
         self._rollout_weights_stale = False
         self._rollout_shares_module = False
         self._server: GenerationServer | None = None
         self._update_count = 0
+        # Split placement: the sync group, what a sync sends, and the policy version the last sync brought.
+        self._weight_sync: WeightSyncGroup | None = None
+        self._weight_sync_info: WeightInfo = []
+        self._policy_version = 0
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -149,8 +159,12 @@ class ActorRolloutRefWorker(Worker):
         """Give each rank its own sampling stream, deterministic per rank and policy version (the number of
         updates, which checkpoints restore): copies of one prompt on several ranks (n above the rows per rank, or
         agent loops spread over replicas) must not sample the same responses."""
-        version = self.actor_engine.lr_scheduler.last_epoch if self.actor_engine is not None else 0
+        version = self._actor_version() if self.actor_engine is not None else self._policy_version
         torch.manual_seed(self.runtime.seed + 1_000_003 * (self.rank + 1) + version)
+
+    def _actor_version(self) -> int:
+        """The actor's policy version: its learning-rate schedule's steps (restored with checkpoints)."""
+        return self.actor_engine.lr_scheduler.last_epoch
 
     def _sync_rollout_weights(self) -> float:
         """Gather the actor's full weights tensor by tensor into the rollout engine (collective); seconds taken."""
@@ -200,6 +214,66 @@ class ActorRolloutRefWorker(Worker):
         if self._server is None or not self._server.running:
             raise RuntimeError("generate_tokens needs a running server: call wake_up_rollout_server first")
         return self._server.generate(request_id, prompt_ids, sampling_params)
+
+    # ------------------------------------------------------------------ split placement: weight sync
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_sync_info(self) -> WeightInfo:
+        """Name, shape and dtype of each tensor a sync sends, in order (actor; collective over the trainer pool)."""
+        return describe_tensors(self.actor_engine.named_full_params())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def weight_sync_address(self) -> tuple[str, int]:
+        """Where the sync group's store will listen: this host and a free port (trainer rank 0 hosts it)."""
+        return get_node_ip(), find_free_port()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_weight_sync_group(self, address: str, port: int, world_size: int, info: WeightInfo | None = None) -> None:
+        """Join the sync group (all members at once): trainer rank 0 as sender (sync rank 0), rollout rank r as
+        receiver r + 1, keeping `info`; the other trainer ranks stay out (they only help gather each tensor)."""
+        device = get_torch_device(self.local_rank)
+        if self.is_actor and self.rank == 0:
+            self._weight_sync = WeightSyncGroup(address, port, 0, world_size, device)
+        elif not self.is_actor:
+            if info is None:
+                raise ValueError("a rollout rank joins the weight sync group with the sender's weight info")
+            self._weight_sync = WeightSyncGroup(address, port, self.rank + 1, world_size, device)
+            self._weight_sync_info = info
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_rollout_weights(self) -> dict[str, float]:
+        """Trainer side of a sync (collective): every rank gathers each full tensor, rank 0 broadcasts it."""
+        start = time.perf_counter()
+        tensors = self.actor_engine.named_full_params()
+        num_bytes = 0
+        if self._weight_sync is None:
+            for _ in tensors:  # ranks 1..: take part in each gather only
+                pass
+        else:
+            num_bytes = self._weight_sync.send(self._actor_version(), tensors)
+        return {"seconds": time.perf_counter() - start, "bytes": float(num_bytes)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def receive_rollout_weights(self) -> dict[str, float]:
+        """Rollout side of a sync: load the tensors into the rollout engine as they arrive."""
+        if self._weight_sync is None or self.is_actor:
+            raise RuntimeError(f"receive_rollout_weights needs a rollout-only worker in a sync group (role {self.role!r})")
+        start = time.perf_counter()
+        self._policy_version = self._weight_sync.receive_version()
+        self.rollout.update_weights(self._weight_sync.receive(self._weight_sync_info))
+        return {"seconds": time.perf_counter() - start, "policy_version": float(self._policy_version)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_digests(self) -> dict[str, str]:
+        """sha256 per tensor of this rank's weights: the actor's full ones (collective; rank 0 answers, the others
+        return {}) or, on a rollout-only rank, the rollout engine's. Equal digests: bitwise-equal weights."""
+        if self.actor_engine is None:
+            return digest_tensors(self.rollout.named_weights())
+        tensors = self.actor_engine.named_full_params()
+        if self.rank == 0:
+            return digest_tensors(tensors)
+        for _ in tensors:
+            pass
+        return {}
 
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

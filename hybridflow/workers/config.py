@@ -166,10 +166,12 @@ class RefConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ActorRolloutRefConfig:
-    """The hybrid-engine worker: actor training, rollout and reference in one process per rank."""
+    """The hybrid-engine worker: actor training, rollout and reference (in one process per rank, or split)."""
 
-    hybrid_engine: bool = unsupported(True, "actor, rollout and reference are always colocated in this trainer")
-    """Colocate actor, rollout and reference in one process per rank."""
+    hybrid_engine: bool = True
+    """True: actor, rollout and reference share one process per rank (colocated). False: split placement, the
+    rollout runs on its own pool (rollout.nnodes x rollout.n_gpus_per_node processes) and receives the actor's
+    weights after each update."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy weights."""
     actor: ActorConfig = field(default_factory=ActorConfig)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import os
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -119,6 +119,11 @@ class BaseRollout(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights, one `(hf_name, full_tensor)` at a time (e.g. `engine.named_full_params()`)."""
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The parameters generation reads, by HF name (to check a weight sync); backends that hold them in another
+        engine do not expose them."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its weights")
 
     @abc.abstractmethod
     def sleep(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -161,6 +161,10 @@ class HFRollout(BaseRollout):
         return responses, response_mask, padded_log_probs
 
     # ------------------------------------------------------------------ weights and memory
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The rollout model's parameters by HF name."""
+        return self.model.named_parameters()
+
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each `(name, tensor)` into the parameter or buffer of that HF name (casting dtype/device)."""

@@ -25,6 +25,7 @@ __all__ = [
     "RayInitConfig",
     "RayKwargsConfig",
     "RewardSectionConfig",
+    "RolloutPoolConfig",
     "RunConfig",
     "SFTConfig",
     "SFTTrainerConfig",
@@ -176,6 +177,26 @@ class RewardSectionConfig(RewardModelConfig, RewardModelWorkerConfig):
             )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RolloutPoolConfig:
+    """The rollout's own resource pool under split placement (`rollout.*`, verl's one-step-off-policy keys)."""
+
+    nnodes: int = 1
+    """Nodes of the rollout pool (used with actor_rollout_ref.hybrid_engine=False)."""
+    n_gpus_per_node: int = 1
+    """Rollout processes per node: accelerators per node on GPU hosts, CPU workers on CPU hosts (used with
+    actor_rollout_ref.hybrid_engine=False)."""
+
+    def __post_init__(self) -> None:
+        check_positive("nnodes", self.nnodes)
+        check_positive("n_gpus_per_node", self.n_gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        """Rollout ranks (nnodes x n_gpus_per_node)."""
+        return self.nnodes * self.n_gpus_per_node
+
+
 # ----------------------------------------------------------------------------- roots
 @dataclass(frozen=True, kw_only=True)
 class PPOConfig:
@@ -188,6 +209,7 @@ class PPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: PPOTrainerConfig = field(default_factory=PPOTrainerConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
 
 

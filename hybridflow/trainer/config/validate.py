@@ -163,6 +163,9 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_lengths(cfg)
     _check_token_budgets(cfg)
     _check_environment(cfg)
+    from hybridflow.trainer.placement import check_placement
+
+    check_placement(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
         "actor": derive_batch_sizes(

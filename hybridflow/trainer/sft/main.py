@@ -26,7 +26,7 @@ COMMAND = TrainerCommand(
     description="Supervised fine-tuning, full weights or LoRA, with verl's SFT config keys.",
     tree=SFT_TREE,
     validate=validate_sft_config,
-    describe=format_batch_table,
+    describe=lambda cfg, sizes: format_batch_table(sizes),
     run=_run,
 )
 

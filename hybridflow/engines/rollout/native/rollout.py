@@ -132,6 +132,10 @@ class NativeRollout(BaseRollout):
             torch.set_num_threads(previous)
 
     # ------------------------------------------------------------------ weights and memory
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The rollout model's parameters by HF name."""
+        return self.model.named_parameters()
+
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each `(name, tensor)` into the parameter or buffer of that HF name, in place."""

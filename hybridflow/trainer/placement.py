@@ -1,0 +1,84 @@
+"""Placement of an RL run's roles on resource pools (HybridFlow's flexible device mapping), read from the config.
+
+Roles: actor, rollout, ref, critic, reward_model. Pools carry verl's names:
+
+    colocated (default, actor_rollout_ref.hybrid_engine=True)
+      global_pool   trainer.nnodes x trainer.n_gpus_per_node   actor rollout ref critic reward_model
+    split (actor_rollout_ref.hybrid_engine=False; verl's one-step-off-policy keys)
+      trainer_pool  trainer.nnodes x trainer.n_gpus_per_node   actor ref critic reward_model
+      rollout_pool  rollout.nnodes x rollout.n_gpus_per_node   rollout
+
+The roles of one pool share its processes: one process per rank hosts all of them (`create_colocated_worker_cls`).
+Under split placement the rollout pool receives the actor's weights after each update (`worker_setup`).
+"""
+
+from __future__ import annotations
+
+from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
+from hybridflow.trainer.config.schema import PPOConfig, RolloutPoolConfig
+
+TRAINER_ROLES = ("actor", "ref", "critic", "reward_model")
+"""Roles placed with the actor, in this order."""
+
+
+def is_split(cfg: PPOConfig) -> bool:
+    """Whether the rollout has its own pool (verl: `actor_rollout_ref.hybrid_engine=False`)."""
+    return not cfg.actor_rollout_ref.hybrid_engine
+
+
+def run_roles(cfg: PPOConfig) -> list[str]:
+    """The roles this run has: actor and rollout always, the others when the config uses them."""
+    from hybridflow.trainer.config.validate import critic_enabled, uses_reference
+
+    used = {"ref": uses_reference(cfg), "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable}
+    return ["actor", "rollout", *(role for role in TRAINER_ROLES[1:] if used[role])]
+
+
+def build_pool_manager(cfg: PPOConfig, use_gpu: bool = False) -> ResourcePoolManager:
+    """The run's pools (name -> processes per node) and which pool hosts each role."""
+    trainer = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
+    roles = run_roles(cfg)
+    if not is_split(cfg):
+        return ResourcePoolManager({"global_pool": trainer}, dict.fromkeys(roles, "global_pool"), use_gpu=use_gpu)
+    mapping = {role: "trainer_pool" for role in roles if role != "rollout"}
+    mapping["rollout"] = "rollout_pool"
+    spec = {"trainer_pool": trainer, "rollout_pool": [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes}
+    return ResourcePoolManager(spec, mapping, use_gpu=use_gpu)
+
+
+def num_worker_processes(cfg: PPOConfig) -> int:
+    """Worker processes of the run, all pools together."""
+    return sum(sum(counts) for counts in build_pool_manager(cfg).resource_pool_spec.values())
+
+
+def check_placement(cfg: PPOConfig) -> None:
+    """Split placement runs on Ray; the rollout pool's keys are used only by split placement."""
+    if not is_split(cfg):
+        if cfg.rollout != RolloutPoolConfig():
+            raise ValueError(
+                f"rollout.nnodes={cfg.rollout.nnodes} rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node} size the "
+                "rollout's own pool, but actor_rollout_ref.hybrid_engine=True colocates the rollout with the actor; "
+                "set actor_rollout_ref.hybrid_engine=False for split placement or drop the rollout.* keys"
+            )
+        return
+    if cfg.trainer.local_mode:
+        raise ValueError(
+            "actor_rollout_ref.hybrid_engine=False puts the rollout on its own pool of Ray workers, but "
+            "trainer.local_mode=True runs one worker in the driver; set trainer.local_mode=False or hybrid_engine=True"
+        )
+
+
+def describe_placement(cfg: PPOConfig) -> str:
+    """The placement as aligned text lines: each pool, its processes and its roles (`--dry-run`, run log)."""
+    manager = build_pool_manager(cfg)
+    if is_split(cfg):
+        title = "[placement] split: the rollout has its own pool and gets the actor's weights after each update"
+    else:
+        title = "[placement] colocated: every role shares each process of one pool"
+    rows = []
+    for name, roles in manager.roles_by_pool().items():
+        counts = manager.resource_pool_spec[name]
+        size = f"{sum(counts)} processes ({len(counts)} node{'s' if len(counts) > 1 else ''} x {counts[0]})"
+        rows.append((name, size, ", ".join(roles)))
+    widths = [max(len(row[column]) for row in rows) for column in range(2)]
+    return "\n".join([title] + [f"  {name:<{widths[0]}}  {size:<{widths[1]}}  {roles}" for name, size, roles in rows])
