@@ -1,7 +1,7 @@
 """Running scorers in worker processes with a per-call timeout, so a raising or hung scorer costs one sample.
 
-`ScorerPool.run(calls)` submits every call at once to a persistent `multiprocessing.Pool` and collects
-the results in order. A call that raises gives an `error` outcome (its traceback is logged once per pool).
+`ScorerPool.run(calls)` submits every call at once to a persistent `multiprocessing.Pool` of `num_workers`
+processes, which run them in parallel, and collects the results in order. A call that raises gives an `error` outcome (its traceback is logged once per pool).
 Timeouts have two layers:
 - in the worker, a SIGALRM timer interrupts a call after `timeout_s` (a Python-level hang such as a
   `while True` loop): `timeout` outcome, and the worker goes on with the next call;
@@ -48,8 +48,10 @@ class ScoringConfig:
     timeout_s: float = 10.0
     """Seconds one scorer call may run; past that it scores 0 and counts in `reward/timeouts`."""
 
-    num_workers: int = 1
-    """Scorer processes. 0 runs scorers in the calling process: no isolation and no timeout (debugging)."""
+    num_workers: int = 8
+    """Scorer processes, each running one call at a time: up to this many hung calls cost one `timeout_s` together,
+    not one after another. Workers fork from the driver (copy-on-write), so idle ones cost little memory. 0 runs
+    scorers in the calling process: no isolation and no timeout (debugging)."""
 
     mp_context: Literal["fork", "forkserver", "spawn"] = "fork"
     """How worker processes start. 'fork' (default) starts in milliseconds and sees every function and

@@ -50,6 +50,10 @@ class LocalWorkerGroup(WorkerGroup):
             views[role] = view
         return views
 
+    def check_alive(self, timeout_s: float) -> int:
+        """The heartbeat of `RayWorkerGroup`: workers in the driver's process are alive while it is."""
+        return self.world_size
+
     def _execute(self, method_name: str, ranks: list[int], args: list[tuple], kwargs: list[dict]) -> list[Any]:
         results = []
         for rank, rank_args, rank_kwargs in zip(ranks, args, kwargs, strict=True):

@@ -32,7 +32,7 @@ from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
-from hybridflow.trainer.scaffold import due, progress_bar, run_dir, timer, total_steps, worker_metrics
+from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, timer, total_steps, worker_metrics
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.trainer.validation import run_validation
 from hybridflow.trainer.worker_setup import WorkerGroups, build_generator, build_worker_groups
@@ -100,7 +100,7 @@ class RayPPOTrainer:
         while self.global_steps < self.total_training_steps:
             self.global_steps += 1
             is_last = self.global_steps >= self.total_training_steps
-            metrics, timing = {}, {}
+            metrics, timing = heartbeat(self.workers.processes, trainer_cfg.heartbeat_timeout_s), {}
             with timer("step", timing):
                 batch = self.train_step(batches, metrics, timing)
             if self.val_dataloader is not None and due(trainer_cfg.test_freq, self.global_steps, is_last):

@@ -103,7 +103,11 @@ class WorkerProcesses:
         self.pool = pool or RayResourcePool(
             [run.n_gpus_per_node] * run.nnodes, use_gpu=use_accelerator(run), name_prefix=f"{name_prefix}_pool"
         )
-        self.group = RayWorkerGroup(self.pool, worker, name_prefix=name_prefix)
+        self.group = RayWorkerGroup(self.pool, worker, name_prefix=name_prefix, rpc_timeout_s=run.rpc_timeout_s)
+
+    def check_alive(self, timeout_s: float) -> int:
+        """Ping every process (see `RayWorkerGroup.check_alive`); the number that answered."""
+        return self.group.check_alive(timeout_s)
 
     def shutdown(self) -> None:
         """Kill the worker processes and release their placement group."""
@@ -111,6 +115,15 @@ class WorkerProcesses:
             self.group.shutdown()
         if self.pool is not None:
             self.pool.release()
+
+
+def heartbeat(processes: Sequence[WorkerProcesses], timeout_s: float | None) -> dict[str, float]:
+    """Between steps: every worker process must answer a ping within `timeout_s` (`trainer.heartbeat_timeout_s`;
+    None skips it), else the run stops naming the group and rank (dead: `WorkerError`, hung or stopped:
+    `WorkerTimeoutError`). Returns `workers/alive`, the number of processes that answered."""
+    if timeout_s is None:
+        return {}
+    return {"workers/alive": float(sum(process.check_alive(timeout_s) for process in processes))}
 
 
 def init_ray(ray_init: RayInitConfig, world_size: int) -> None:

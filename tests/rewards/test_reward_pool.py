@@ -61,6 +61,18 @@ def test_raising_and_hanging_scorers_are_contained(scorer) -> None:
         pool.close()
 
 
+def test_hung_scorers_time_out_together_not_one_after_another(scorer) -> None:
+    pool = ScorerPool(ScoringConfig(timeout_s=1.0))  # the default number of scorer processes
+    try:
+        start = time.monotonic()
+        outcomes = pool.run([call(scorer, "hang")] * 4 + [call(scorer, "ok")])
+        elapsed = time.monotonic() - start
+        assert [o.status for o in outcomes] == ["timeout"] * 4 + ["ok"]
+        assert elapsed < 3.0, f"4 hangs of 1 s cost {elapsed:.1f} s: scorers ran one after another"
+    finally:
+        pool.close()
+
+
 def test_a_hang_the_alarm_cannot_break_kills_the_worker(scorer) -> None:
     # 2 s: the well-behaved calls must finish even on a loaded 2-core CI machine.
     pool = ScorerPool(ScoringConfig(timeout_s=2.0, num_workers=2))

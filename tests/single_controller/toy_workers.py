@@ -90,6 +90,15 @@ class AllReduceWorker(Worker):
         time.sleep(30)
         return self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stall_before_all_reduce(self, rank: int) -> float:
+        """`rank` hangs (as a deadlocked or stuck rank would); the others wait for it inside a gloo all-reduce."""
+        if self.rank == rank:
+            time.sleep(3600)
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        return tensor.item()
+
 
 class ActorRole(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -85,6 +85,8 @@ CASES = [
     ("actor_rollout_ref.model.lora_adapter_path=/nonexistent", ["model.lora_adapter_path", "lora_rank > 0"]),
     ("actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=0", ["multi_turn.max_tokens_per_turn", "> 0"]),
     ("actor_rollout_ref.rollout.agent.max_concurrent_loops=0", ["agent.max_concurrent_loops", "> 0"]),
+    ("trainer.rpc_timeout_s=0", ["trainer.rpc_timeout_s", "> 0"]),
+    ("trainer.heartbeat_timeout_s=-1", ["trainer.heartbeat_timeout_s", "> 0"]),
 ]
 
 

@@ -8,7 +8,7 @@ from hybridflow.single_controller.base.decorator import (
     register_dispatch_mode,
 )
 from hybridflow.single_controller.base.worker import Worker
-from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup
+from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
 
 __all__ = [
     "Dispatch",
@@ -16,6 +16,7 @@ __all__ = [
     "Worker",
     "WorkerError",
     "WorkerGroup",
+    "WorkerTimeoutError",
     "make_nd_compute_dataproto_dispatch_fn",
     "register",
     "register_dispatch_mode",

@@ -114,6 +114,10 @@ class Worker:
             env.set_dist_env(self._rank, self._world_size, self._local_rank, self._master_addr, self._master_port)
         return self._master_addr, self._master_port
 
+    def process_info(self) -> tuple[str, int]:
+        """Where this worker runs: (node IP, OS pid). A Ray group asks once at start, to name hung ranks."""
+        return get_node_ip(), os.getpid()
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_pid(self) -> int:
         """The OS process id hosting this worker (to check colocation)."""

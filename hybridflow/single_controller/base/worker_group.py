@@ -24,12 +24,28 @@ _GROUP_OWN_METHODS = frozenset({"query_dispatch_info", "get_master_addr_port"})
 
 
 class WorkerError(RuntimeError):
-    """A worker raised or died during a group call; names the rank and the method."""
+    """A worker raised or died during a group call; names the rank, the method and (if known) the group."""
 
-    def __init__(self, method: str, rank: int, detail: str) -> None:
-        super().__init__(f"worker rank {rank} failed in {method!r}: {detail}")
+    def __init__(self, method: str, rank: int, detail: str, group: str = "") -> None:
+        where = f" of worker group {group!r}" if group else ""
+        super().__init__(f"worker rank {rank}{where} failed in {method!r}: {detail}")
         self.method = method
         self.rank = rank
+        self.group = group
+
+
+class WorkerTimeoutError(WorkerError):
+    """Ranks did not answer a call (or a heartbeat) in time: hung, stopped, or waiting on a hung peer.
+
+    `rank` is the first rank that did not answer and `ranks` all of them.
+    """
+
+    def __init__(self, method: str, ranks: list[int], detail: str, group: str = "") -> None:
+        RuntimeError.__init__(self, f"worker group {group or '?'!r} timed out in {method!r}: {detail}")
+        self.method = method
+        self.rank = ranks[0]
+        self.ranks = list(ranks)
+        self.group = group
 
 
 @dataclass(frozen=True)

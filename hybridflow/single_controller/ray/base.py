@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,10 +19,13 @@ else:
     _RAY_ERROR = None
 
 from hybridflow.protocol import DataProtoFuture
-from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup
+from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
 
 # How long an actor may take to come up (Ray starts a process, imports torch): generous, but bounded.
 ACTOR_START_TIMEOUT_S = 300.0
+# What to raise when a call or the start of the workers times out (the trainer's key in parentheses).
+_CALL_SETTING = "rpc_timeout_s (trainer.rpc_timeout_s)"
+_START_SETTING = f"rpc_timeout_s (trainer.rpc_timeout_s) above the {ACTOR_START_TIMEOUT_S:g} s that starting may take"
 
 
 def require_ray() -> None:
@@ -136,7 +141,13 @@ class RayClassWithInitArgs:
 
 
 class RayWorkerGroup(WorkerGroup):
-    """One Ray actor per bundle of a `RayResourcePool`; every `@register`ed method becomes a group method."""
+    """One Ray actor per bundle of a `RayResourcePool`; every `@register`ed method becomes a group method.
+
+    A call waits at most `rpc_timeout_s` (None: no limit) for every rank. The first rank that raises or dies
+    stops the call at once with a `WorkerError` naming the group (`name`), the method and the rank, with the
+    worker's traceback; ranks that do not answer in time stop it with a `WorkerTimeoutError` naming them, their
+    pids and nodes. `check_alive` is a heartbeat for between calls.
+    """
 
     def __init__(
         self,
@@ -146,8 +157,17 @@ class RayWorkerGroup(WorkerGroup):
         worker_handles: list[ray.actor.ActorHandle] | None = None,
         method_prefix: str = "",
         worker_cls: type | None = None,
+        rpc_timeout_s: float | None = None,
+        name: str | None = None,
+        process_info: list[tuple[str, int]] | None = None,
     ) -> None:
         require_ray()
+        if rpc_timeout_s is not None and not rpc_timeout_s > 0:
+            raise ValueError(f"rpc_timeout_s must be > 0 seconds or None (no limit), got {rpc_timeout_s}")
+        self.rpc_timeout_s = rpc_timeout_s
+        self.name = name or name_prefix or "hybridflow"
+        self._method_prefix = method_prefix
+        self._process_info = list(process_info) if process_info else None
         if worker_handles is not None:
             if worker_cls is None:
                 raise ValueError("worker_cls is needed when attaching to existing worker_handles")
@@ -165,6 +185,11 @@ class RayWorkerGroup(WorkerGroup):
     def workers(self) -> list[ray.actor.ActorHandle]:
         return list(self._workers)
 
+    @property
+    def process_info(self) -> list[tuple[str, int]] | None:
+        """Each rank's (node IP, pid), as the workers reported them at start (None for attached handles)."""
+        return None if self._process_info is None else list(self._process_info)
+
     def _start_workers(
         self, pool: RayResourcePool, cls_with_init: RayClassWithInitArgs, name_prefix: str
     ) -> list[ray.actor.ActorHandle]:
@@ -176,6 +201,8 @@ class RayWorkerGroup(WorkerGroup):
         local_ranks = [index for _, index in slots]
         workers: list[ray.actor.ActorHandle] = []
         master = {"MASTER_ADDR": "", "MASTER_PORT": ""}  # rank 0 must not inherit a stale rendezvous
+        # Starting a process and importing torch may take long on a busy machine, but not forever.
+        start_timeout_s = None if self.rpc_timeout_s is None else max(ACTOR_START_TIMEOUT_S, self.rpc_timeout_s)
         for rank, (group, bundle_index) in enumerate(slots):
             env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_ranks[rank])}
             env_vars.update(master)
@@ -184,17 +211,31 @@ class RayWorkerGroup(WorkerGroup):
             workers.append(actor)
             if rank == 0:
                 # Rank 0 chooses the rendezvous address; the other ranks get it in their environment.
-                addr, port = self._resolve([actor.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
+                handles = [actor.get_master_addr_port.remote()]
+                addr, port = self._wait(handles, "get_master_addr_port", [0], start_timeout_s, _START_SETTING)[0]
                 master = {"MASTER_ADDR": addr, "MASTER_PORT": port}
-        self._resolve([actor.__ray_ready__.remote() for actor in workers], "__init__", list(range(world_size)))
+        handles = [actor.process_info.remote() for actor in workers]
+        self._process_info = self._wait(handles, "__init__", list(range(world_size)), start_timeout_s, _START_SETTING)
         return workers
 
     def spawn(self, prefix_set: list[str]) -> dict[str, RayWorkerGroup]:
-        """Split a colocated group into one group per role, sharing the same actors."""
+        """Split a colocated group into one group per role (named after it), sharing the same actors."""
         return {
-            role: RayWorkerGroup(worker_handles=self._workers, method_prefix=f"{role}__", worker_cls=self._worker_cls)
+            role: RayWorkerGroup(
+                worker_handles=self._workers, method_prefix=f"{role}__", worker_cls=self._worker_cls,
+                rpc_timeout_s=self.rpc_timeout_s, name=role, process_info=self._process_info,
+            )
             for role in prefix_set
         }
+
+    def check_alive(self, timeout_s: float) -> int:
+        """Heartbeat: every worker process must answer a no-op within `timeout_s`. A dead one raises `WorkerError`,
+        one that does not answer (hung, stopped, its node gone) `WorkerTimeoutError`. Returns the number of
+        processes. Call it between group calls: an actor runs one call at a time, so a ping waits behind a long one."""
+        ranks = list(range(len(self._workers)))
+        handles = [worker.__ray_ready__.remote() for worker in self._workers]
+        self._wait(handles, "heartbeat", ranks, timeout_s, "the heartbeat timeout (trainer.heartbeat_timeout_s)")
+        return len(ranks)
 
     # ------------------------------------------------------------------ execution
     def _execute(self, method_name: str, ranks: list[int], args: list[tuple], kwargs: list[dict]) -> list[Any]:
@@ -204,33 +245,80 @@ class RayWorkerGroup(WorkerGroup):
         ]
 
     def _resolve(self, handles: list[Any], method_name: str, ranks: list[int]) -> list[Any]:
-        """Wait for all ranks; the first failure (error or dead process) raises at once, naming the rank."""
+        """Wait for all ranks, at most `rpc_timeout_s`; the first failure (error or dead process) raises at once."""
+        return self._wait(handles, method_name, ranks, self.rpc_timeout_s, _CALL_SETTING)
+
+    def _wait(
+        self, handles: list[Any], method_name: str, ranks: list[int], timeout_s: float | None, setting: str
+    ) -> list[Any]:
+        method = self._public_name(method_name)
         pending = {handle: position for position, handle in enumerate(handles)}
         results: list[Any] = [None] * len(handles)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+            if not ready:
+                missing = sorted(ranks[position] for position in pending.values())
+                raise self._timeout_error(method, missing, ranks, timeout_s, setting)
             for handle in ready:
                 position = pending.pop(handle)
-                try:
-                    results[position] = ray.get(handle)
-                except ray.exceptions.RayTaskError as err:
-                    raise WorkerError(method_name, ranks[position], f"it raised:\n{err}") from err
-                except ray.exceptions.RayActorError as err:
-                    raise WorkerError(
-                        method_name, ranks[position], f"its process died ({type(err).__name__}): {err}"
-                    ) from err
+                results[position] = self._get(handle, method, ranks[position])
         return results
+
+    def _get(self, handle: Any, method: str, rank: int) -> Any:
+        try:
+            return ray.get(handle)
+        except ray.exceptions.RayTaskError as err:  # its str carries the worker's traceback
+            raise WorkerError(method, rank, f"it raised:\n{err}", self.name) from err
+        except ray.exceptions.RayActorError as err:
+            raise WorkerError(method, rank, self._death_detail(err), self.name) from err
+
+    def _death_detail(self, err: Exception) -> str:
+        # A crash's Python traceback (faulthandler, on in Ray workers) goes to the worker's stderr: Ray's log of
+        # that pid, which the driver also prints with log_to_driver.
+        return (
+            f"its process died ({type(err).__name__}): {err}\nA crash's traceback, if the process printed one, "
+            "is in that worker's log (Ray's logs/worker-*-<pid>.err, also printed by the driver under its pid)"
+        )
+
+    def _timeout_error(
+        self, method: str, missing: list[int], ranks: list[int], timeout_s: float | None, setting: str
+    ) -> WorkerTimeoutError:
+        answered = sorted(set(ranks) - set(missing))
+        where = ", ".join(self._describe_rank(rank) for rank in missing)
+        detail = (
+            f"{'rank' if len(missing) == 1 else 'ranks'} {where} did not answer within {timeout_s:g} s "
+            f"({f'ranks {answered} did' if answered else 'no rank answered'}). A hung rank (a deadlock, a "
+            f"collective waiting on a hung or dead peer, a stopped process) stops the run here; if the call is "
+            f"only slow, raise {setting}. `py-spy dump --pid <pid>` on that node shows where a rank waits."
+        )
+        return WorkerTimeoutError(method, missing, detail, self.name)
+
+    def _describe_rank(self, rank: int) -> str:
+        if self._process_info is None:
+            return str(rank)
+        node, pid = self._process_info[rank]
+        return f"{rank} (pid {pid} on {node})"
+
+    def _public_name(self, method_name: str) -> str:
+        prefix = self._method_prefix
+        return method_name[len(prefix):] if prefix and method_name.startswith(prefix) else method_name
 
     def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
         handle = self._workers[rank]
+        method = self._public_name(method_name)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
+            ref = getattr(handle, method_name).remote(*args, **kwargs)
             try:
-                return await getattr(handle, method_name).remote(*args, **kwargs)
+                return await asyncio.wait_for(_awaited(ref), self.rpc_timeout_s)
+            except asyncio.TimeoutError as err:
+                raise self._timeout_error(method, [rank], [rank], self.rpc_timeout_s, _CALL_SETTING) from err
             except ray.exceptions.RayTaskError as err:
-                raise WorkerError(method_name, rank, f"it raised:\n{err}") from err
+                raise WorkerError(method, rank, f"it raised:\n{err}", self.name) from err
             except ray.exceptions.RayActorError as err:
-                raise WorkerError(method_name, rank, f"its process died ({type(err).__name__}): {err}") from err
+                raise WorkerError(method, rank, self._death_detail(err), self.name) from err
 
         return call
 
@@ -243,3 +331,8 @@ class RayWorkerGroup(WorkerGroup):
         """Kill every actor of this group."""
         for worker in self._workers:
             ray.kill(worker, no_restart=True)
+
+
+async def _awaited(ref: Any) -> Any:
+    """An ObjectRef as a coroutine (for `asyncio.wait_for`)."""
+    return await ref

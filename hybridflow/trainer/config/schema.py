@@ -73,6 +73,13 @@ class RunConfig:
     """Run the one worker in the driver process without Ray (debugging; needs n_gpus_per_node=1, nnodes=1)."""
     num_threads_per_worker: int = 0
     """torch threads per worker on CPU hosts; 0 divides the cores among the workers."""
+    rpc_timeout_s: Optional[float] = 3600.0
+    """Seconds the driver waits for every rank of one worker-group call (generate, update, save...); past it the run
+    stops naming the group, the method and the ranks that did not answer (a hung rank or collective). Raise it for
+    calls that are really this slow; None waits forever. Local mode has no limit."""
+    heartbeat_timeout_s: Optional[float] = 60.0
+    """Before each step every worker process must answer a ping within this many seconds, else the run stops naming
+    it (dead, hung or stopped between calls); logged as workers/alive. None: no heartbeat."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)
@@ -81,6 +88,8 @@ class RunConfig:
         check_positive("total_epochs", self.total_epochs)
         check_positive("total_training_steps", self.total_training_steps, allow_none=True)
         check_at_least("num_threads_per_worker", self.num_threads_per_worker, 0)
+        check_positive("rpc_timeout_s", self.rpc_timeout_s, allow_none=True)
+        check_positive("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ConfigFieldError("resume_mode", "resume_mode=resume_path needs resume_from_path=<global_step_N dir>")
         if self.local_mode and self.world_size != 1:

@@ -33,6 +33,7 @@ from hybridflow.trainer.scaffold import (
     build_train_loader,
     build_val_loader,
     due,
+    heartbeat,
     init_ray,
     run_dir,
     total_steps,
@@ -103,7 +104,8 @@ class SFTTrainer:
         while self.global_steps < self.total_training_steps:
             for batch in self.train_loader:
                 self.global_steps += 1
-                metrics = self.train_step(batch)
+                alive = heartbeat([self.processes], cfg.heartbeat_timeout_s)
+                metrics = {**alive, **self.train_step(batch)}
                 is_last = self.global_steps >= self.total_training_steps
                 if self.val_loader is not None and due(cfg.test_freq, self.global_steps, is_last):
                     metrics["val/loss"] = summary["val/loss"] = self.validate()
