@@ -10,6 +10,10 @@ from collections.abc import Callable, Sequence
 # sub-command -> ("module:function", help). Each function takes the remaining argv.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridflow.trainer.main_ppo:main", "run PPO/GRPO (Hydra overrides with verl's keys; --dry-run checks)"),
+    "train-one-step-off": (
+        "hybridflow.trainer.main_one_step_off:main",
+        "one-step off-policy PPO/GRPO on split pools: the next batch generates while this one trains",
+    ),
     "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),
     "merge": ("hybridflow.trainer.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
     "plot": ("hybridflow.trainer.plot:main", "write PNG plots of a run's metrics (RUN_DIR/metrics.jsonl)"),

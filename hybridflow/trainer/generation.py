@@ -24,6 +24,14 @@ def generate_batch(
     parameters for this call (e.g. `{"do_sample": False}` for ReMax's greedy baseline). Returns the batch and the
     generator's metrics.
     """
+    batch, prompts = build_prompts(batch_dict, n, pass_rows=pass_rows, validate=validate, overrides=overrides)
+    return join_responses(batch, generator.generate_sequences(prompts))
+
+
+def build_prompts(
+    batch_dict: dict, n: int, *, pass_rows: bool, validate: bool, overrides: dict | None = None
+) -> tuple[DataProto, DataProto]:
+    """The rows repeated `n` times (one `uid` per prompt) and what the generator is sent (see `generate_batch`)."""
     batch = DataProto.from_single_dict(batch_dict)
     batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
     batch = batch.repeat(n, interleave=True)
@@ -31,7 +39,11 @@ def generate_batch(
         batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if pass_rows else [], meta_info_keys=[]
     )
     prompts.meta_info = {"validate": validate, **(overrides or {})}
-    output = generator.generate_sequences(prompts)
+    return batch, prompts
+
+
+def join_responses(batch: DataProto, output: DataProto) -> tuple[DataProto, dict[str, float]]:
+    """The rows of `build_prompts` joined with the generator's `output`; and the generator's metrics."""
     metrics = worker_metrics(output)
     batch.pop(batch_keys=list(PROMPT_KEYS))
     return batch.union(output), metrics

@@ -20,7 +20,8 @@ def _run(cfg, batch_sizes):
     return run_ppo(cfg, batch_sizes)
 
 
-def _describe(cfg, batch_sizes) -> str:
+def describe_ppo(cfg, batch_sizes) -> str:
+    """The dry-run tables: batch arithmetic per updated model, then the placement."""
     from hybridflow.trainer.placement import describe_placement
 
     tables = [sizes.table(name) for name, sizes in batch_sizes.items()]
@@ -32,7 +33,7 @@ COMMAND = TrainerCommand(
     description="Run PPO-family RL (PPO, GRPO, RLOO, REINFORCE++, ...) with verl's config keys.",
     tree=PPO_TREE,
     validate=validate_config,
-    describe=_describe,
+    describe=describe_ppo,
     run=_run,
 )
 

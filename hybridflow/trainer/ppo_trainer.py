@@ -278,11 +278,15 @@ class RayPPOTrainer:
             if self.workers.critic is not None:
                 self.workers.critic.save_checkpoint(str(staging / "critic"))
 
-        state = {"sampler": self.train_dataloader.sampler.state_dict(), "kl_coef": float(self.kl_ctrl.value)}
+        state = {"sampler": self.data_position(), "kl_coef": float(self.kl_ctrl.value)}
         return checkpointing.save_checkpoint(
             run_dir(self.config.trainer), self.global_steps, save_workers, state,
             self.config.trainer.max_actor_ckpt_to_keep,
         )
+
+    def data_position(self) -> dict[str, Any]:
+        """The sampler state a resumed run continues from: after the last batch this run trained on."""
+        return self.train_dataloader.sampler.state_dict()
 
     def _resume(self) -> int:
         """Load the checkpoint `trainer.resume_mode` picks into workers and driver; the step to continue from."""

@@ -53,8 +53,10 @@ def build_reward_manager(
     return manager_cls(tokenizer, 0, compute_score, data.reward_fn_key, **kwargs)
 
 
-def run_ppo(config: PPOConfig, batch_sizes: dict[str, BatchSizes]) -> dict[str, float]:
-    """Run the job; returns the final validation metrics. Workers are shut down however it ends."""
+def run_ppo(
+    config: PPOConfig, batch_sizes: dict[str, BatchSizes], trainer_cls: type[RayPPOTrainer] = RayPPOTrainer
+) -> dict[str, float]:
+    """Run the job with `trainer_cls`; returns the final validation metrics. Workers are shut down however it ends."""
     for name, sizes in batch_sizes.items():
         logger.info("batch arithmetic\n%s", sizes.table(name))
     tokenizer = build_tokenizer(config.actor_rollout_ref.model)
@@ -67,7 +69,7 @@ def run_ppo(config: PPOConfig, batch_sizes: dict[str, BatchSizes]) -> dict[str, 
     tracking = build_tracking(config.trainer, config)
     if not config.trainer.local_mode:
         init_ray(config.ray_kwargs.ray_init, num_worker_processes(config))
-    trainer = RayPPOTrainer(config, train_loader, val_loader, reward_fn, val_reward_fn, tracking)
+    trainer = trainer_cls(config, train_loader, val_loader, reward_fn, val_reward_fn, tracking)
     try:
         trainer.init_workers()
         final_val_metrics = trainer.fit()

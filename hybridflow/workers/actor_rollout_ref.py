@@ -155,6 +155,12 @@ class ActorRolloutRefWorker(Worker):
         }
         return output
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def generate_sequences_async(self, prompts: DataProto) -> DataProto:
+        """`generate_sequences` whose group call returns at once, with a `DataProtoFuture` (the one-step off-policy
+        trainer generates the next batch while the actor trains)."""
+        return self.generate_sequences(prompts)
+
     def _seed_sampling(self) -> None:
         """Give each rank its own sampling stream, deterministic per rank and policy version (the number of
         updates, which checkpoints restore): copies of one prompt on several ranks (n above the rows per rank, or

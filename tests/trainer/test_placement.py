@@ -65,8 +65,9 @@ def overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
 SPLIT = ("actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=2")
 
 
-def train(args: list[str]) -> tuple[dict[int, dict], list[tuple[dict, list[dict]]]]:
-    """Train as `run_ppo` does; per-step metrics, and (actor digests, rollout ranks' digests) before and after."""
+def train(args: list[str], trainer_cls: type | None = None) -> tuple[dict[int, dict], list[tuple[dict, list[dict]]]]:
+    """Train as `run_ppo` does (with `trainer_cls`, default `RayPPOTrainer`); per-step metrics, and (actor digests,
+    rollout ranks' digests) before and after."""
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
     from hybridflow.trainer.run import build_dataloaders, build_reward_manager
     from hybridflow.trainer.scaffold import build_tokenizer, build_tracking
@@ -77,7 +78,7 @@ def train(args: list[str]) -> tuple[dict[int, dict], list[tuple[dict, list[dict]
     train_loader, _ = build_dataloaders(config.data, tokenizer)
     reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     tracking = build_tracking(config.trainer, config)
-    trainer = RayPPOTrainer(config, train_loader, None, reward_fn, reward_fn, tracking)
+    trainer = (trainer_cls or RayPPOTrainer)(config, train_loader, None, reward_fn, reward_fn, tracking)
     digests = []
     try:
         trainer.init_workers()

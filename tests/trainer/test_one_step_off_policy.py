@@ -1,0 +1,69 @@
+"""One-step off-policy on split pools: batch k+1 is generated with the weights from before update k, so every sample
+after the first batch is exactly one policy version stale, and says so."""
+
+from __future__ import annotations
+
+import pytest
+
+import shutil
+
+from hybridflow.trainer.checkpoint_dirs import LATEST_FILE
+from hybridflow.trainer.checkpointing import load_driver_state
+from hybridflow.trainer.config import load_config
+from hybridflow.trainer.main_one_step_off import main as one_step_main
+from hybridflow.trainer.one_step_off_policy import OneStepOffPolicyTrainer, check_one_step_off_policy
+from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
+
+
+def test_samples_after_the_first_batch_are_one_version_stale(workspace, ray_cluster):  # noqa: F811
+    args = (*SPLIT, "trainer.total_training_steps=3", "trainer.total_epochs=2",
+            "algorithm.rollout_correction.rollout_is=token")  # importance weights against the stale rollout
+    records, digests = train(overrides(workspace, workspace / "one_step", *args, "trainer.save_freq=2"),
+                             OneStepOffPolicyTrainer)
+    assert sorted(records) == [1, 2, 3]
+    for step, staleness in ((1, 0), (2, 1), (3, 1)):
+        record = records[step]
+        assert record["rollout/staleness/min"] == record["rollout/staleness/max"] == staleness, (step, record)
+        assert record["sync_rollout_weights/policy_version"] == step and record["actor/grad_norm"] > 0
+    # The rollout's own log-probs show which weights sampled: the first batch's match the policy it is trained
+    # from; later batches come from the policy one update older.
+    # (Here 5e-11 against 1e-5: the tiny model's updates move its log-probs a little.)
+    on_policy = records[1]["training/rollout_probs_diff_max"]
+    for step in (2, 3):
+        stale = records[step]["training/rollout_probs_diff_max"]
+        assert stale > max(1e-7, 100 * on_policy), (step, on_policy, stale)
+        assert records[step]["rollout_corr/rollout_is_max"] > 1 or records[step]["rollout_corr/rollout_is_min"] < 1
+    (_, _), (actor_end, rollout_end) = digests
+    assert all(rank == actor_end for rank in rollout_end), "the last sync leaves the rollout equal to the trainer"
+
+    # The step-2 checkpoint holds the data position before batch 3 (in flight when it was written: drawn, so the
+    # sampler itself is already past it): the end of epoch 0's 2 batches. A resumed run trains on batch 3,
+    # generated again with the restored weights (staleness 0).
+    sampler = load_driver_state(workspace / "one_step" / "global_step_2")["sampler"]
+    assert (sampler["epoch"], sampler["position"]) == (0, 8), sampler
+    resumed_dir = workspace / "one_step_resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(workspace / "one_step" / "global_step_2", resumed_dir / "global_step_2")
+    (resumed_dir / LATEST_FILE).write_text("2")
+    resumed, _ = train(overrides(workspace, resumed_dir, *args), OneStepOffPolicyTrainer)
+    assert sorted(resumed) == [3] and resumed[3]["rollout/staleness/max"] == 0
+    assert resumed[3]["prompt_length/mean"] == records[3]["prompt_length/mean"]
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ((), ["actor_rollout_ref.hybrid_engine=False"]),
+    (SPLIT + ("algorithm.filter_groups.enable=True",), ["algorithm.filter_groups.enable=True", "hybridflow train"]),
+    (SPLIT + ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"), ["rollout.mode=async"]),
+])
+def test_what_one_step_off_policy_needs_is_checked(train_file, extra, words):  # noqa: F811
+    with pytest.raises(ValueError) as info:
+        check_one_step_off_policy(load_config(good(train_file, *extra)))
+    for word in words:
+        assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+def test_cli_refuses_colocated_placement(train_file, capsys):  # noqa: F811
+    assert one_step_main(["--dry-run", *good(train_file)]) == 2
+    assert "hybrid_engine=False" in capsys.readouterr().err
+    assert one_step_main(["--dry-run", *good(train_file, *SPLIT)]) == 0
+    assert "[placement] split" in capsys.readouterr().out
