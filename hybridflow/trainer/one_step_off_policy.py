@@ -108,6 +108,12 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
         metrics.update(synced)
         self._rollout_version = int(synced["sync_rollout_weights/policy_version"])
 
+    def idle_processes(self) -> list:
+        """Not the rollout pool while it generates the next batch: a ping would queue behind that call."""
+        if self._in_flight is None:
+            return super().idle_processes()
+        return [processes for processes in self.workers.processes if not processes.name.endswith("rollout_pool")]
+
     def data_position(self) -> dict[str, Any]:
         """Before the batch in flight, which no update has used yet."""
         if self._in_flight is not None:

@@ -100,7 +100,7 @@ class RayPPOTrainer:
         while self.global_steps < self.total_training_steps:
             self.global_steps += 1
             is_last = self.global_steps >= self.total_training_steps
-            metrics, timing = heartbeat(self.workers.processes, trainer_cfg.heartbeat_timeout_s), {}
+            metrics, timing = heartbeat(self.idle_processes(), trainer_cfg.heartbeat_timeout_s), {}
             with timer("step", timing):
                 batch = self.train_step(batches, metrics, timing)
             if self.val_dataloader is not None and due(trainer_cfg.test_freq, self.global_steps, is_last):
@@ -115,6 +115,10 @@ class RayPPOTrainer:
             progress.update(1)
         progress.close()
         return val_metrics
+
+    def idle_processes(self) -> list:
+        """The worker processes that run no call between steps (the heartbeat pings them)."""
+        return list(self.workers.processes)
 
     def train_step(self, batches: Iterator[dict], metrics: dict[str, float], timing: dict[str, float]) -> DataProto:
         """One PPO step: the seed's dataflow, one RPC per stage. Prompts come from `batches` (dynamic sampling

@@ -96,6 +96,7 @@ class WorkerProcesses:
         self, run: RunConfig, worker: RayClassWithInitArgs, name_prefix: str, pool: RayResourcePool | None = None
     ) -> None:
         """Start one process per rank of `pool` (default: `trainer.nnodes x n_gpus_per_node`) for `worker`."""
+        self.name = name_prefix
         self.pool: RayResourcePool | None = None
         if run.local_mode:
             self.group: Any = LocalWorkerGroup(worker, world_size=1)

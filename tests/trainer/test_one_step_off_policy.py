@@ -67,3 +67,18 @@ def test_cli_refuses_colocated_placement(train_file, capsys):  # noqa: F811
     assert "hybrid_engine=False" in capsys.readouterr().err
     assert one_step_main(["--dry-run", *good(train_file, *SPLIT)]) == 0
     assert "[placement] split" in capsys.readouterr().out
+
+
+def test_the_heartbeat_skips_the_rollout_pool_while_it_generates():
+    """A ping to a rollout worker busy with the next batch would queue behind the generation and time out."""
+    from types import SimpleNamespace
+
+    from hybridflow.trainer.one_step_off_policy import OneStepOffPolicyTrainer
+
+    trainer_pool, rollout_pool = SimpleNamespace(name="hybridflow_trainer_pool"), SimpleNamespace(name="hybridflow_rollout_pool")
+    trainer = OneStepOffPolicyTrainer.__new__(OneStepOffPolicyTrainer)
+    trainer.workers = SimpleNamespace(processes=[trainer_pool, rollout_pool])
+    trainer._in_flight = None
+    assert trainer.idle_processes() == [trainer_pool, rollout_pool]
+    trainer._in_flight = object()
+    assert trainer.idle_processes() == [trainer_pool]
