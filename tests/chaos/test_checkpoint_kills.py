@@ -95,3 +95,53 @@ def test_driver_state_is_json_and_legacy_pickles_load_only_plain_data(tmp_path):
     torch.save({"global_steps": 6, "payload": os.stat_result((0,) * 10)}, legacy / checkpointing.LEGACY_DRIVER_STATE)
     with pytest.raises(Exception, match="[Ww]eights only load failed|Unsupported global"):
         checkpointing.load_driver_state(legacy)
+
+
+REAL_DISK_FULL = """
+import json, sys
+from pathlib import Path
+from hybridflow.trainer import checkpoint_dirs, checkpointing
+
+root = Path(sys.argv[1])
+
+def shards(size):
+    def save_workers(staging):
+        for shard in range(4):
+            (staging / f"model_rank_{shard}.pt").write_bytes(b"x" * size)
+    return save_workers
+
+checkpointing.save_checkpoint(root, 1, shards(200_000), {"sampler": {"position": 1}}, None)
+try:
+    checkpointing.save_checkpoint(root, 2, shards(600_000), {"sampler": {"position": 2}}, None)
+    error = None
+except OSError as err:
+    error = str(err)
+print(json.dumps({
+    "error": error, "steps": checkpoint_dirs.list_steps(root),
+    "staging": [p.name for p in root.glob("*.tmp-*")],
+    "state": json.loads((root / "global_step_1" / checkpointing.DRIVER_STATE).read_text()),
+}))
+"""
+
+
+def test_a_really_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path):
+    """A 2 MiB tmpfs (mounted in a private mount namespace) fills up during the second save."""
+    import shutil
+
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode != 0:
+        pytest.skip("SKIPPED LOUDLY: no unprivileged mount namespaces here to mount a small tmpfs; the injected-ENOSPC "
+                    "test above covers the same path")
+    script = tmp_path / "saver.py"
+    script.write_text(REAL_DISK_FULL)
+    result = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c",
+         f"mount -t tmpfs -o size=2m none {mount_point} && exec {sys.executable} {script} {mount_point}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["error"] and "no space left" in outcome["error"].lower() and "global_step_1" in outcome["error"]
+    assert outcome["steps"] == [1] and outcome["staging"] == [], "the partial save is removed, the old one kept"
+    assert outcome["state"]["global_steps"] == 1
