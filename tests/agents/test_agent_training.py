@@ -92,6 +92,41 @@ def test_mask_zero_tokens_do_not_change_the_update(tmp_path):
         assert torch.equal(value, params_b[name]), name
 
 
+class ScriptedFirstTurnServer:
+    """The real generation server, except that a trajectory's first turn is a fixed calculator call: a random tiny
+    model never writes one, and the tool path (parsing, running the tool, mask-0 tool tokens) must run end to end."""
+
+    def __init__(self, server, tokenizer, expression: str) -> None:
+        call = {"name": "calculator", "arguments": {"expression": expression}}
+        self.ids = tokenizer(f"<tool_call>\n{json.dumps(call)}\n</tool_call>", add_special_tokens=False)["input_ids"]
+        self.server, self.first = server, True
+
+    async def generate(self, request_id, prompt_ids, params):
+        from hybridflow.engines.rollout.server import TokenOutput
+
+        if not self.first:
+            return await self.server.generate(request_id, prompt_ids, params)
+        self.first = False
+        return TokenOutput(token_ids=list(self.ids), log_probs=[0.0] * len(self.ids), finish_reason="stop")
+
+
+def register_scripted_tool_agent() -> None:
+    import dataclasses
+
+    from hybridflow.agents.base import AGENT_LOOPS
+    from hybridflow.agents.tool_agent import ToolAgentLoop
+
+    if "scripted_tool_agent" in AGENT_LOOPS.names():
+        return
+
+    @AGENT_LOOPS.register("scripted_tool_agent")
+    class ScriptedToolAgent(ToolAgentLoop):
+        async def run(self, messages, sampling_params, **kwargs):
+            server = ScriptedFirstTurnServer(self.context.server, self.context.tokenizer, "6 * 7 + 3")
+            self.context = dataclasses.replace(self.context, server=server)
+            return await super().run(messages, sampling_params, **kwargs)
+
+
 REWARD_FILE = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return (len(solution_str) % 11) / 10.0
@@ -105,6 +140,7 @@ def test_grpo_with_tool_agent_end_to_end(tmp_path, ray_cluster):
     from hybridflow.trainer.run import run_ppo
 
     save_tiny_model(tmp_path / "tiny", num_layers=2, hidden=64, seed=0)
+    register_scripted_tool_agent()  # agent loops run in the driver: a loop registered here is used by the run
     rows = []
     for i in range(8):
         rows.append({
@@ -113,7 +149,7 @@ def test_grpo_with_tool_agent_end_to_end(tmp_path, ray_cluster):
             "reward_model": {"style": "rule", "ground_truth": str(i * 7 + 3)},
             "extra_info": {"index": i, "interaction_kwargs": {"name": "feedback", "data_source": "openai/gsm8k",
                                                               "ground_truth": str(i * 7 + 3)}},
-            "agent_name": "tool_agent",
+            "agent_name": "scripted_tool_agent" if i % 2 == 0 else "tool_agent",
         })
     pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
     (tmp_path / "tools.yaml").write_text("tools:\n  - name: calculator\n")
@@ -124,7 +160,7 @@ def test_grpo_with_tool_agent_end_to_end(tmp_path, ray_cluster):
         "data.val_files=[]",
         "data.train_batch_size=4",
         "data.max_prompt_length=512",
-        "data.max_response_length=48",
+        "data.max_response_length=96",  # room for the scripted call, its result and a feedback turn
         "data.return_raw_chat=True",
         f"actor_rollout_ref.model.path={tmp_path / 'tiny'}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -155,7 +191,9 @@ def test_grpo_with_tool_agent_end_to_end(tmp_path, ray_cluster):
     for record in steps.values():
         assert record["actor/grad_norm"] > 0 and record["critic/score/mean"] > 0
         assert record["num_turns/mean"] >= 3, "wrong answers get the interaction's feedback turn"
-        assert "tool_calls/mean" in record and record["timing_s/gen"] > 0
+        # The even rows' trajectories (scripted_tool_agent) open with one calculator call, which runs without error.
+        assert record["tool_calls/max"] >= 1 and record["tool_calls/mean"] > 0, record
+        assert record["tool/error_rate"] == 0 and record["timing_s/gen"] > 0
 
 
 def test_async_mode_config_errors(tmp_path):
