@@ -14,6 +14,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "hybridflow.trainer.main_one_step_off:main",
         "one-step off-policy PPO/GRPO on split pools: the next batch generates while this one trains",
     ),
+    "train-fully-async": (
+        "hybridflow.trainer.main_fully_async:main",
+        "fully async PPO/GRPO on split pools: a rollouter streams samples under a staleness bound",
+    ),
     "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),
     "merge": ("hybridflow.trainer.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
     "plot": ("hybridflow.trainer.plot:main", "write PNG plots of a run's metrics (RUN_DIR/metrics.jsonl)"),

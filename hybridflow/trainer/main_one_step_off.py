@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from hybridflow.trainer.command import TrainerCommand
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.config import PPO_TREE, validate_config
-from hybridflow.trainer.main_ppo import describe_ppo
+from hybridflow.trainer.main_ppo import check_async_training_unused, describe_ppo
 
 
 def _validate(cfg):
     from hybridflow.trainer.one_step_off_policy import check_one_step_off_policy
 
     check_one_step_off_policy(cfg)
+    check_async_training_unused(cfg, "hybridflow train-one-step-off")
     return validate_config(cfg)
 
 

@@ -14,6 +14,22 @@ from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.config import PPO_TREE, validate_config
 
 
+def check_async_training_unused(cfg, command: str) -> None:
+    """`async_training.*` is read only by `hybridflow train-fully-async`: other commands refuse a changed value."""
+    from hybridflow.trainer.config.schema import AsyncTrainingConfig
+
+    if cfg.async_training != AsyncTrainingConfig():
+        raise ValueError(
+            f"async_training.* is read only by `hybridflow train-fully-async`, not by `{command}`: "
+            "leave it at its defaults or run train-fully-async"
+        )
+
+
+def _validate(cfg):
+    check_async_training_unused(cfg, "hybridflow train")
+    return validate_config(cfg)
+
+
 def _run(cfg, batch_sizes):
     from hybridflow.trainer.run import run_ppo
 
@@ -32,7 +48,7 @@ COMMAND = TrainerCommand(
     prog="hybridflow train",
     description="Run PPO-family RL (PPO, GRPO, RLOO, REINFORCE++, ...) with verl's config keys.",
     tree=PPO_TREE,
-    validate=validate_config,
+    validate=_validate,
     describe=describe_ppo,
     run=_run,
 )

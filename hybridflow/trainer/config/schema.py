@@ -15,10 +15,11 @@ from hybridflow.algorithms.config import AlgorithmConfig
 from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
 
 __all__ = [
+    "AsyncTrainingConfig",
     "PPOConfig",
     "PPO_DERIVED",
     "PPOTrainerConfig",
@@ -206,6 +207,35 @@ class RolloutPoolConfig:
         return self.nnodes * self.n_gpus_per_node
 
 
+@dataclass(frozen=True, kw_only=True)
+class AsyncTrainingConfig:
+    """The fully asynchronous trainer (`async_training.*`, verl's fully_async_policy keys; read only by
+    `hybridflow train-fully-async`). A trainer step consumes data.train_batch_size prompts x rollout.n samples
+    (verl's require_batches x ppo_mini_batch_size); a policy version is one weight sync."""
+
+    staleness_threshold: float = 1.0
+    """Most policy versions (weight syncs) a sample may lag behind the rollout's weights when it is trained on: the
+    rollouter runs at most (1 + staleness_threshold) x trigger_parameter_sync_step batches ahead, then waits for a
+    sync. 0 is synchronous training. Whole numbers only (this trainer streams whole prompt batches)."""
+    trigger_parameter_sync_step: int = 1
+    """Trainer steps between weight syncs to the rollout pool (the last step also syncs)."""
+    partial_rollout: bool = unsupported(
+        False, "generations are not yet paused across a weight sync: each prompt batch is generated with one "
+        "policy version, and a sync waits for the generation in flight to end"
+    )
+    """Pause generations in flight at a weight sync and resume them under the new weights."""
+
+    def __post_init__(self) -> None:
+        check_at_least("staleness_threshold", self.staleness_threshold, 0)
+        if self.staleness_threshold != int(self.staleness_threshold):
+            raise ConfigFieldError(
+                "staleness_threshold",
+                f"staleness_threshold={self.staleness_threshold!r} must be a whole number of policy versions "
+                "(this trainer streams whole prompt batches): use 0, 1, 2, ...",
+            )
+        check_positive("trigger_parameter_sync_step", self.trigger_parameter_sync_step)
+
+
 # ----------------------------------------------------------------------------- roots
 @dataclass(frozen=True, kw_only=True)
 class PPOConfig:
@@ -219,6 +249,7 @@ class PPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: PPOTrainerConfig = field(default_factory=PPOTrainerConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
 
 
