@@ -65,8 +65,9 @@ def hf_scores(rm_path: str, texts_ids: list[list[int]]) -> list[float]:
         return [model.score(h).item() for h in hidden]
 
 
-def rm_group(rm_path: str, input_tokenizer: str | None, **kwargs) -> LocalWorkerGroup:
-    config = RewardModelWorkerConfig(enable=True, model=RewardModelModelConfig(path=rm_path, input_tokenizer=input_tokenizer), **kwargs)
+def rm_group(rm_path: str, input_tokenizer: str | None, packed: bool = False, **kwargs) -> LocalWorkerGroup:
+    model = RewardModelModelConfig(path=rm_path, input_tokenizer=input_tokenizer, use_remove_padding=packed)
+    config = RewardModelWorkerConfig(enable=True, model=model, **kwargs)
     group = LocalWorkerGroup(RayClassWithInitArgs(RewardModelWorker, config, WorkerRuntimeConfig(seed=0, num_threads=1)))
     group.init_model()
     return group
@@ -82,6 +83,8 @@ def test_same_tokenizer_scores_the_policy_ids_as_the_hf_classifier_does(models):
     last = batch.batch["response_mask"].sum(-1) - 1
     assert torch.allclose(scores[torch.arange(2), last], torch.tensor(expected), atol=1e-5)
     assert scores.sum(-1).tolist() == pytest.approx(expected, abs=1e-5)  # zero elsewhere
+    packed = rm_group(models["rm"], models["policy"], packed=True).compute_rm_score(batch).batch["rm_scores"]
+    assert torch.allclose(packed, scores, atol=1e-5), "padding removal scores the same"
 
 
 def test_other_tokenizer_re_templates_the_conversation(models):

@@ -285,6 +285,7 @@ PPO_DERIVED: dict[str, str] = {
     "critic.use_prefix_grouper": f"${{{_ACTOR}.use_prefix_grouper}}",
     "critic.optim.clip_grad": "${critic.grad_clip}",
     "reward_model.model.input_tokenizer": "${actor_rollout_ref.model.path}",
+    "reward_model.model.use_remove_padding": "${actor_rollout_ref.model.use_remove_padding}",
     "reward_model.use_dynamic_bsz": "${critic.use_dynamic_bsz}",
     "reward_model.forward_max_token_len_per_gpu": "${critic.forward_max_token_len_per_gpu}",
 }
