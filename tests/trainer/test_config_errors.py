@@ -110,6 +110,7 @@ def test_context_overflow_names_both_lengths(tmp_path, train_file):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"max_position_embeddings": 64}')
+    (model_dir / "model.safetensors").write_bytes(b"")
     overrides = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
     with pytest.raises(ValueError, match=r"max_prompt_length \+ data.max_response_length = 96 exceeds .* 64"):
         check(overrides)

@@ -31,11 +31,16 @@ def write_rows(path: Path, data_sources: list[str], **columns) -> str:
 
 @pytest.fixture()
 def files(tmp_path):
-    """Train/val parquet files and a model directory (config.json is all that config checks read)."""
+    """Train/val parquet files and a model directory (config checks read config.json and look for a weights file)."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    (model / "model.safetensors").write_bytes(b"")
+    weightless = tmp_path / "global_step_1" / "huggingface"  # what a checkpoint's huggingface/ folder holds
+    weightless.mkdir(parents=True)
+    (weightless / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     return {
+        "weightless": str(weightless),
         "train": write_rows(tmp_path / "train.parquet", ["gsm8k", "math"] * 1024),
         "val": write_rows(tmp_path / "test.parquet", ["gsm8k"]),
         "model": str(model),
@@ -235,6 +240,7 @@ INVALID = [
     ("actor_rollout_ref.ref.model.path=/nonexistent/teacher actor_rollout_ref.actor.use_kl_loss=True",
      ["actor_rollout_ref.ref.model.path", "/nonexistent/teacher"]),
     ("actor_rollout_ref.ref.model.lora_rank=4", ["actor_rollout_ref.ref.model.lora_rank=4", "frozen"]),
+    ("actor_rollout_ref.model.path=WEIGHTLESS", ["actor_rollout_ref.model.path", "holds no weights", "hybridflow merge"]),
     ("actor_rollout_ref.actor.grad_clip=0.5 actor_rollout_ref.actor.optim.clip_grad=2.0", ["grad_clip", "clip_grad"]),
     ("reward_model.overlong_buffer.enable=True", ["reward_model.overlong_buffer.enable", "reward_manager=dapo"]),
     ("ray_init.num_cpus=4", ["ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus"]),
@@ -260,6 +266,7 @@ INVALID = [
 
 @pytest.mark.parametrize(("override", "words"), INVALID, ids=[case[0] for case in INVALID])
 def test_invalid_values_fail_in_under_a_second_naming_the_key(files, override, words):
+    override = override.replace("WEIGHTLESS", files["weightless"])
     overrides = verl_lines(files)["dapo_knobs"][:3] + [f"data.train_files={files['train']}"] + override.split(" ")
     start = time.perf_counter()
     with pytest.raises(ValueError) as info:

@@ -317,11 +317,11 @@ def _check_files(cfg: PPOConfig) -> None:
     if custom.path is not None and not expand_path(custom.path).is_file():
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
     check_model_location("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
-    check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path)
+    check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path, weights=False)
     _check_teacher(cfg)
     if critic_enabled(cfg):
         check_model_location("critic.model.path", cfg.critic.model.path)
-        check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)
+        check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path, weights=False)
     if cfg.reward_model.enable:
         _check_reward_model(cfg)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
@@ -334,7 +334,7 @@ def _check_teacher(cfg: PPOConfig) -> None:
     if ref_model.path == actor_model.path:
         return
     check_model_location("actor_rollout_ref.ref.model.path", ref_model.path)
-    check_model_location("actor_rollout_ref.ref.model.tokenizer_path", ref_model.tokenizer_path)
+    check_model_location("actor_rollout_ref.ref.model.tokenizer_path", ref_model.tokenizer_path, weights=False)
     if not uses_reference(cfg):
         raise ValueError(
             f"actor_rollout_ref.ref.model.path={ref_model.path!r} sets a teacher, but no KL term uses the reference: "
@@ -346,8 +346,8 @@ def _check_reward_model(cfg: PPOConfig) -> None:
     """The reward model is a local classification checkpoint with one label, used for inference only."""
     model = cfg.reward_model.model
     check_model_location("reward_model.model.path", model.path)
-    check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path)
-    check_model_location("reward_model.model.input_tokenizer", model.input_tokenizer)
+    check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path, weights=False)
+    check_model_location("reward_model.model.input_tokenizer", model.input_tokenizer, weights=False)
     for key, value in (("lora_rank", model.lora_rank), ("enable_gradient_checkpointing", model.enable_gradient_checkpointing)):
         if value:
             raise ValueError(f"reward_model.model.{key}={value!r}: the reward model is not trained; leave it unset")
@@ -363,8 +363,9 @@ def _check_reward_model(cfg: PPOConfig) -> None:
         )
 
 
-def check_model_location(key: str, location: str | None) -> None:
-    """A catalogue name, an existing directory or a .gguf file (`~` expanded as the loader does); None passes."""
+def check_model_location(key: str, location: str | None, weights: bool = True) -> None:
+    """A catalogue name, an existing directory or a .gguf file (`~` expanded as the loader does); None passes.
+    With `weights`, a directory must hold weight files (tokenizer locations pass `weights=False`)."""
     from hybridflow.models.catalogue import MODEL_CATALOGUE
 
     if location is None or location in MODEL_CATALOGUE:
@@ -374,6 +375,13 @@ def check_model_location(key: str, location: str | None) -> None:
         raise ValueError(
             f"{key}={location!r} is not a catalogue name ({', '.join(MODEL_CATALOGUE.names())}), an existing model "
             "directory, nor a .gguf file"
+        )
+    weight_files = ("*.safetensors", "*.bin", "*.gguf", "*.safetensors.index.json")
+    if weights and path.is_dir() and not any(any(path.glob(pattern)) for pattern in weight_files):
+        raise ValueError(
+            f"{key}={location!r} holds no weights (no .safetensors, .bin or .gguf file). A checkpoint's huggingface/ "
+            "folder has only the config and tokenizer: write a model with `hybridflow merge --local_dir "
+            "<global_step_N> --target_dir <dir>` and point the key there"
         )
 
 

@@ -30,7 +30,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
             f"per rank (data.train_batch_size={data.train_batch_size} / {world} ranks); use a divisor of {per_rank}"
         )
     check_model_location("model.path", cfg.model.path)
-    check_model_location("model.tokenizer_path", cfg.model.tokenizer_path)
+    check_model_location("model.tokenizer_path", cfg.model.tokenizer_path, weights=False)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
     check_run_dir(cfg.trainer)
     context = model_context_length(cfg.model.path)
