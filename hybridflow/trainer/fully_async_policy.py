@@ -48,7 +48,7 @@ import torch
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.generation import build_prompts, join_responses
-from hybridflow.trainer.placement import is_split
+from hybridflow.trainer.one_step_off_policy import check_off_policy_trainer
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 from hybridflow.trainer.scaffold import timer
 
@@ -58,25 +58,12 @@ _POLL_S = 1.0  # how often blocked queue calls look at the other thread's state 
 
 
 def check_fully_async(cfg: PPOConfig) -> None:
-    """What the fully async trainer needs: split pools, one generation per step, a fixed sync schedule."""
-    if not is_split(cfg):
-        raise ValueError(
-            "the fully async trainer streams generations from the rollout pool while the trainer pool trains: set "
-            "actor_rollout_ref.hybrid_engine=False (and rollout.nnodes / rollout.n_gpus_per_node)"
-        )
-    refusals = [
-        (cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable=True",
-         "dynamic sampling draws a variable number of generation batches per step"),
-        (cfg.algorithm.adv_estimator == "remax", "algorithm.adv_estimator='remax'",
-         "ReMax's greedy baseline is a second generation of the same batch"),
-        (cfg.actor_rollout_ref.rollout.mode == "async", "actor_rollout_ref.rollout.mode=async",
-         "agent loops cannot yet be left running across a weight sync"),
+    """What the fully async trainer needs: an off-policy trainer's (`check_off_policy_trainer`) and a fixed sync
+    schedule."""
+    check_off_policy_trainer(cfg, "fully async", [
         (cfg.trainer.critic_warmup > 0, f"trainer.critic_warmup={cfg.trainer.critic_warmup}",
          "the rollouter's staleness gate counts on a weight sync every trigger_parameter_sync_step steps; set it to 0"),
-    ]
-    for refused, key, reason in refusals:
-        if refused:
-            raise ValueError(f"{key} is not supported by the fully async trainer: {reason}; use `hybridflow train`")
+    ])
 
 
 def syncs_before(step: int, start_step: int, sync_every: int) -> int:

@@ -9,34 +9,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from hybridflow.trainer.command import TrainerCommand
 from hybridflow.trainer.command import main as run_command
-from hybridflow.trainer.config import PPO_TREE, validate_config
-from hybridflow.trainer.main_ppo import describe_ppo
+from hybridflow.trainer.main_ppo import ppo_command
 
 
-def _validate(cfg):
+def _check(cfg) -> None:
     from hybridflow.trainer.fully_async_policy import check_fully_async
 
     check_fully_async(cfg)
-    return validate_config(cfg)
 
 
-def _run(cfg, batch_sizes):
-    from hybridflow.trainer.fully_async_policy import FullyAsyncTrainer
-    from hybridflow.trainer.run import run_ppo
-
-    return run_ppo(cfg, batch_sizes, FullyAsyncTrainer)
-
-
-COMMAND = TrainerCommand(
-    prog="hybridflow train-fully-async",
-    description="Fully async PPO/GRPO on split pools: a rollouter streams samples to the trainer under a "
-    "staleness bound (async_training.*).",
-    tree=PPO_TREE,
-    validate=_validate,
-    describe=describe_ppo,
-    run=_run,
+COMMAND = ppo_command(
+    "hybridflow train-fully-async",
+    "Fully async PPO/GRPO on split pools: a rollouter streams samples to the trainer under a staleness bound "
+    "(async_training.*).",
+    _check, "hybridflow.trainer.fully_async_policy:FullyAsyncTrainer",
 )
 
 

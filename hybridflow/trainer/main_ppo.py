@@ -6,8 +6,10 @@ Arguments are Hydra overrides with verl's keys (`algorithm.adv_estimator=grpo da
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hybridflow.trainer.command import TrainerCommand
 from hybridflow.trainer.command import main as run_command
@@ -25,17 +27,6 @@ def check_async_training_unused(cfg, command: str) -> None:
         )
 
 
-def _validate(cfg):
-    check_async_training_unused(cfg, "hybridflow train")
-    return validate_config(cfg)
-
-
-def _run(cfg, batch_sizes):
-    from hybridflow.trainer.run import run_ppo
-
-    return run_ppo(cfg, batch_sizes)
-
-
 def describe_ppo(cfg, batch_sizes) -> str:
     """The dry-run tables: batch arithmetic per updated model, then the placement."""
     from hybridflow.trainer.placement import describe_placement
@@ -44,13 +35,31 @@ def describe_ppo(cfg, batch_sizes) -> str:
     return "\n".join([*tables, describe_placement(cfg)])
 
 
-COMMAND = TrainerCommand(
-    prog="hybridflow train",
-    description="Run PPO-family RL (PPO, GRPO, RLOO, REINFORCE++, ...) with verl's config keys.",
-    tree=PPO_TREE,
-    validate=_validate,
-    describe=describe_ppo,
-    run=_run,
+def ppo_command(
+    prog: str, description: str, check: Callable[[Any], None], trainer_class: str | None = None
+) -> TrainerCommand:
+    """A PPO-family command: `check(cfg)`, then `validate_config`; the run is `run_ppo` with the trainer class named
+    by `trainer_class` ('module:Class', imported when the run starts), or `RayPPOTrainer`."""
+
+    def validate(cfg):
+        check(cfg)
+        return validate_config(cfg)
+
+    def run(cfg, batch_sizes):
+        from hybridflow.trainer.run import run_ppo
+
+        if trainer_class is None:
+            return run_ppo(cfg, batch_sizes)
+        module, name = trainer_class.split(":")
+        return run_ppo(cfg, batch_sizes, getattr(importlib.import_module(module), name))
+
+    return TrainerCommand(prog=prog, description=description, tree=PPO_TREE, validate=validate, describe=describe_ppo,
+                          run=run)
+
+
+COMMAND = ppo_command(
+    "hybridflow train", "Run PPO-family RL (PPO, GRPO, RLOO, REINFORCE++, ...) with verl's config keys.",
+    lambda cfg: check_async_training_unused(cfg, "hybridflow train"),
 )
 
 

@@ -31,11 +31,12 @@ from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 from hybridflow.trainer.scaffold import timer
 
 
-def check_one_step_off_policy(cfg: PPOConfig) -> None:
-    """What the one-step off-policy trainer needs: split pools, one generation per step, batch generation."""
+def check_off_policy_trainer(cfg: PPOConfig, trainer: str, extra: list[tuple[bool, str, str]] = ()) -> None:
+    """What an off-policy trainer (`trainer`, e.g. 'one-step off-policy') needs: split pools, one generation per
+    step, batch generation; `extra` adds (refused, key, reason) rows."""
     if not is_split(cfg):
         raise ValueError(
-            "the one-step off-policy trainer generates on the rollout pool while the trainer pool trains: set "
+            f"the {trainer} trainer generates on the rollout pool while the trainer pool trains: set "
             "actor_rollout_ref.hybrid_engine=False (and rollout.nnodes / rollout.n_gpus_per_node)"
         )
     refusals = [
@@ -45,10 +46,16 @@ def check_one_step_off_policy(cfg: PPOConfig) -> None:
          "ReMax's greedy baseline is a second generation of the same batch"),
         (cfg.actor_rollout_ref.rollout.mode == "async", "actor_rollout_ref.rollout.mode=async",
          "agent loops cannot yet be left running across a weight sync"),
+        *extra,
     ]
     for refused, key, reason in refusals:
         if refused:
-            raise ValueError(f"{key} is not supported by the one-step off-policy trainer: {reason}; use `hybridflow train`")
+            raise ValueError(f"{key} is not supported by the {trainer} trainer: {reason}; use `hybridflow train`")
+
+
+def check_one_step_off_policy(cfg: PPOConfig) -> None:
+    """What the one-step off-policy trainer needs (`check_off_policy_trainer`)."""
+    check_off_policy_trainer(cfg, "one-step off-policy")
 
 
 @dataclass
