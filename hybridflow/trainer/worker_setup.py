@@ -121,24 +121,35 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
     num_processes = sum(sum(counts) for counts in manager.resource_pool_spec.values())
     runtime = worker_runtime(config.trainer, total_training_steps, num_processes)
     groups, processes = {}, []
-    for pool_name, roles in manager.roles_by_pool().items():
-        classes = role_classes(config, roles, runtime)
-        pool = None if config.trainer.local_mode else manager.get_resource_pool(roles[0])
-        processes.append(WorkerProcesses(
-            config.trainer, create_colocated_worker_cls(classes), name_prefix=f"hybridflow_{pool_name}", pool=pool
-        ))
-        groups.update(processes[-1].group.spawn(list(classes)))
-    for role in ("critic", "rm", "actor_rollout", "rollout"):
-        if role in groups:
-            groups[role].init_model()
-    workers = WorkerGroups(
-        actor_rollout=groups["actor_rollout"], critic=groups.get("critic"), processes=processes,
-        reward_model=groups.get("rm"), rollout=groups.get("rollout"),
-    )
-    if workers.rollout is not None:
-        workers.weight_sync = RolloutWeightSync(workers.actor_rollout, workers.rollout)
-        workers.sync_rollout_weights()  # the actor's initial weights (e.g. a LoRA adapter it loaded) to the rollout
-    return workers
+    try:
+        for pool_name, roles in manager.roles_by_pool().items():
+            classes = role_classes(config, roles, runtime)
+            pool = None if config.trainer.local_mode else manager.get_resource_pool(roles[0])
+            try:
+                processes.append(WorkerProcesses(
+                    config.trainer, create_colocated_worker_cls(classes), name_prefix=f"hybridflow_{pool_name}",
+                    pool=pool,
+                ))
+            except BaseException:
+                if pool is not None:
+                    pool.release()
+                raise
+            groups.update(processes[-1].group.spawn(list(classes)))
+        for role in ("critic", "rm", "actor_rollout", "rollout"):
+            if role in groups:
+                groups[role].init_model()
+        workers = WorkerGroups(
+            actor_rollout=groups["actor_rollout"], critic=groups.get("critic"), processes=processes,
+            reward_model=groups.get("rm"), rollout=groups.get("rollout"),
+        )
+        if workers.rollout is not None:
+            workers.weight_sync = RolloutWeightSync(workers.actor_rollout, workers.rollout)
+            workers.sync_rollout_weights()  # the actor's initial weights (e.g. a LoRA adapter it loaded) to the rollout
+        return workers
+    except BaseException:  # a pool that could not start, or a model that could not load: free what was started
+        for started in processes:
+            started.shutdown()
+        raise
 
 
 def build_generator(config: PPOConfig, actor_rollout: Any, tokenizer: Any) -> Any:

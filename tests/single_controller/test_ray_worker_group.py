@@ -21,10 +21,12 @@ from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, Crit
 
 @pytest.fixture(scope="module")
 def group(ray_cluster):
-    wg = RayWorkerGroup(RayResourcePool([2]), RayClassWithInitArgs(AllReduceWorker, scale=10), name_prefix="toy")
+    pool = RayResourcePool([2])
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(AllReduceWorker, scale=10), name_prefix="toy")
     assert wg.init_model() == [2, 2]
     yield wg
     wg.shutdown()
+    pool.release()  # the placement group outlives its actors: a leak would starve later tests of CPUs
 
 
 def test_all_reduce_over_gloo_gives_rank_dependent_values(group):

@@ -207,6 +207,7 @@ def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     assert step["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow  # tests/workers/test_distillation_teacher.py checks the teacher's log-probs in every CI run
 def test_on_policy_distillation_toward_a_teacher(workspace):
     """A reference other than the actor's model is a teacher: from the first step the KL loss is the student's
     reverse KL to it (to itself, the first step's KL would be 0)."""

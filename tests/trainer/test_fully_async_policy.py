@@ -29,6 +29,7 @@ class RecordingTrainer(FullyAsyncTrainer):
         return batch
 
 
+@pytest.mark.slow  # two runs; the staleness-bound test below runs the trainer in every CI run
 def test_threshold_0_is_synchronous(workspace, ray_cluster):  # noqa: F811
     args = (*ONE_PLUS_ONE, "trainer.total_training_steps=3", "trainer.total_epochs=2")
     sync, _ = train(overrides(workspace, workspace / "sync", *args))

@@ -36,6 +36,10 @@ def require_ray() -> None:
         ) from _RAY_ERROR
 
 
+_PEER_GRACE_S = 2.0
+"""How long a failed call waits for the other ranks' outcomes, to name a dead rank rather than a peer that saw it."""
+
+
 class RayResourcePool:
     """A set of placement groups, one per node, of `process_on_nodes[i]` bundles each.
 
@@ -87,6 +91,8 @@ class RayResourcePool:
             ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=60)
             if len(ready) != len(groups):
                 available = ray.available_resources()
+                for group in groups:  # a pending group would take its CPUs as soon as they free up
+                    remove_placement_group(group)
                 raise RuntimeError(
                     f"resource pool {self.name_prefix!r} needs {self.world_size} bundles of {self.bundle()} "
                     f"but the cluster has {available}; lower trainer.n_gpus_per_node/nnodes or add nodes"
@@ -263,8 +269,32 @@ class RayWorkerGroup(WorkerGroup):
                 raise self._timeout_error(method, missing, ranks, timeout_s, setting)
             for handle in ready:
                 position = pending.pop(handle)
-                results[position] = self._get(handle, method, ranks[position])
+                try:
+                    results[position] = self._get(handle, method, ranks[position])
+                except WorkerError as error:
+                    root = self._root_cause(error, pending, method, ranks)
+                    raise root from (root.__cause__ if root is not error else error.__cause__)
         return results
+
+    def _root_cause(self, error: WorkerError, pending: dict[Any, int], method: str, ranks: list[int]) -> WorkerError:
+        """A rank that raised may only have seen a peer die inside a collective (e.g. gloo's "connection closed"):
+        give the other ranks `_PEER_GRACE_S` to report, and name a dead one first."""
+        if not pending or isinstance(error.__cause__, ray.exceptions.RayActorError):
+            return error
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_PEER_GRACE_S)
+        for handle in ready:
+            try:
+                ray.get(handle)
+            except ray.exceptions.RayActorError as err:
+                rank = ranks[pending[handle]]
+                first_line = str(error).splitlines()[0]
+                detail = f"{self._death_detail(err)}\n(rank {error.rank} failed after it: {first_line})"
+                death = WorkerError(method, rank, detail, self.name)
+                death.__cause__ = err
+                return death
+            except Exception:  # noqa: BLE001  (another rank's own error: the first one stays the report)
+                continue
+        return error
 
     def _get(self, handle: Any, method: str, rank: int) -> Any:
         try:
