@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,25 +20,11 @@ from hybridflow.trainer.checkpoint_dirs import list_steps
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.config.schema import RunConfig
 from hybridflow.trainer.run import run_ppo
-
-REWARD_FILE = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return (len(solution_str) % 11) / 10.0
-'''
-
+from tests.tiny_runs import build_workspace
 
 @pytest.fixture
 def workspace(tmp_path, ray_cluster):
-    subprocess.run(
-        [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
-         "--local_dir", str(tmp_path / "data"), "--train_size", "8", "--test_size", "2", "--seed", "0"],
-        check=True, capture_output=True,
-    )
-    from hybridflow.models import save_tiny_model
-
-    save_tiny_model(tmp_path / "tiny", num_layers=1, hidden=32, seed=0)
-    (tmp_path / "reward.py").write_text(REWARD_FILE)
-    return tmp_path
+    return build_workspace(tmp_path, train_size=8, test_size=2, num_layers=1, hidden=32)
 
 
 def grpo_run(root: Path) -> list[str]:

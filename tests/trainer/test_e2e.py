@@ -7,9 +7,6 @@ This is the real-training test that runs on every CI run (not marked slow): it g
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,28 +14,11 @@ import pytest
 from hybridflow.trainer.checkpoint_dirs import LATEST_FILE, list_steps
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.run import run_ppo
-
-# Rewards responses by their length: a signal that a random tiny model's samples differ on, so advantages
-# are non-zero and weights really change (the arithmetic verifier would score them all 0).
-REWARD_FILE = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return (len(solution_str) % 11) / 10.0
-'''
-
+from tests.tiny_runs import build_workspace, start_from_checkpoint
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, ray_cluster):
-    root = tmp_path_factory.mktemp("e2e")
-    subprocess.run(
-        [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
-         "--local_dir", str(root / "data"), "--train_size", "16", "--test_size", "4", "--seed", "0"],
-        check=True, capture_output=True,
-    )
-    from hybridflow.models import save_tiny_model
-
-    save_tiny_model(root / "tiny", num_layers=2, hidden=64, seed=0)
-    (root / "reward.py").write_text(REWARD_FILE)
-    return root
+    return build_workspace(tmp_path_factory.mktemp("e2e"), train_size=16, test_size=4)
 
 
 def overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -103,10 +83,7 @@ def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
     assert (full_dir / "plots" / "reward.png").is_file()
 
     # Resume from step 2 in a fresh directory: step 3 must reproduce the uninterrupted run.
-    resumed_dir = workspace / "resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(full_dir / "global_step_2", resumed_dir / "global_step_2")
-    (resumed_dir / LATEST_FILE).write_text("2")
+    resumed_dir = start_from_checkpoint(full_dir / "global_step_2", workspace / "resumed")
     resumed = by_step(run(overrides(workspace, resumed_dir, *GRPO)))
     assert sorted(resumed) == [3], "resume starts after the checkpointed step, without re-validating"
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/kl_loss",

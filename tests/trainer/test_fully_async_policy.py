@@ -3,15 +3,13 @@ policy versions its samples carry, its weight-sync schedule, and with threshold 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from hybridflow.trainer.checkpoint_dirs import LATEST_FILE
 from hybridflow.trainer.config import load_config
 from hybridflow.trainer.fully_async_policy import FullyAsyncTrainer, check_fully_async, syncs_before
 from hybridflow.trainer.main_fully_async import main as fully_async_main
 from hybridflow.trainer.main_ppo import main as train_main
+from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
 ONE_PLUS_ONE = ("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1")
@@ -76,10 +74,7 @@ def test_staleness_bound_versions_and_sync_schedule(workspace, ray_cluster):  # 
 
     # The step-4 checkpoint holds the data position before batch 5 (drawn or not when it was written): a resumed
     # run trains on the same prompts, generated with the restored weights (staleness 0).
-    resumed_dir = workspace / "async1_resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(workspace / "async1" / "global_step_4", resumed_dir / "global_step_4")
-    (resumed_dir / LATEST_FILE).write_text("4")
+    resumed_dir = start_from_checkpoint(workspace / "async1" / "global_step_4", workspace / "async1_resumed")
     resumed, _ = train(overrides(workspace, resumed_dir, *args), FullyAsyncTrainer)
     assert sorted(resumed) == [5] and resumed[5]["rollout/staleness/max"] == 0
     assert resumed[5]["prompt_length/mean"] == records[5]["prompt_length/mean"]

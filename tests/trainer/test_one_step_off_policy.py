@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-import shutil
-
-from hybridflow.trainer.checkpoint_dirs import LATEST_FILE
 from hybridflow.trainer.checkpointing import load_driver_state
 from hybridflow.trainer.config import load_config
 from hybridflow.trainer.main_one_step_off import main as one_step_main
 from hybridflow.trainer.one_step_off_policy import OneStepOffPolicyTrainer, check_one_step_off_policy
+from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
 
@@ -41,10 +39,7 @@ def test_samples_after_the_first_batch_are_one_version_stale(workspace, ray_clus
     # generated again with the restored weights (staleness 0).
     sampler = load_driver_state(workspace / "one_step" / "global_step_2")["sampler"]
     assert (sampler["epoch"], sampler["position"]) == (0, 8), sampler
-    resumed_dir = workspace / "one_step_resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(workspace / "one_step" / "global_step_2", resumed_dir / "global_step_2")
-    (resumed_dir / LATEST_FILE).write_text("2")
+    resumed_dir = start_from_checkpoint(workspace / "one_step" / "global_step_2", workspace / "one_step_resumed")
     resumed, _ = train(overrides(workspace, resumed_dir, *args), OneStepOffPolicyTrainer)
     assert sorted(resumed) == [3] and resumed[3]["rollout/staleness/max"] == 0
     assert resumed[3]["prompt_length/mean"] == records[3]["prompt_length/mean"]

@@ -4,36 +4,17 @@ actor update over a group spanning both pools), on local Ray with 2 CPU processe
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from hybridflow.trainer.checkpoint_dirs import LATEST_FILE
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.main_ppo import main as train_main
-
-REWARD_FILE = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return (len(solution_str) % 11) / 10.0
-'''
-
+from tests.tiny_runs import build_workspace, start_from_checkpoint
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("placement")
-    subprocess.run(
-        [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
-         "--local_dir", str(root / "data"), "--train_size", "8", "--test_size", "2", "--seed", "0"],
-        check=True, capture_output=True,
-    )
-    from hybridflow.models import save_tiny_model
-
-    save_tiny_model(root / "tiny", num_layers=2, hidden=64, seed=0)
-    (root / "reward.py").write_text(REWARD_FILE)
-    return root
+    return build_workspace(tmp_path_factory.mktemp("placement"), train_size=8, test_size=2)
 
 
 def overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -127,10 +108,7 @@ def test_split_placement_matches_colocated_and_syncs_weights_bitwise(workspace, 
         assert split[step]["sync_rollout_weights/size_mb"] > 0
 
     # Resuming from step 1 loads the actor and syncs the rollout to it: step 2 reproduces the uninterrupted run.
-    resumed_dir = workspace / "split_resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(workspace / "split" / "global_step_1", resumed_dir / "global_step_1")
-    (resumed_dir / LATEST_FILE).write_text("1")
+    resumed_dir = start_from_checkpoint(workspace / "split" / "global_step_1", workspace / "split_resumed")
     resumed, _ = train(overrides(workspace, resumed_dir, *SPLIT))
     assert sorted(resumed) == [2]
     for key in keys:
