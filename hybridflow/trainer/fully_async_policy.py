@@ -186,7 +186,7 @@ class FullyAsyncTrainer(RayPPOTrainer):
         """Not the rollout pool once the rollouter runs: a ping would queue behind its generation."""
         if self._rollouter is None:
             return super().idle_processes()
-        return [processes for processes in self.workers.processes if not processes.name.endswith("rollout_pool")]
+        return self.workers.processes_besides_rollout()
 
     def data_position(self) -> dict[str, Any]:
         """Before the oldest batch drawn but not yet trained on."""

@@ -119,7 +119,7 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
         """Not the rollout pool while it generates the next batch: a ping would queue behind that call."""
         if self._in_flight is None:
             return super().idle_processes()
-        return [processes for processes in self.workers.processes if not processes.name.endswith("rollout_pool")]
+        return self.workers.processes_besides_rollout()
 
     def data_position(self) -> dict[str, Any]:
         """Before the batch in flight, which no update has used yet."""

@@ -20,6 +20,9 @@ from hybridflow.trainer.config.schema import PPOConfig, RolloutPoolConfig
 TRAINER_ROLES = ("actor", "ref", "critic", "reward_model")
 """Roles placed with the actor, in this order."""
 
+ROLLOUT_POOL = "rollout_pool"
+"""The split rollout pool's name (its processes are named `hybridflow_rollout_pool`)."""
+
 
 def is_split(cfg: PPOConfig) -> bool:
     """Whether the rollout has its own pool (verl: `actor_rollout_ref.hybrid_engine=False`)."""
@@ -41,8 +44,8 @@ def build_pool_manager(cfg: PPOConfig, use_gpu: bool = False) -> ResourcePoolMan
     if not is_split(cfg):
         return ResourcePoolManager({"global_pool": trainer}, dict.fromkeys(roles, "global_pool"), use_gpu=use_gpu)
     mapping = {role: "trainer_pool" for role in roles if role != "rollout"}
-    mapping["rollout"] = "rollout_pool"
-    spec = {"trainer_pool": trainer, "rollout_pool": [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes}
+    mapping["rollout"] = ROLLOUT_POOL
+    spec = {"trainer_pool": trainer, ROLLOUT_POOL: [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes}
     return ResourcePoolManager(spec, mapping, use_gpu=use_gpu)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from hybridflow.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
 from hybridflow.trainer.config import PPOConfig
-from hybridflow.trainer.placement import build_pool_manager, describe_placement
+from hybridflow.trainer.placement import ROLLOUT_POOL, build_pool_manager, describe_placement
 from hybridflow.trainer.scaffold import WorkerProcesses, use_accelerator, worker_runtime
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from hybridflow.workers.config import WorkerRuntimeConfig
@@ -80,6 +80,10 @@ class WorkerGroups:
         """Split placement: hand the actor's current weights to the rollout pool (colocated: nothing to do, the
         rollout reads them in its own process before generating)."""
         return self.weight_sync.sync() if self.weight_sync is not None else {}
+
+    def processes_besides_rollout(self) -> list[WorkerProcesses]:
+        """Every pool's processes but the split rollout pool's (all of them when colocated)."""
+        return [processes for processes in self.processes if not processes.name.endswith(ROLLOUT_POOL)]
 
     def shutdown(self) -> None:
         """Kill the worker processes and release their placement groups."""

@@ -69,10 +69,11 @@ def test_the_heartbeat_skips_the_rollout_pool_while_it_generates():
     from types import SimpleNamespace
 
     from hybridflow.trainer.one_step_off_policy import OneStepOffPolicyTrainer
+    from hybridflow.trainer.worker_setup import WorkerGroups
 
     trainer_pool, rollout_pool = SimpleNamespace(name="hybridflow_trainer_pool"), SimpleNamespace(name="hybridflow_rollout_pool")
     trainer = OneStepOffPolicyTrainer.__new__(OneStepOffPolicyTrainer)
-    trainer.workers = SimpleNamespace(processes=[trainer_pool, rollout_pool])
+    trainer.workers = WorkerGroups(actor_rollout=None, critic=None, processes=[trainer_pool, rollout_pool])
     trainer._in_flight = None
     assert trainer.idle_processes() == [trainer_pool, rollout_pool]
     trainer._in_flight = object()
