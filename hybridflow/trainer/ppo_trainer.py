@@ -24,11 +24,11 @@ from hybridflow.algorithms import (
     compute_timing_metrics,
 )
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.combine import combine_rewards
+from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_source, uses_reference
-from hybridflow.rewards.combine import combine_rewards
-from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
