@@ -244,21 +244,13 @@ def test_lora_rl_worker_on_two_ranks_hands_over_merged_weights(ray_cluster, mode
 
 def test_lora_grpo_end_to_end_and_export(ray_cluster, tmp_path):
     """GRPO through `run_ppo` with actor_rollout_ref.model.lora_rank=8 on 2 Ray workers, then `hybridflow merge`."""
-    import subprocess
-    import sys
-
     from hybridflow.trainer.config import load_config, validate_config
     from hybridflow.trainer.merge import merge_checkpoint
     from hybridflow.trainer.run import run_ppo
-    from tests.trainer.test_e2e import GRPO, REWARD_FILE, by_step, overrides
+    from tests.tiny_runs import build_workspace
+    from tests.trainer.test_e2e import GRPO, by_step, overrides
 
-    subprocess.run(
-        [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
-         "--local_dir", str(tmp_path / "data"), "--train_size", "8", "--test_size", "4", "--seed", "0"],
-        check=True, capture_output=True,
-    )
-    save_tiny_model(tmp_path / "tiny", num_layers=2, hidden=64, seed=0)
-    (tmp_path / "reward.py").write_text(REWARD_FILE)
+    build_workspace(tmp_path, train_size=8, test_size=4)
     run_dir = tmp_path / "run"
     lora = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=32",
             "actor_rollout_ref.actor.optim.lr=5e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
