@@ -1,0 +1,95 @@
+"""How a model family's weights split across tensor-parallel ranks, and which layouts a model can take.
+
+One plan serves both sides of the hand-over: the training engine parallelizes its modules with it (DTensor
+`ColwiseParallel` / `RowwiseParallel`) and the rollout engine slices the full weights it receives with it, so the
+two layouts agree on what each rank holds. Names are the HF module names of the Llama / Qwen2 / Mistral family.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Style = Literal["colwise", "rowwise", "vocab"]
+
+#: Per-module style of the Llama family's decoder layers and ends. `colwise` splits a Linear's output features
+#: (weight dim 0, bias dim 0), `rowwise` its input features (weight dim 1; the outputs are summed over ranks),
+#: `vocab` the vocabulary rows of the embedding and the head (weight dim 0).
+LLAMA_TP_PLAN: dict[str, Style] = {
+    "q_proj": "colwise",
+    "k_proj": "colwise",
+    "v_proj": "colwise",
+    "o_proj": "rowwise",
+    "gate_proj": "colwise",
+    "up_proj": "colwise",
+    "down_proj": "rowwise",
+    "embed_tokens": "vocab",
+    "lm_head": "vocab",
+}
+
+#: model_type -> plan. Families whose modules carry the Llama names share its plan.
+TP_PLANS: dict[str, dict[str, Style]] = {name: LLAMA_TP_PLAN for name in ("llama", "qwen2", "qwen3", "mistral")}
+
+
+def tp_plan_for(model_type: str) -> dict[str, Style]:
+    """The plan of `model_type` (a HF config's `model_type`); a clear error for families without one."""
+    if model_type not in TP_PLANS:
+        raise ValueError(
+            f"tensor parallelism has no plan for model_type={model_type!r} (plans: {sorted(TP_PLANS)}); use "
+            "tensor_parallel_size=1 for this model, or add its plan to hybridflow.models.parallel_plan.TP_PLANS"
+        )
+    return TP_PLANS[model_type]
+
+
+def param_shard_dim(name: str, plan: dict[str, Style]) -> int | None:
+    """The dim along which parameter `name` (an HF name such as `model.layers.0.self_attn.q_proj.weight`) is split
+    across tensor-parallel ranks, or None when every rank holds all of it (norms, a rowwise layer's bias)."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    style = plan.get(parts[-2])
+    if style is None:
+        return None
+    if style == "rowwise":
+        return 1 if parts[-1] == "weight" else None
+    return 0
+
+
+def check_tp_layout(config: Any, tp_size: int, key: str) -> None:
+    """Refuse a tensor-parallel size the model cannot take: heads, key/value heads, the MLP's width and the
+    vocabulary must divide evenly. `config` is a HF model config; `key` names the setting in errors."""
+    if tp_size == 1:
+        return
+    tp_plan_for(getattr(config, "model_type", "?"))
+    sizes = {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+    }
+    for field_name, value in sizes.items():
+        if value % tp_size:
+            raise ValueError(
+                f"{key}={tp_size} does not divide the model's {field_name}={value}: each tensor-parallel rank must "
+                f"hold a whole share; pick a size that divides {field_name} "
+                f"({', '.join(str(d) for d in _divisors(value) if d > 1) or 'none above 1'})"
+            )
+
+
+def check_sp_layout(config: Any, sp_size: int, key: str) -> None:
+    """Refuse a Ulysses size the model cannot take: the all-to-all gives each rank whole attention heads, so the
+    query heads and the key/value heads must divide by it."""
+    if sp_size == 1:
+        return
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for field_name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if value % sp_size:
+            raise ValueError(
+                f"{key}={sp_size} does not divide the model's {field_name}={value}: Ulysses gives each rank whole "
+                f"heads; pick a size that divides {field_name} "
+                f"({', '.join(str(d) for d in _divisors(value) if d > 1) or 'none above 1'})"
+            )
+
+
+def _divisors(value: int) -> list[int]:
+    return [d for d in range(1, value + 1) if value % d == 0]
