@@ -84,6 +84,9 @@ class FSDPConfig:
     """Dtype of the gradient reduce-scatter."""
     model_dtype: Literal["fp32", "float32"] = "fp32"
     """Dtype the weights are loaded in before sharding (float32 only)."""
+    tensor_parallel_size: int = 1
+    """Ranks that split each layer's heads, MLP and vocabulary (DTensor tensor parallel, Llama/Qwen2 family); FSDP2
+    then shards over the remaining data-parallel ranks."""
     fsdp_size: int = unsupported(-1, "hybrid sharding groups are not implemented; every rank shards over all ranks")
     """Ranks per FSDP sharding group (-1: all ranks)."""
     offload_policy: bool = unsupported(False, "use param_offload, which applies FSDP2's CPUOffloadPolicy")
@@ -93,6 +96,13 @@ class FSDPConfig:
 
     def __post_init__(self) -> None:
         check_literal_fields(self)
+        check_at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.tensor_parallel_size > 1 and self.param_offload:
+            raise ConfigFieldError(
+                "param_offload",
+                f"param_offload=True with tensor_parallel_size={self.tensor_parallel_size}: offloading tensor-parallel "
+                "shards is not implemented; turn one of them off",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,8 +133,35 @@ class FSDPEngineConfig:
     """Rows of a micro-batch with the same prompt share one copy of it in the forward (a packed row with a block
     mask): the same log-probs, values and gradients, with each prompt computed once per group."""
 
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split each packed row (Ulysses all-to-all around attention); needs use_remove_padding."""
+
     def __post_init__(self) -> None:
         check_literal_fields(self)
+        check_at_least("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size, 1)
+        if self.ulysses_sequence_parallel_size > 1:
+            if not self.model.use_remove_padding:
+                raise ConfigFieldError(
+                    "ulysses_sequence_parallel_size",
+                    f"ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} splits packed rows; set "
+                    "model.use_remove_padding=True",
+                )
+            if self.share_prompts:
+                raise ConfigFieldError(
+                    "ulysses_sequence_parallel_size",
+                    "sequence parallelism with shared-prompt forwards (use_prefix_grouper) is not implemented; turn "
+                    "one of them off",
+                )
+            if self.attn_implementation not in ("sdpa", "eager"):
+                raise ConfigFieldError(
+                    "ulysses_sequence_parallel_size",
+                    f"Ulysses attention wraps sdpa or eager, not attn_implementation={self.attn_implementation!r}",
+                )
+        if self.fsdp.tensor_parallel_size > 1 and self.model.use_lora:
+            raise ConfigFieldError(
+                "tensor_parallel_size",
+                "LoRA adapters with tensor_parallel_size > 1 are not implemented; use tensor_parallel_size=1 with LoRA",
+            )
         check_at_least("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, 1)
         steps = self.optim.schedule_steps(self.total_training_steps)
         if self.optim.lr_scheduler_type != "constant" and steps <= 0:

@@ -33,16 +33,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.logprob import (
-    compute_entropy_from_logits,
-    compute_log_probs_from_logits,
-    pack_sequences,
-    unpack_sequences,
-)
-from hybridflow.engines.training import checkpoint
+from hybridflow.engines.logprob import pack_sequences, unpack_sequences
+from hybridflow.engines.training import checkpoint, ulysses
 from hybridflow.engines.training.config import FSDPEngineConfig
+from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engines.training.prefix_sharing import build_shared_prompt_layout
+from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
+from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, to_torch_dtype
 from hybridflow.models.lora import (
@@ -72,12 +70,14 @@ def resolve_param_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
     return to_torch_dtype(param_dtype)
 
 
-def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device) -> nn.Module:
-    """Shard every decoder layer (classes in `module._no_split_modules`) and then the root, in place."""
+def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None) -> nn.Module:
+    """Shard every decoder layer (classes in `module._no_split_modules`) and then the root over `mesh` (default:
+    a 1-D mesh of all ranks), in place."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     param_dtype = resolve_param_dtype(config.fsdp.dtype, device)
     mp_policy = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
@@ -151,9 +151,25 @@ class FSDPEngine:
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
         if config.model.enable_gradient_checkpointing:
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        layout = ParallelLayout(self.world_size, config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size)
+        if layout.group_size > 1 and not self.is_sharded:
+            raise RuntimeError(
+                f"tensor_parallel_size={layout.tp} / ulysses_sequence_parallel_size={layout.sp} need a process group "
+                "of that many ranks; this engine runs without one"
+            )
+        self.layout = layout
         if not (self.is_sharded and config.fsdp.param_offload):
             module.to(self.device)
-        self.module = apply_fsdp2(module, config, self.device) if self.is_sharded else module
+        self.meshes: TrainingMeshes | None = build_training_meshes(self.device, layout) if self.is_sharded else None
+        self.vocab_shard: VocabShard | None = None
+        if self.meshes is not None and self.meshes.tp is not None:
+            apply_tensor_parallel(module, self.meshes.tp)
+            vocab_per_rank = module.config.vocab_size // layout.tp
+            self.vocab_shard = VocabShard(self.meshes.tp.get_group(), self.meshes.tp.get_local_rank() * vocab_per_rank)
+        self.sp_group = self.meshes.sp_group if self.meshes is not None else None
+        if self.sp_group is not None:
+            ulysses.enable_ulysses_attention(module, config.attn_implementation)
+        self.module = apply_fsdp2(module, config, self.device, self.meshes.fsdp) if self.is_sharded else module
         self.optimizer = build_optimizer(self.module, config.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config)
 
@@ -185,31 +201,64 @@ class FSDPEngine:
         # Only the positions that predict response tokens are projected to the vocabulary.
         logits = self.module(**tensors, use_cache=False, logits_to_keep=response_length + 1).logits
         logits = logits[:, :-1].float() / temperature
+        rows, vocab = logits.shape[:2], logits.size(-1)
         labels = tensors["input_ids"][:, -response_length:]
-        out = {"log_probs": compute_log_probs_from_logits(logits, labels)}
+        flat = logits.reshape(-1, vocab)
+        out = {"log_probs": token_log_probs(flat, labels.reshape(-1), shard=self.vocab_shard).view(rows)}
         if calculate_entropy:
-            out["entropy"] = compute_entropy_from_logits(logits)
+            out["entropy"] = token_entropy(flat, self.vocab_shard).view(rows)
         return out
 
     def _forward_packed(
         self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
     ) -> dict[str, torch.Tensor]:
         ids, pos, keep = pack_sequences(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+        window = slice(-response_length - 1, -1)  # positions that predict the response tokens
+        if self.sp_group is not None:
+            return self._forward_packed_ulysses(ids, pos, keep, window, temperature, calculate_entropy)
         # No attention mask and use_cache=False: transformers derives a block-diagonal mask from the position ids.
         inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
-        window = slice(-response_length - 1, -1)  # positions that predict the response tokens
         if self.model_kind == "value":
             return {"values": unpack_sequences(self.module(**inputs).logits[0, :, 0].float(), keep)[:, window]}
         # Project to the vocabulary only the packed positions that predict response tokens (the window's).
-        packed_index = torch.cumsum(keep.flatten(), 0).view(keep.shape) - 1
-        in_window = torch.zeros_like(keep)
-        in_window[:, window] = keep[:, window]
-        kept = packed_index[in_window]  # ascending: row-major order of the packed row
+        in_window, kept = _window_positions(keep, window)
         logits = self.module(**inputs, logits_to_keep=kept).logits[0].float() / temperature
         next_ids = ids[0, (kept + 1).clamp(max=ids.size(1) - 1)]  # wrong only past a sequence's end: never used
-        out = {"log_probs": _scatter_window(compute_log_probs_from_logits(logits, next_ids), in_window, window)}
+        out = {"log_probs": _scatter_window(token_log_probs(logits, next_ids, shard=self.vocab_shard), in_window, window)}
         if calculate_entropy:
-            out["entropy"] = _scatter_window(compute_entropy_from_logits(logits), in_window, window)
+            out["entropy"] = _scatter_window(token_entropy(logits, self.vocab_shard), in_window, window)
+        return out
+
+    def _forward_packed_ulysses(
+        self, ids: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor, window: slice, temperature: float,
+        calculate_entropy: bool,
+    ) -> dict[str, torch.Tensor]:
+        """The packed forward with the row split over the sequence-parallel group: each rank runs its slice
+        (attention all-to-alls inside), projects its own kept positions, and the per-token results are gathered."""
+        group, total = self.sp_group, ids.size(1)
+        ids, pos = ulysses.pad_packed_row(ids, pos, dist.get_world_size(group))
+        part = ulysses.local_slice(ids.size(1), group)
+        inputs = dict(input_ids=ids[:, part], position_ids=pos[:, part], use_cache=False)
+        with ulysses.ulysses_context(group, pos):
+            if self.model_kind == "value":
+                values = ulysses.gather_sequence(self.module(**inputs).logits[0, :, 0].float(), group)[:total]
+                return {"values": unpack_sequences(values, keep)[:, window]}
+            in_window, kept = _window_positions(keep, window)
+            mine = (kept >= part.start) & (kept < part.stop)
+            local = kept[mine] - part.start
+            logits = self.module(**inputs, logits_to_keep=local).logits[0].float() / temperature
+        next_ids = ids[0, (kept[mine] + 1).clamp(max=total - 1)]
+        chunk = part.stop - part.start
+        # A rank without kept positions still joins the head's gradient (FSDP reduces it on every rank).
+        anchor = logits.sum() * 0.0
+
+        def gathered(per_position: torch.Tensor) -> torch.Tensor:
+            row = per_position.new_zeros(chunk).index_put((local,), per_position) + anchor
+            return _scatter_window(ulysses.gather_sequence(row, group)[kept], in_window, window)
+
+        out = {"log_probs": gathered(token_log_probs(logits, next_ids))}
+        if calculate_entropy:
+            out["entropy"] = gathered(token_entropy(logits))
         return out
 
     def _forward_shared_prompts(
@@ -232,10 +281,10 @@ class FSDPEngine:
         logits = self.module(**inputs, logits_to_keep=keep).logits[0].float() / temperature  # (kept, vocab)
         rows = torch.searchsorted(keep, layout.predictors.clamp(min=0))  # (bs, response_len) -> kept row
         labels = tensors["input_ids"][:, -response_length:]
-        picked = logits[rows, labels] - torch.logsumexp(logits, dim=-1)[rows]
+        picked = token_log_probs(logits, labels, rows=rows, shard=self.vocab_shard)
         out = {"log_probs": torch.where(valid, picked, 0.0)}
         if calculate_entropy:
-            out["entropy"] = torch.where(valid, compute_entropy_from_logits(logits)[rows], 0.0)
+            out["entropy"] = torch.where(valid, token_entropy(logits, self.vocab_shard)[rows], 0.0)
         return out
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -537,6 +586,15 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
             batch=batch.batch.to(device), non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info
         )
     return {key: batch[key].to(device) for key in batch.keys()}
+
+
+def _window_positions(keep: torch.Tensor, window: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which (row, position) entries of a packed batch predict response tokens (`in_window`, (bs, seq) bool), and
+    their indices in the packed row (ascending: the packed row's row-major order)."""
+    packed_index = torch.cumsum(keep.flatten(), 0).view(keep.shape) - 1
+    in_window = torch.zeros_like(keep)
+    in_window[:, window] = keep[:, window]
+    return in_window, packed_index[in_window]
 
 
 def _scatter_window(values: torch.Tensor, in_window: torch.Tensor, window: slice) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""Tensor and Ulysses sequence parallel training on 2 gloo ranks equal one process: loss, log-probs, entropy,
+every parameter's gradient (1e-5), and the parameters after an optimizer step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hybridflow.engines.training import FSDPConfig, FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.models import load_tokenizer
+from hybridflow.models.config import ModelConfig
+from hybridflow.protocol import DataProto
+from hybridflow.utils.device import get_dist_backend
+from tests.engines.helpers import make_batch, run_distributed
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="2 ranks need 2 GPUs on a CUDA host"
+)
+
+# eps=1 makes AdamW's first step about lr x gradient: a plain eps turns gradients of 1e-9 into steps of +-lr, so
+# rounding-level gradient differences would flip whole steps.
+BASE = FSDPEngineConfig(
+    micro_batch_size_per_gpu=4, optim=OptimConfig(lr=1e-2, eps=1.0, weight_decay=0.01, clip_grad=1.0)
+)
+PACKED = dataclasses.replace(BASE, model=ModelConfig(use_remove_padding=True))
+LAYOUTS = {
+    "fsdp_dp2_tp1": (BASE, "split"),
+    "tp2_padded": (dataclasses.replace(BASE, fsdp=FSDPConfig(tensor_parallel_size=2)), "same"),
+    "tp2_packed": (dataclasses.replace(PACKED, fsdp=FSDPConfig(tensor_parallel_size=2)), "same"),
+    "tp2_shared_prompts": (
+        dataclasses.replace(BASE, fsdp=FSDPConfig(tensor_parallel_size=2), share_prompts=True), "same"
+    ),
+    "sp2_packed": (dataclasses.replace(PACKED, ulysses_sequence_parallel_size=2), "same"),
+}
+"""layout -> (engine config, how the ranks get data: `split` halves the batch, `same` gives both ranks all of it)."""
+
+
+def _token_mean_loss(outputs: dict[str, torch.Tensor], micro_batch) -> tuple[torch.Tensor, dict]:
+    tensors = micro_batch.batch if isinstance(micro_batch, DataProto) else micro_batch
+    mask = tensors["response_mask"].to(outputs["log_probs"].dtype)
+    loss = -(outputs["log_probs"] * mask).sum() / mask.sum() - 0.01 * (outputs["entropy"] * mask).sum() / mask.sum()
+    return loss, {}
+
+
+def _full_grads(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+    grads = {}
+    for name, param in engine.module.named_parameters():
+        grad = param.grad
+        grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone().cpu()
+    return grads
+
+
+def _run(engine: FSDPEngine, batch: DataProto) -> dict:
+    """Log-probs/entropy, the loss's gradient, then one optimizer step's parameters."""
+    log_probs, entropy = engine.compute_log_prob(batch, calculate_entropy=True)
+    engine.module.train()
+    data = {key: value for key, value in batch.batch.items()}
+    outputs = engine.forward_micro_batch(data, calculate_entropy=True)
+    loss, _ = _token_mean_loss(outputs, data)
+    loss.backward()
+    grads = _full_grads(engine)
+    engine.optimizer.zero_grad(set_to_none=True)
+    step = engine.train_batch(batch, _token_mean_loss, calculate_entropy=True, scale_by_rows=False)
+    params = {name: tensor.clone().cpu() for name, tensor in engine.named_full_params()}
+    return dict(log_probs=log_probs, entropy=entropy, loss=float(loss.detach()), grads=grads, grad_norm=step["grad_norm"],
+                params=params)
+
+
+def _scenario(rank: int, world_size: int, model_dir: str, out_file: str) -> None:
+    batch = make_batch(len(load_tokenizer(model_dir)), batch_size=4, prompt_len=7, response_len=6, seed=3)
+    results = {}
+    for name, (config, feed) in LAYOUTS.items():
+        torch.manual_seed(0)
+        engine = build_fsdp_engine(model_dir, config)
+        assert (engine.layout.tp, engine.layout.sp) == (config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size)
+        assert (engine.vocab_shard is not None) == (engine.layout.tp > 1)
+        assert (engine.sp_group is not None) == (engine.layout.sp > 1)
+        data = batch.chunk(world_size)[rank] if feed == "split" else batch
+        result = _run(engine, data)
+        if feed == "split":  # gather the halves' per-token outputs; the loss is the mean of the halves'
+            for key in ("log_probs", "entropy"):
+                parts = [None] * world_size
+                dist.all_gather_object(parts, result[key])
+                result[key] = torch.cat(parts)
+            total = torch.tensor([result["loss"]], dtype=torch.float64)
+            dist.all_reduce(total)
+            result["loss"] = total.item() / world_size
+        results[name] = result
+        del engine
+    if rank == 0:
+        torch.save(results, out_file)
+
+
+@pytest.fixture(scope="module")
+def parallel_results(tiny_llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parallel") / "results.pt"
+    run_distributed(_scenario, 2, tiny_llama_dir, str(out), backend=get_dist_backend())
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir):
+    batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4, prompt_len=7, response_len=6, seed=3)
+    torch.manual_seed(0)
+    return _run(build_fsdp_engine(tiny_llama_dir, BASE), batch), batch
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_parallel_layout_matches_one_process(parallel_results, reference, layout):
+    expected, batch = reference
+    got = parallel_results[layout]
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(got["log_probs"][mask], expected["log_probs"][mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["entropy"][mask], expected["entropy"][mask], atol=1e-5, rtol=0)
+    if LAYOUTS[layout][1] == "same":  # the split layout's loss is a mean of halves: not the same token mean
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+        assert set(got["grads"]) == set(expected["grads"])
+        for name, grad in expected["grads"].items():
+            torch.testing.assert_close(got["grads"][name], grad, atol=1e-5, rtol=0, msg=f"gradient of {name}")
+        for name, param in expected["params"].items():
+            torch.testing.assert_close(got["params"][name], param, atol=1e-6, rtol=0, msg=f"parameter {name}")
