@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -74,6 +75,15 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
         logger.warning("tokenizer has no chat template; using ChatML")
         tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
+
+
+def load_model_config(path_or_name: str | os.PathLike, trust_remote_code: bool = False) -> Any:
+    """The HF config of a catalogue name / directory / `.gguf` file, without loading weights."""
+    from transformers import AutoConfig
+
+    directory, gguf = split_model_location(path_or_name)
+    extra = {"gguf_file": gguf} if gguf else {}
+    return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code, **extra)
 
 
 def build_causal_lm(

@@ -21,9 +21,10 @@ from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller import Dispatch, Execute, Worker, register
+from hybridflow.single_controller import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.single_controller.base.worker import find_free_port, get_node_ip
 from hybridflow.utils.device import get_torch_device
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
@@ -34,6 +35,8 @@ from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
+TRAIN_MESH = "actor"
+"""Dispatch mesh of the actor's and reference's compute methods: one data shard per data-parallel group."""
 
 
 def check_same_vocabulary(policy_tokenizer, teacher_tokenizer) -> None:
@@ -81,6 +84,7 @@ class ActorRolloutRefWorker(Worker):
                 micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
                 total_training_steps=runtime.total_training_steps,
                 share_prompts=actor.use_prefix_grouper,
+                ulysses_sequence_parallel_size=actor.ulysses_sequence_parallel_size,
             )
             self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
         ref = self.config.ref
@@ -100,8 +104,18 @@ class ActorRolloutRefWorker(Worker):
                 fsdp=ref.fsdp_config,
                 micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
                 share_prompts=actor.use_prefix_grouper,
+                ulysses_sequence_parallel_size=ref.ulysses_sequence_parallel_size,
             )
             self.ref_engine = build_fsdp_engine(ref_path, ref_config, tokenizer=self.tokenizer)
+        if self.is_actor or self.is_ref:
+            # Tensor/sequence-parallel peers take the same data shard; one of them reports the result.
+            self.train_layout = ParallelLayout(
+                self.world_size, actor.fsdp_config.tensor_parallel_size, actor.ulysses_sequence_parallel_size
+            )
+            layout = self.train_layout
+            self.register_dispatch_collect_info(
+                TRAIN_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)
+            )
         if self.is_rollout:
             self._build_rollout(model_path)
 
@@ -282,7 +296,7 @@ class ActorRolloutRefWorker(Worker):
         return {}
 
     # ------------------------------------------------------------------ log-probs
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(TRAIN_MESH))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` (bs, response_len) under the current actor at the rollout's log-prob temperature; the
         policy's mean token entropy on this rank's responses is returned as the metric `actor/entropy`."""
@@ -300,7 +314,7 @@ class ActorRolloutRefWorker(Worker):
         }
         return DataProto.from_dict({"old_log_probs": log_probs}, meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(TRAIN_MESH))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` (bs, response_len) under the frozen reference policy (LoRA: the adapter-free base)."""
         use_base = self.is_ref and self.ref_engine is None and self.actor_engine is not None
@@ -316,7 +330,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     # ------------------------------------------------------------------ training
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(TRAIN_MESH))
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over this rank's shard; returns `actor/*` metrics in meta_info['metrics']."""
         actor = self.config.actor
@@ -324,7 +338,7 @@ class ActorRolloutRefWorker(Worker):
         offload = actor.fsdp_config.optimizer_offload  # optimizer state stays off the accelerator between updates
         if offload:
             self.actor_engine.load_to_device(model=False, optimizer=True)
-        mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.world_size
+        mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.train_layout.dp
         on_policy = self._check_on_policy(data, mini_per_rank)
         metrics = run_update(
             self.actor_engine,

@@ -87,8 +87,9 @@ class ActorConfig(PPOLossConfig):
     """Shuffle samples between PPO epochs."""
     grad_clip: float = 1.0
     """Max global grad norm (the same setting as optim.clip_grad)."""
-    ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
-    """Ranks that split one sequence (Ulysses)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split one packed sequence (Ulysses all-to-all around attention); needs
+    model.use_remove_padding=True. Sequence-parallel peers take the same data."""
     use_torch_compile: bool = unsupported(False, "the training engine runs eagerly")
     """Compile the model's forward."""
     use_prefix_grouper: bool = False
@@ -107,6 +108,7 @@ class ActorConfig(PPOLossConfig):
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
         check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
         check_positive("ppo_epochs", self.ppo_epochs)
+        check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
         _check_clip(self.grad_clip, self.optim)
 
     @property
@@ -145,8 +147,9 @@ class RefConfig:
     """Cut log-prob micro-batches by token count (log_prob_max_token_len_per_gpu) instead of rows."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Tokens per log-prob micro-batch on one rank with log_prob_use_dynamic_bsz."""
-    ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
-    """Ranks that split one sequence (Ulysses)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split one packed sequence (Ulysses all-to-all around attention); needs
+    model.use_remove_padding=True. Sequence-parallel peers take the same data."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """Sharding of the reference model."""
     model: RefModelConfig = field(default_factory=lambda: RefModelConfig())
@@ -157,6 +160,7 @@ class RefConfig:
     def __post_init__(self) -> None:
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
         check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+        check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
 
     @property
     def log_prob_token_budget(self) -> int | None:
@@ -221,8 +225,9 @@ class CriticConfig:
     """Aggregation of the value loss."""
     grad_clip: float = 1.0
     """Max global grad norm (the same setting as optim.clip_grad)."""
-    ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
-    """Ranks that split one sequence (Ulysses)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split one packed sequence (Ulysses all-to-all around attention); needs
+    model.use_remove_padding=True. Sequence-parallel peers take the same data."""
     use_prefix_grouper: bool = False
     """Forward the samples of one prompt with a single copy of the prompt (values and update)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -235,6 +240,7 @@ class CriticConfig:
         check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu)
         check_positive("ppo_epochs", self.ppo_epochs)
         check_positive("cliprange_value", self.cliprange_value)
+        check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
         _check_clip(self.grad_clip, self.optim)
 
     @property

@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
+
+
+CRITIC_MESH = "critic"
+"""Dispatch mesh of the critic's compute methods: one data shard per data-parallel group."""
 
 
 class CriticWorker(Worker):
@@ -32,10 +37,17 @@ class CriticWorker(Worker):
             micro_batch_size_per_gpu=critic.ppo_micro_batch_size_per_gpu,
             total_training_steps=runtime.total_training_steps,
             share_prompts=critic.use_prefix_grouper,
+            ulysses_sequence_parallel_size=critic.ulysses_sequence_parallel_size,
         )
         self.engine = build_fsdp_engine(model_path, engine_config, model_kind="value", tokenizer=self.tokenizer)
+        self.layout = ParallelLayout(
+            self.world_size, critic.model.fsdp_config.tensor_parallel_size, critic.ulysses_sequence_parallel_size
+        )
+        self.register_dispatch_collect_info(
+            CRITIC_MESH, self.layout.dp_rank(self.rank), self.layout.dp, self.layout.is_collect(self.rank)
+        )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(CRITIC_MESH))
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` (bs, response_len): the value predicted for each response token."""
         values = self.engine.compute_values(
@@ -45,14 +57,14 @@ class CriticWorker(Worker):
         )
         return DataProto.from_dict({"values": values})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(CRITIC_MESH))
     def update_critic(self, data: DataProto) -> DataProto:
         """PPO epochs of clipped value regression onto `returns`; `critic/*` metrics in meta_info."""
         start = time.perf_counter()
         metrics = run_update(
             self.engine,
             data,
-            mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.world_size,
+            mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.layout.dp,
             micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
             max_token_len=self.config.update_token_budget,
             epochs=self.config.ppo_epochs,

@@ -13,6 +13,9 @@ from typing import Literal
 from pathlib import Path
 
 from hybridflow.data.config import DataFilesConfig, expand_path
+from hybridflow.engines.training.mesh import ParallelLayout
+from hybridflow.models.loader import load_model_config
+from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
@@ -63,11 +66,14 @@ class BatchSizes:
 
 
 def derive_batch_sizes(
-    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int, epochs: int, token_budget: int | None = None
+    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int, epochs: int, token_budget: int | None = None,
+    group_size: int = 1,
 ) -> BatchSizes:
     """Check and derive the batch numbers of one updated model (`prefix` names its config keys); with a token
-    budget (use_dynamic_bsz) micro-batches are cut by tokens and the row micro-batch size is not used."""
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    budget (use_dynamic_bsz) micro-batches are cut by tokens and the row micro-batch size is not used.
+    `group_size` ranks (tensor x sequence parallel) share each data shard, so the data splits over
+    ranks / group_size data-parallel groups."""
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // group_size
     prompts = cfg.data.train_batch_size
     n = cfg.actor_rollout_ref.rollout.n
     if mini_batch > prompts:
@@ -84,7 +90,8 @@ def derive_batch_sizes(
     if mini_samples % world:
         raise ValueError(
             f"{prefix}.ppo_mini_batch_size={mini_batch} x rollout.n={n} = {mini_samples} samples cannot be split "
-            f"over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {world}"
+            f"over {world} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / tensor and sequence "
+            f"parallel size {group_size}); make it a multiple of {world}"
         )
     per_rank = mini_samples // world
     if token_budget is None and per_rank % micro_batch:
@@ -166,20 +173,72 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     from hybridflow.trainer.placement import check_placement
 
     check_placement(cfg)
+    layouts = check_parallelism(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
         "actor": derive_batch_sizes(
             cfg, "actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu,
-            actor.ppo_epochs, actor.update_token_budget,
+            actor.ppo_epochs, actor.update_token_budget, layouts["actor"].group_size,
         )
     }
     if critic_enabled(cfg):
         critic = cfg.critic
         sizes["critic"] = derive_batch_sizes(
             cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
-            critic.update_token_budget,
+            critic.update_token_budget, layouts["critic"].group_size,
         )
     return sizes
+
+
+def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
+    """Tensor / sequence parallel layouts of the trained models: sizes that divide the ranks and the model's
+    heads, settings they need (packed sequences) or cannot take (LoRA, shared prompts); returns the layouts."""
+    arr, world = cfg.actor_rollout_ref, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    models = {"actor": ("actor_rollout_ref.actor", arr.actor.fsdp_config, arr.actor.ulysses_sequence_parallel_size,
+                        arr.model, arr.actor.use_prefix_grouper)}
+    if critic_enabled(cfg):
+        models["critic"] = ("critic", cfg.critic.model.fsdp_config, cfg.critic.ulysses_sequence_parallel_size,
+                            cfg.critic.model, cfg.critic.use_prefix_grouper)
+    layouts = {}
+    for role, (prefix, fsdp, sp, model, shares_prompts) in models.items():
+        tp = fsdp.tensor_parallel_size
+        tp_key, sp_key = f"{prefix}.fsdp_config.tensor_parallel_size", f"{prefix}.ulysses_sequence_parallel_size"
+        if role == "critic":
+            tp_key = "critic.model.fsdp_config.tensor_parallel_size"
+        try:
+            layouts[role] = ParallelLayout(world, tp, sp)
+        except ValueError as err:
+            raise ValueError(f"{tp_key}={tp}, {sp_key}={sp} over {world} ranks: {err}") from err
+        if tp == 1 and sp == 1:
+            continue
+        if sp > 1 and not model.use_remove_padding:
+            raise ValueError(f"{sp_key}={sp} splits packed sequences; set {_model_key(role)}.use_remove_padding=True")
+        if sp > 1 and shares_prompts:
+            raise ValueError(
+                f"{sp_key}={sp} with {prefix}.use_prefix_grouper=True: sequence parallelism over shared-prompt rows is "
+                "not implemented; turn one of them off"
+            )
+        if tp > 1 and model.use_lora:
+            raise ValueError(f"{tp_key}={tp} with LoRA ({_model_key(role)}.lora_rank > 0) is not implemented; use {tp_key}=1")
+        model_config = load_model_config(model.path, trust_remote_code=model.trust_remote_code)
+        check_tp_layout(model_config, tp, tp_key)
+        check_sp_layout(model_config, sp, sp_key)
+    ref = arr.ref
+    if uses_reference(cfg):
+        actor_layout = layouts["actor"]
+        ref_sizes = (ref.fsdp_config.tensor_parallel_size, ref.ulysses_sequence_parallel_size)
+        if ref_sizes != (actor_layout.tp, actor_layout.sp):
+            raise ValueError(
+                f"actor_rollout_ref.ref.fsdp_config.tensor_parallel_size={ref_sizes[0]} and "
+                f"ref.ulysses_sequence_parallel_size={ref_sizes[1]} differ from the actor's ({actor_layout.tp}, "
+                f"{actor_layout.sp}): the reference shares the actor's workers and data shards; leave them unset "
+                "(they follow the actor's)"
+            )
+    return layouts
+
+
+def _model_key(role: str) -> str:
+    return "actor_rollout_ref.model" if role == "actor" else "critic.model"
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:
