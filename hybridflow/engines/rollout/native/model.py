@@ -11,6 +11,10 @@ Two entry points:
   no real query ever sees it); writes K/V into cache slots and returns the logits of each prompt's last token.
 - `decode`: one token per active slot at per-slot positions; grouped-query heads are folded into the query
   length (q: (slots, kv_heads, group, head_dim)), so K/V are read straight from the cache views.
+
+Tensor parallel (`tp`, see `tensor_parallel.py`): the module holds this rank's shard of the heads, the MLP and the
+vocabulary; the outputs of o_proj and down_proj are summed over the group, the embedding is looked up across it
+and the logits are gathered from it, so every rank returns the same full logits.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.engines.rollout.native.kv_cache import KVCache
+from hybridflow.engines.rollout.native.tensor_parallel import RolloutTensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -145,16 +150,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class LlamaFamilyForward:
     """Prefill and decode for one HF Llama-family model, reading its weights on every call."""
 
-    def __init__(self, model: nn.Module, kernels: ModuleType | None = None) -> None:
-        """kernels: the compiled CPU decode kernels (`kernels.load_cpu_kernels`), or None for torch ops."""
+    def __init__(
+        self, model: nn.Module, kernels: ModuleType | None = None, tp: RolloutTensorParallel | None = None
+    ) -> None:
+        """kernels: the compiled CPU decode kernels (`kernels.load_cpu_kernels`), or None for torch ops.
+        tp: this rank's tensor-parallel group when `model` holds its shard (`build_sharded_causal_lm`)."""
         check_supported(model)
         self.kernels = kernels
         config = model.config
         self.model = model
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        tp_size = self.tp.size if self.tp is not None else 1
         self.num_layers = config.num_hidden_layers
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_heads = config.num_attention_heads // tp_size  # this rank's heads
+        self.num_kv_heads = config.num_key_value_heads // tp_size
         self.group = self.num_heads // self.num_kv_heads
         self._silu = getattr(config, "hidden_act", None) == "silu"  # the kernels fuse silu(gate) * up
         if kernels is not None and self.head_dim % 8:
@@ -224,10 +234,23 @@ class LlamaFamilyForward:
         )
 
     # ------------------------------------------------------------------ shared pieces
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (...) int64 -> (..., hidden): a new tensor (safe to update in place)."""
+        weight = self.model.model.embed_tokens.weight
+        return weight[ids] if self.tp is None else self.tp.embed(weight, ids)
+
+    def _rowwise(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, linear=F.linear) -> torch.Tensor:
+        """A row-parallel product (o_proj, down_proj): this rank's input features times its weight columns, summed
+        over the group; the (replicated) bias is added once, after the sum."""
+        if self.tp is None:
+            return linear(x, weight, bias)
+        out = self.tp.all_reduce(linear(x, weight, None))
+        return out if bias is None else out + bias
+
     def _mlp(self, x: torch.Tensor, w: LayerWeights, linear=F.linear) -> torch.Tensor:
         h = _rms_norm(x, w.post_norm, self.eps)
         gated = w.act(linear(h, w.gate, w.gate_bias)) * linear(h, w.up, w.up_bias)
-        return x + linear(gated, w.down, w.down_bias)
+        return x + self._rowwise(gated, w.down, w.down_bias, linear)
 
     def _qkv(
         self, x: torch.Tensor, w: LayerWeights, linear=F.linear
@@ -243,7 +266,11 @@ class LlamaFamilyForward:
         """x: (rows, hidden) -> float32 logits (rows, vocab)."""
         x = _rms_norm(x, self.model.model.norm.weight, self.eps)
         head = self.model.lm_head
-        return F.linear(x, head.weight, head.bias).float()
+        return self._full_logits(F.linear(x, head.weight, head.bias).float())
+
+    def _full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(rows, vocab // tp) this rank's slice -> (rows, vocab), the same on every rank of the group."""
+        return logits if self.tp is None else self.tp.gather_vocab(logits)
 
     # ------------------------------------------------------------------ entry points
     def prefill(
@@ -261,7 +288,7 @@ class LlamaFamilyForward:
         last_index: (num_prompts,) index of each prompt's last real token -> float32 logits (num_prompts, vocab).
         """
         num_prompts, prompt_len = input_ids.shape
-        x = self.model.model.embed_tokens.weight[input_ids]
+        x = self._embed(input_ids)
         cos, sin = self._cos[position_ids].unsqueeze(1), self._sin[position_ids].unsqueeze(1)
         for index, w in enumerate(self._layers):
             q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (P, heads, L, head_dim)
@@ -269,7 +296,7 @@ class LlamaFamilyForward:
             cache.write_prompts(index, start_slot, k, v, repeats)
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
             attn = attn.transpose(1, 2).reshape(num_prompts, prompt_len, -1)
-            x = self._mlp(x + F.linear(attn, w.o, w.o_bias), w)
+            x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
         rows = torch.arange(num_prompts, device=x.device)
         return self._logits(x[rows, last_index])
 
@@ -286,7 +313,7 @@ class LlamaFamilyForward:
         length = input_ids.numel()
         end = start + length
         device = input_ids.device
-        x = self.model.model.embed_tokens.weight[input_ids][None]  # (1, length, hidden)
+        x = self._embed(input_ids)[None]  # (1, length, hidden)
         cos, sin = self._cos[position_ids][None, None], self._sin[position_ids][None, None]
         mask = torch.arange(end, device=device)[None, :] <= (start + torch.arange(length, device=device))[:, None]
         for index, w in enumerate(self._layers):
@@ -298,7 +325,7 @@ class LlamaFamilyForward:
             values = cache.values[index][slot : slot + 1, :, :end]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
             attn = attn.transpose(1, 2).reshape(1, length, -1)
-            x = self._mlp(x + F.linear(attn, w.o, w.o_bias), w)
+            x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
         return self._logits(x[:, -1])
 
     def decode(
@@ -320,7 +347,7 @@ class LlamaFamilyForward:
         cos, sin = self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # (A, 1, head_dim)
         scale = self.head_dim**-0.5  # folded into the query rotation
         q_cos, q_sin = cos * scale, sin * scale
-        x = self.model.model.embed_tokens.weight[tokens]
+        x = self._embed(tokens)
         for layer, w in enumerate(self._layers):
             q, k, v = self._qkv(x, w, _linear_rows)
             q, k = _rotate(q, q_cos, q_sin), _rotate(k, cos, sin)
@@ -328,7 +355,7 @@ class LlamaFamilyForward:
             keys, values = cache.active(layer, num_active, span)
             q = q.reshape(num_active, self.num_kv_heads, self.group, self.head_dim)
             attn = _decode_attention(q, keys, values, bias).reshape(num_active, -1)
-            x = self._mlp(x + _linear_rows(attn, w.o, w.o_bias), w, _linear_rows)
+            x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias, _linear_rows), w, _linear_rows)
         return self._logits(x)
 
     def _decode_with_kernels(
@@ -339,7 +366,7 @@ class LlamaFamilyForward:
         kern, rows, eps = self.kernels, tokens.numel(), self.eps
         cos, sin = self._cos[positions], self._sin[positions]  # (rows, head_dim)
         visible = lengths + 1  # the new token is stored at position `lengths`
-        x = self.model.model.embed_tokens.weight[tokens]  # a new tensor: safe to update in place
+        x = self._embed(tokens)  # a new tensor: safe to update in place
         for layer, (w, packed) in enumerate(zip(self._layers, self._packed_layers)):
             h = kern.rms_norm(x, w.input_norm, eps)
             q = kern.linear_rows(h, packed["q"], w.q.shape[0], w.q_bias).view(rows, self.num_heads, self.head_dim)
@@ -350,7 +377,7 @@ class LlamaFamilyForward:
             kern.append_kv(k, v, cache.keys[layer], cache.values[layer], lengths)
             q = q.view(rows, self.num_kv_heads, self.group, self.head_dim)
             attn = kern.decode_attention(q, cache.keys[layer], cache.values[layer], visible)
-            kern.linear_rows_add_(x, attn.view(rows, -1), packed["o"], w.o_bias)
+            self._rowwise_add_(x, attn.view(rows, -1), packed["o"], w.o_bias)
             h = kern.rms_norm(x, w.post_norm, eps)
             gate = kern.linear_rows(h, packed["gate"], w.gate.shape[0], w.gate_bias)
             up = kern.linear_rows(h, packed["up"], w.up.shape[0], w.up_bias)
@@ -358,7 +385,18 @@ class LlamaFamilyForward:
                 kern.silu_mul_(gate, up)
             else:
                 gate = (w.act(gate) * up).contiguous()
-            kern.linear_rows_add_(x, gate, packed["down"], w.down_bias)
+            self._rowwise_add_(x, gate, packed["down"], w.down_bias)
         head = self.model.lm_head
         h = kern.rms_norm(x, self.model.model.norm.weight, eps)
-        return kern.linear_rows(h, self._packed_head, head.weight.shape[0], head.bias)
+        return self._full_logits(kern.linear_rows(h, self._packed_head, head.weight.shape[0], head.bias))
+
+    def _rowwise_add_(
+        self, residual: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+    ) -> None:
+        """`residual += x @ weight^T + bias` with the kernels; under tensor parallelism the products of the group's
+        ranks are summed first (`_rowwise`)."""
+        if self.tp is None:
+            self.kernels.linear_rows_add_(residual, x, packed, bias)
+            return
+        out = self.tp.all_reduce(self.kernels.linear_rows(x, packed, residual.shape[1], None))
+        residual.add_(out if bias is None else out + bias)

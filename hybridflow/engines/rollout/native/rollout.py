@@ -3,6 +3,11 @@
 Same constructor and output layout as the `hf` backend (the worker builds either by name), same log-prob
 definition (raw logits / temperature, before top-k/top-p). See `batcher.py` for the scheduling, `model.py`
 for the forward and `kv_cache.py` for the cache layout.
+
+With a tensor-parallel mesh of k ranks (`tp_mesh`, the worker's `rollout.tensor_model_parallel_size`) the k ranks
+decode one replica together: each holds its own shard of the weights (`tensor_parallel.py`), is given the same
+prompts and the same sampling seed, and returns the same output. `update_weights` keeps only this rank's shard of
+each full tensor it is handed.
 """
 
 from __future__ import annotations
@@ -20,15 +25,23 @@ from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, Request
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
+from hybridflow.engines.rollout.native.tensor_parallel import (
+    RolloutTensorParallel,
+    build_sharded_causal_lm,
+    load_shards,
+)
 from hybridflow.engines.rollout.output import build_output_for_prompts
-from hybridflow.models.loader import prepare_tokenizer
+from hybridflow.models.loader import prepare_tokenizer, to_torch_dtype
+from hybridflow.models.parallel_plan import tp_plan_for
+from hybridflow.models.reshard import named_full_from_shards
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
 
 class NativeRollout(BaseRollout):
-    """Generation with hybridflow's own decode loop over an unsharded HF Llama/Qwen2 model in this process."""
+    """Generation with hybridflow's own decode loop over an HF Llama/Qwen2 model in this process (whole, or this
+    rank's tensor-parallel shard)."""
 
     supports_streaming = True
 
@@ -44,6 +57,7 @@ class NativeRollout(BaseRollout):
         num_threads: int | None = None,
         dtype: str | torch.dtype = "float32",
         kernels: str = "auto",
+        tp_mesh=None,
     ) -> None:
         """
         Args:
@@ -57,19 +71,27 @@ class NativeRollout(BaseRollout):
             num_threads: torch intra-op threads while generating; None keeps the process setting.
             kernels: decode-step kernels on CPU: `auto` (the compiled AVX2 kernels when they build here,
                 else torch ops), `cpu` (require them) or `torch` (see `native/kernels.py`).
+            tp_mesh: this rank's tensor-parallel group, a 1-D `DeviceMesh` (None or size 1: no tensor
+                parallelism). Every rank of it must make the same calls with the same arguments and the same
+                torch RNG state. The rollout then holds its own shard of `model` (sliced from it, or read slice by
+                slice from a checkpoint) and never shares the trainer's module.
         """
         check_kernel_mode(kernels)
         if max_num_seqs < 1 or max_prefill_tokens < 1:
             raise ValueError(
                 f"max_num_seqs and max_prefill_tokens must be >= 1, got {max_num_seqs} and {max_prefill_tokens}"
             )
-        self.model, self.device = place_rollout_model(model, dtype)
+        self.tp = RolloutTensorParallel.from_mesh(tp_mesh) if tp_mesh is not None and tp_mesh.size() > 1 else None
+        if self.tp is None:
+            self.model, self.device = place_rollout_model(model, dtype)
+        else:
+            self.model, self.device = self._build_shard(model, dtype)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
         self.num_threads = num_threads
         cpu_kernels = load_cpu_kernels(kernels) if self.device.type == "cpu" else None
-        self.forward = LlamaFamilyForward(self.model, cpu_kernels)
+        self.forward = LlamaFamilyForward(self.model, cpu_kernels, self.tp)
         dtype = next(self.model.parameters()).dtype
         self.cache = KVCache(
             self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device
@@ -77,6 +99,14 @@ class NativeRollout(BaseRollout):
         self.batcher = ContinuousBatcher(self.forward, self.cache, max_num_seqs, max_prefill_tokens)
         self.last_stats: dict[str, float] = {}
         """Timings of the last `generate_sequences` call (see `GenerationResult.stats`)."""
+
+    def _build_shard(self, model: nn.Module | str | os.PathLike, dtype: str | torch.dtype) -> tuple[nn.Module, torch.device]:
+        from hybridflow.env import dist_local_rank
+        from hybridflow.utils.device import get_torch_device
+
+        device = get_torch_device(dist_local_rank())
+        torch_dtype = next(model.parameters()).dtype if isinstance(model, nn.Module) else to_torch_dtype(dtype)
+        return build_sharded_causal_lm(model, torch_dtype, self.tp, device), device
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -112,6 +142,12 @@ class NativeRollout(BaseRollout):
         prefix_reuse: bool = True,
     ) -> dict[str, float]:
         """Continuous batching of streamed requests for the generation server (`ContinuousBatcher.serve`)."""
+        if self.tp is not None:
+            # Each rank's server takes its own requests, so tensor-parallel peers could not stay in lock-step.
+            raise ValueError(
+                "the native rollout's generation server (rollout.mode=async) needs tensor_model_parallel_size=1, "
+                f"got {self.tp.size}"
+            )
         stop_ids = self._stop_ids(params)
         pad_id = self.tokenizer.pad_token_id
         with self._threads():
@@ -133,13 +169,22 @@ class NativeRollout(BaseRollout):
 
     # ------------------------------------------------------------------ weights and memory
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The rollout model's parameters by HF name."""
-        return self.model.named_parameters()
+        """The rollout model's parameters by HF name; under tensor parallelism the full tensors reassembled from
+        the group's shards, one at a time (collective: every rank of the group must iterate them)."""
+        if self.tp is None:
+            return self.model.named_parameters()
+        plan = tp_plan_for(self.model.config.model_type)
+        return named_full_from_shards(self.model.named_parameters(), plan, self.tp.mesh)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy each `(name, tensor)` into the parameter or buffer of that HF name, in place."""
-        num_loaded = copy_named_tensors(self.model, named_tensors)
+        """Copy each `(name, full tensor)` into the parameter or buffer of that HF name, in place; under tensor
+        parallelism only this rank's shard of it (sliced as it arrives, so one full tensor is alive at a time)."""
+        if self.tp is None:
+            num_loaded = copy_named_tensors(self.model, named_tensors)
+        else:
+            plan = tp_plan_for(self.model.config.model_type)
+            num_loaded = len(load_shards(self.model, named_tensors, plan, self.tp))
         self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
         logger.debug("native rollout: updated %d tensors", num_loaded)
 

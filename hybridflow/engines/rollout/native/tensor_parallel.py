@@ -1,0 +1,191 @@
+"""Tensor parallelism of the native rollout: the collectives of the forward and the sharded model it reads.
+
+A rollout tensor-parallel group of k ranks decodes one replica together (Megatron's layout, the plan of
+`hybridflow.models.parallel_plan`): each rank holds 1/k of the query and key/value heads (q/k/v split on the
+output features), of the MLP (gate/up on the output features, down on the input features) and of the vocabulary
+(embedding rows and head rows). The forward then needs three collectives per layer-free step and two per layer:
+- after o_proj and after down_proj, the partial products are summed over the group (all-reduce);
+- the embedding lookup: each rank looks up the ids in its vocabulary rows (zero elsewhere), summed over the group;
+- the head: each rank's vocabulary slice of the logits is gathered, so that every rank samples from the same
+  full logits (with the same RNG state: the worker seeds peers alike) and the peers stay in lock-step.
+
+The model is an HF module built on the meta device whose split parameters are then allocated at their shard
+shape and filled one tensor at a time (from safetensors slices, which read only this rank's block), so no rank
+holds the full model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow.models.parallel_plan import Style, check_tp_layout, param_shard_dim, tp_plan_for
+from hybridflow.models.reshard import named_shards, shard_shape
+
+logger = logging.getLogger(__name__)
+
+TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+"""The setting named in layout errors."""
+
+
+@dataclass(frozen=True)
+class RolloutTensorParallel:
+    """This rank's place in its rollout tensor-parallel group and the group's collectives."""
+
+    mesh: object
+    """The group's 1-D `DeviceMesh` (the `rollout_tp` dim of the worker's rollout mesh)."""
+    rank: int
+    size: int
+
+    @classmethod
+    def from_mesh(cls, mesh) -> RolloutTensorParallel:
+        if mesh.ndim != 1:
+            raise ValueError(f"the rollout's tensor-parallel mesh must be 1-D, got {mesh.ndim} dims")
+        return cls(mesh=mesh, rank=mesh.get_local_rank(), size=mesh.size())
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self.mesh.get_group()
+
+    def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum of each rank's `partial` (any shape), on every rank."""
+        partial = partial.contiguous()
+        dist.all_reduce(partial, group=self.group)
+        return partial
+
+    def embed(self, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Vocabulary-parallel lookup: weight (vocab // size, hidden) this rank's rows; ids (...) int64 -> (..., hidden).
+
+        Exact: each id's row is non-zero on one rank only, so the sum adds zeros to it.
+        """
+        rows = weight.shape[0]
+        local = ids - self.rank * rows
+        outside = (local < 0) | (local >= rows)
+        x = weight[local.clamp(0, rows - 1)].masked_fill_(outside.unsqueeze(-1), 0)
+        return self.all_reduce(x)
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The full logits from each rank's vocabulary slice: (rows, vocab // size) -> (rows, vocab)."""
+        logits = logits.contiguous()
+        rows, width = logits.shape
+        gathered = torch.empty((self.size * rows, width), dtype=logits.dtype, device=logits.device)
+        dist.all_gather_single(gathered, logits, group=self.group)  # rank r's slice in rows [r * rows, ...)
+        return gathered.view(self.size, rows, width).permute(1, 0, 2).reshape(rows, self.size * width)
+
+
+def build_sharded_causal_lm(
+    source: nn.Module | str | os.PathLike, dtype: torch.dtype, tp: RolloutTensorParallel, device: torch.device
+) -> nn.Module:
+    """This rank's shard of a Llama-family causal LM, in eval mode on `device`.
+
+    source: a full HF module (its tensors are sliced; the caller owns it) or a catalogue name / directory /
+    `.gguf` file. Safetensors checkpoints are read one slice at a time; other formats (GGUF, .bin) are loaded
+    whole first, then sliced (a transient full copy, logged).
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = source.config if isinstance(source, nn.Module) else _load_config(source)
+    plan = tp_plan_for(config.model_type)
+    check_tp_layout(config, tp.size, TP_KEY)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    _allocate_shards(model, plan, tp.size, dtype, device)
+    if isinstance(source, nn.Module):
+        loaded = load_shards(model, source.state_dict().items(), plan, tp)
+    else:
+        loaded = _load_checkpoint_shards(model, source, dtype, plan, tp)
+    targets = model.state_dict(keep_vars=True)
+    written = {id(targets[name]) for name in loaded}
+    missing = [name for name, param in model.named_parameters() if id(param) not in written]
+    if missing:
+        raise ValueError(f"{source}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return model.eval()
+
+
+def load_shards(
+    model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], tp: RolloutTensorParallel
+) -> list[str]:
+    """Copy this rank's shard of each `(hf_name, full tensor)` into `model`'s tensor of that name (in place, one at
+    a time); returns the names. KeyError for an unknown name, ValueError for a shape mismatch."""
+    targets = model.state_dict(keep_vars=True)
+    names = []
+    for name, shard in named_shards(named_full, plan, tp.rank, tp.size):
+        _copy_into(targets, name, shard, where="")
+        names.append(name)
+    return names
+
+
+@torch.no_grad()
+def _copy_into(targets: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, where: str) -> None:
+    target = targets.get(name)
+    if target is None:
+        raise KeyError(f"{where}rollout model has no parameter or buffer named {name!r}")
+    if target.shape != tensor.shape:
+        raise ValueError(
+            f"{where}shape mismatch for {name!r}: this rank's shard is {tuple(target.shape)}, got {tuple(tensor.shape)}"
+        )
+    target.data.copy_(tensor)
+
+
+def _load_config(source: str | os.PathLike):
+    from transformers import AutoConfig
+
+    from hybridflow.models.loader import split_model_location
+
+    directory, gguf = split_model_location(source)
+    return AutoConfig.from_pretrained(directory, **({"gguf_file": gguf} if gguf else {}))
+
+
+def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype: torch.dtype, device) -> None:
+    """Replace the meta parameters by empty ones of their shard shape (tied ones stay tied) and rebuild the
+    rotary embedding, whose `inv_freq` is a non-persistent buffer that no checkpoint restores."""
+    allocated: dict[int, nn.Parameter] = {}
+    for name, param in list(model.named_parameters(remove_duplicate=False)):
+        owner_name, _, attr = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        if id(param) not in allocated:
+            shape = shard_shape(param.shape, param_shard_dim(name, plan), size)
+            allocated[id(param)] = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+        setattr(owner, attr, allocated[id(param)])
+    rotary = model.model.rotary_emb
+    model.model.rotary_emb = type(rotary)(config=model.config).to(device)
+
+
+def _load_checkpoint_shards(
+    model: nn.Module, source: str | os.PathLike, dtype: torch.dtype, plan: dict[str, Style], tp: RolloutTensorParallel
+) -> int:
+    from hybridflow.models.loader import build_causal_lm, split_model_location
+
+    directory, gguf = split_model_location(source)
+    files = sorted(Path(directory).glob("*.safetensors")) if gguf is None else []
+    if not files:
+        logger.warning(
+            "native rollout: %s has no safetensors files; loading the full model once to slice this rank's shard",
+            source,
+        )
+        full = build_causal_lm(source, dtype=dtype)
+        return load_shards(model, full.state_dict().items(), plan, tp)
+    from safetensors import safe_open
+
+    targets = model.state_dict(keep_vars=True)
+    names = []
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                piece = handle.get_slice(name)  # reads only the indexed block
+                shape = piece.get_shape()
+                index = [slice(None)] * len(shape)
+                dim = param_shard_dim(name, plan)
+                if dim is not None:
+                    length = shard_shape(shape, dim, tp.size)[dim]
+                    index[dim] = slice(tp.rank * length, (tp.rank + 1) * length)
+                _copy_into(targets, name, piece[tuple(index)], where=f"{file.name}: ")
+                names.append(name)
+    return names
