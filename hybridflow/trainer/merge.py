@@ -79,23 +79,45 @@ def load_full_state_dict(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]
 
 
 def _assemble(name: str, pieces: list) -> torch.Tensor:
-    """One full tensor from each rank's piece: FSDP2 shards along dim 0 (torch.chunk sizes) or replicas."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    """One full tensor from each rank's piece (rank order): replicas, FSDP2 shards along dim 0 (torch.chunk
+    sizes), or a 2-D (dp, tp) mesh where tensor parallelism splits a dim and FSDP2 shards each split again."""
+    from torch.distributed.tensor import DTensor
 
     first = pieces[0]
     if not isinstance(first, DTensor):
         return first.detach()
-    placements = first.placements
-    if len(placements) != 1:
-        raise ValueError(f"{name}: {len(placements)}-D device mesh placements {placements} are not supported")
-    if isinstance(placements[0], Replicate):
-        return first.to_local().detach()
-    if not isinstance(placements[0], Shard):
-        raise ValueError(f"{name}: placement {placements[0]} is not supported (expected Shard or Replicate)")
-    full = torch.cat([piece.to_local() for piece in pieces], dim=placements[0].dim)
+    mesh = first.device_mesh.mesh
+    if mesh.dim() > 2:
+        raise ValueError(f"{name}: {mesh.dim()}-D device mesh placements {first.placements} are not supported")
+    if mesh.dim() == 1:
+        full = _combine(name, [pieces[int(rank)].to_local() for rank in mesh.tolist()], first.placements[0])
+    else:
+        outer, inner = first.placements
+        strided = type(outer).__name__ == "_StridedShard"  # FSDP2 over a tensor-parallel split: inner first
+        if strided or not (_dim(outer) is not None and _dim(outer) == _dim(inner)):
+            rows = [_combine(name, [pieces[int(r)].to_local() for r in column.tolist()], outer) for column in mesh.T]
+            full = _combine(name, rows, inner)
+        else:  # plain Shard on both mesh dims of one tensor dim: the outer split comes first
+            rows = [_combine(name, [pieces[int(r)].to_local() for r in row.tolist()], inner) for row in mesh]
+            full = _combine(name, rows, outer)
     if tuple(full.shape) != tuple(first.shape):
         raise ValueError(f"{name}: shards assemble to {tuple(full.shape)}, expected {tuple(first.shape)}")
     return full.detach()
+
+
+def _dim(placement) -> int | None:
+    return getattr(placement, "dim", None)
+
+
+def _combine(name: str, parts: list[torch.Tensor], placement) -> torch.Tensor:
+    """Undo one mesh dimension's placement: concatenate shards along their dim, or take one replica."""
+    from torch.distributed.tensor import Replicate
+
+    if isinstance(placement, Replicate):
+        return parts[0]
+    if _dim(placement) is None:
+        raise ValueError(f"{name}: placement {placement} is not supported (expected Shard or Replicate)")
+    return torch.cat(parts, dim=_dim(placement))
 
 
 def check_target_dir(target_dir: str | os.PathLike) -> Path:

@@ -69,10 +69,10 @@ def _run(engine: FSDPEngine, batch: DataProto) -> dict:
                 params=params)
 
 
-def _scenario(rank: int, world_size: int, model_dir: str, out_file: str) -> None:
+def _scenario(rank: int, world_size: int, model_dir: str, out_file: str, layouts: dict | None = None) -> None:
     batch = make_batch(len(load_tokenizer(model_dir)), batch_size=4, prompt_len=7, response_len=6, seed=3)
     results = {}
-    for name, (config, feed) in LAYOUTS.items():
+    for name, (config, feed) in (layouts or LAYOUTS).items():
         torch.manual_seed(0)
         engine = build_fsdp_engine(model_dir, config)
         assert (engine.layout.tp, engine.layout.sp) == (config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size)
@@ -80,6 +80,16 @@ def _scenario(rank: int, world_size: int, model_dir: str, out_file: str) -> None
         assert (engine.sp_group is not None) == (engine.layout.sp > 1)
         data = batch.chunk(world_size)[rank] if feed == "split" else batch
         result = _run(engine, data)
+        if name == "tp2_packed":  # a tensor-parallel checkpoint: exported by the merge tool, resumed bit for bit
+            engine.save_checkpoint(f"{out_file}.ckpt")
+            resumed = build_fsdp_engine(model_dir, config)
+            resumed.load_checkpoint(f"{out_file}.ckpt")
+            again = {key: value.clone().cpu() for key, value in resumed.named_full_params()}
+            result["resumed_exact"] = all(torch.equal(again[key], value) for key, value in result["params"].items())
+            try:
+                build_fsdp_engine(model_dir, BASE).load_checkpoint(f"{out_file}.ckpt")
+            except ValueError as err:
+                result["other_layout_error"] = str(err)
         if feed == "split":  # gather the halves' per-token outputs; the loss is the mean of the halves'
             for key in ("log_probs", "entropy"):
                 parts = [None] * world_size
@@ -98,7 +108,9 @@ def _scenario(rank: int, world_size: int, model_dir: str, out_file: str) -> None
 def parallel_results(tiny_llama_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("parallel") / "results.pt"
     run_distributed(_scenario, 2, tiny_llama_dir, str(out), backend=get_dist_backend())
-    return torch.load(out, weights_only=False)
+    results = torch.load(out, weights_only=False)
+    results["ckpt_dir"] = f"{out}.ckpt"
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +118,17 @@ def reference(tiny_llama_dir):
     batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4, prompt_len=7, response_len=6, seed=3)
     torch.manual_seed(0)
     return _run(build_fsdp_engine(tiny_llama_dir, BASE), batch), batch
+
+
+def test_tensor_parallel_checkpoint_resumes_exports_and_refuses_another_layout(parallel_results, tmp_path):
+    from hybridflow.trainer.merge import load_full_state_dict
+
+    got = parallel_results["tp2_packed"]
+    assert got["resumed_exact"]
+    assert "tensor_parallel_size=2" in got["other_layout_error"]
+    exported = load_full_state_dict(parallel_results["ckpt_dir"])
+    for name, param in got["params"].items():
+        assert torch.equal(exported[name], param), name
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -123,3 +146,27 @@ def test_parallel_layout_matches_one_process(parallel_results, reference, layout
             torch.testing.assert_close(got["grads"][name], grad, atol=1e-5, rtol=0, msg=f"gradient of {name}")
         for name, param in expected["params"].items():
             torch.testing.assert_close(got["params"][name], param, atol=1e-6, rtol=0, msg=f"parameter {name}")
+
+
+SMOLLM2_LAYOUTS = {  # SmolLM2-135M has 9 heads and 3 key/value heads: 3 is its smallest parallel size
+    "tp3_packed": (dataclasses.replace(PACKED, fsdp=FSDPConfig(tensor_parallel_size=3)), "same"),
+    "sp3_packed": (dataclasses.replace(PACKED, ulysses_sequence_parallel_size=3), "same"),
+}
+
+
+@pytest.mark.slow
+def test_smollm2_tensor_and_sequence_parallel_match_one_process(tmp_path):
+    model = "smollm2-135m-instruct"
+    out = tmp_path / "results.pt"
+    run_distributed(_scenario, 3, model, str(out), SMOLLM2_LAYOUTS, backend=get_dist_backend())
+    results = torch.load(out, weights_only=False)
+    batch = make_batch(len(load_tokenizer(model)), batch_size=4, prompt_len=7, response_len=6, seed=3)
+    torch.manual_seed(0)
+    expected = _run(build_fsdp_engine(model, BASE), batch)
+    mask = batch.batch["response_mask"].bool()
+    for layout, got in results.items():
+        torch.testing.assert_close(got["log_probs"][mask], expected["log_probs"][mask], atol=1e-5, rtol=0)
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5), layout
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5), layout
+        for name, grad in expected["grads"].items():
+            torch.testing.assert_close(got["grads"][name], grad, atol=1e-5, rtol=0, msg=f"{layout}: gradient of {name}")

@@ -523,7 +523,11 @@ class FSDPEngine:
         rank, world = self.rank, self.world_size
         checkpoint.save_atomic(self.module.state_dict(), checkpoint.shard_file(path, "model", rank, world))
         checkpoint.save_atomic(self.optimizer.state_dict(), checkpoint.shard_file(path, "optim", rank, world))
-        extra = {"lr_scheduler": self.lr_scheduler.state_dict(), "rng": checkpoint.get_rng_state()}
+        extra = {
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "rng": checkpoint.get_rng_state(),
+            "layout": {"tensor_parallel_size": self.layout.tp, "ulysses_sequence_parallel_size": self.layout.sp},
+        }
         checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
         if self.rank == 0:
             self.module.config.save_pretrained(path / "huggingface")
@@ -539,10 +543,17 @@ class FSDPEngine:
         """Restore what `save_checkpoint` wrote with the same world size; resuming is bit-exact."""
         path = Path(path)
         rank, world = self.rank, self.world_size
+        extra = checkpoint.load_shard(checkpoint.shard_file(path, "extra_state", rank, world))
+        saved = extra.get("layout", {"tensor_parallel_size": 1, "ulysses_sequence_parallel_size": 1})
+        if saved["tensor_parallel_size"] != self.layout.tp:  # shards of another split do not fit this one's
+            raise ValueError(
+                f"checkpoint {path} was written with tensor_parallel_size={saved['tensor_parallel_size']}, this engine "
+                f"uses {self.layout.tp}: resume with the same layout, or export it (hybridflow merge) and start from "
+                "the exported model"
+            )
         self.module.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "model", rank, world)))
         if load_optimizer:
             self.optimizer.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "optim", rank, world)))
-        extra = checkpoint.load_shard(checkpoint.shard_file(path, "extra_state", rank, world))
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         checkpoint.set_rng_state(extra["rng"])
         self._barrier()

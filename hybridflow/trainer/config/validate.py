@@ -90,8 +90,7 @@ def derive_batch_sizes(
     if mini_samples % world:
         raise ValueError(
             f"{prefix}.ppo_mini_batch_size={mini_batch} x rollout.n={n} = {mini_samples} samples cannot be split "
-            f"over {world} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / tensor and sequence "
-            f"parallel size {group_size}); make it a multiple of {world}"
+            f"over {world} ranks ({_ranks_phrase(group_size)}); make it a multiple of {world}"
         )
     per_rank = mini_samples // world
     if token_budget is None and per_rank % micro_batch:
@@ -112,6 +111,12 @@ def derive_batch_sizes(
         optimizer_steps_per_step=(prompts // mini_batch) * epochs,
         token_budget=token_budget,
     )
+
+
+def _ranks_phrase(group_size: int) -> str:
+    if group_size == 1:
+        return "trainer.nnodes x trainer.n_gpus_per_node"
+    return f"data-parallel: trainer.nnodes x trainer.n_gpus_per_node / {group_size} tensor/sequence-parallel peers"
 
 
 def _largest_divisor_at_most(number: int, limit: int) -> int:
@@ -174,6 +179,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
 
     check_placement(cfg)
     layouts = check_parallelism(cfg)
+    check_rollout_parallelism(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
         "actor": derive_batch_sizes(
@@ -235,6 +241,29 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
                 "(they follow the actor's)"
             )
     return layouts
+
+
+def check_rollout_parallelism(cfg: PPOConfig) -> None:
+    """`actor_rollout_ref.rollout.tensor_model_parallel_size`: it divides the colocated pool's ranks and the model's
+    heads, key/value heads, MLP width and vocabulary, and runs colocated only (the engine and mode are checked by
+    the rollout's own config)."""
+    arr = cfg.actor_rollout_ref
+    tp, key = arr.rollout.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    if tp == 1:
+        return
+    if not arr.hybrid_engine:
+        raise ValueError(
+            f"{key}={tp} with actor_rollout_ref.hybrid_engine=False: the split rollout pool receives the weights by a "
+            f"broadcast to whole-model replicas and cannot hold tensor-parallel shards yet; use {key}=1 or "
+            "hybrid_engine=True"
+        )
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if world % tp:
+        raise ValueError(
+            f"{key}={tp} does not divide the {world} ranks of the colocated pool (trainer.nnodes x "
+            f"trainer.n_gpus_per_node): each rollout replica takes {tp} consecutive ranks; pick a divisor of {world}"
+        )
+    check_tp_layout(load_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code), tp, key)
 
 
 def _model_key(role: str) -> str:
