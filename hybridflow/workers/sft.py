@@ -15,10 +15,14 @@ import torch
 
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import WorkerRuntimeConfig
 from hybridflow.workers.ppo_update import compute_global_counts
 from hybridflow.workers.process import prepare_worker_process
+
+
+SFT_MESH = "sft"
+"""Dispatch mesh of the SFT steps: one data shard per data-parallel group (tensor/sequence-parallel peers share it)."""
 
 
 def with_targets(data: DataProto) -> DataProto:
@@ -52,8 +56,10 @@ class SFTWorker(Worker):
         runtime, model = self.runtime, self.engine_config.model
         model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
         self.engine = build_fsdp_engine(model_path, self.engine_config, tokenizer=self.tokenizer)
+        layout = self.engine.layout
+        self.register_dispatch_collect_info(SFT_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank))
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(SFT_MESH))
     def train_step(self, data: DataProto) -> DataProto:
         """One optimizer step on this rank's share; metrics `train/loss`, `train/grad_norm`, `train/lr`."""
         start = time.perf_counter()
@@ -70,7 +76,7 @@ class SFTWorker(Worker):
         }
         return DataProto.from_dict({}, meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(SFT_MESH))
     def eval_loss(self, data: DataProto) -> DataProto:
         """Per sample: `nll_sum` (summed NLL of its loss-masked tokens) and `num_tokens` (both (bs,) float)."""
         data = with_targets(data)

@@ -170,3 +170,32 @@ def test_smollm2_tensor_and_sequence_parallel_match_one_process(tmp_path):
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5), layout
         for name, grad in expected["grads"].items():
             torch.testing.assert_close(got["grads"][name], grad, atol=1e-5, rtol=0, msg=f"{layout}: gradient of {name}")
+
+
+def _on_gpu(config: FSDPEngineConfig, dtype: str) -> FSDPEngineConfig:
+    return dataclasses.replace(config, fsdp=dataclasses.replace(config.fsdp, dtype=dtype))
+
+
+GPU_LAYOUTS = {
+    **{name: (_on_gpu(config, "float32"), feed) for name, (config, feed) in LAYOUTS.items() if feed == "same"},
+    "tp2_packed_bf16": (_on_gpu(LAYOUTS["tp2_packed"][0], "bfloat16"), "same"),
+    "sp2_packed_bf16": (_on_gpu(LAYOUTS["sp2_packed"][0], "bfloat16"), "same"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (nccl)")
+def test_parallel_layouts_on_two_gpus(tiny_llama_dir, tmp_path):
+    """The CUDA path: nccl collectives for the vocabulary-parallel loss and the Ulysses all-to-all, fp32 equal to
+    one GPU and bf16 close to it."""
+    out = tmp_path / "results.pt"
+    run_distributed(_scenario, 2, tiny_llama_dir, str(out), GPU_LAYOUTS, backend="nccl")
+    results = torch.load(out, weights_only=False)
+    batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4, prompt_len=7, response_len=6, seed=3)
+    torch.manual_seed(0)
+    expected = _run(build_fsdp_engine(tiny_llama_dir, _on_gpu(BASE, "float32")), batch)
+    mask = batch.batch["response_mask"].bool()
+    for layout, got in results.items():
+        tolerance = 5e-2 if layout.endswith("bf16") else 1e-4
+        torch.testing.assert_close(got["log_probs"][mask], expected["log_probs"][mask], atol=tolerance, rtol=0)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=tolerance * 10), layout

@@ -306,6 +306,8 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=_sft_optim)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split each packed sequence (Ulysses); needs model.use_remove_padding=True."""
 
 
 SFT_DERIVED: dict[str, str] = {}

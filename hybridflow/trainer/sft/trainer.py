@@ -64,6 +64,7 @@ def build_sft_workers(cfg: SFTConfig, total_training_steps: int) -> WorkerProces
         optim=cfg.optim,
         micro_batch_size_per_gpu=cfg.data.micro_batch_size_per_gpu,
         total_training_steps=total_training_steps,
+        ulysses_sequence_parallel_size=cfg.ulysses_sequence_parallel_size,
     )
     worker = RayClassWithInitArgs(SFTWorker, engine_config, worker_runtime(cfg.trainer, total_training_steps))
     processes = WorkerProcesses(cfg.trainer, worker, name_prefix="hybridflow_sft")

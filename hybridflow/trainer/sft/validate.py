@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hybridflow.engines.training.mesh import ParallelLayout
+from hybridflow.models.loader import load_model_config
+from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.validate import (
     check_data_files,
@@ -16,12 +19,18 @@ from hybridflow.trainer.config.validate import (
 
 def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     """Files, paths, batch arithmetic, the model's context and loggers; returns the batch table rows."""
-    data, world = cfg.data, cfg.trainer.world_size
+    data, ranks = cfg.data, cfg.trainer.world_size
     check_data_files(data)
+    layout = check_sft_parallelism(cfg)
+    world = layout.dp
+    where = "trainer.nnodes x trainer.n_gpus_per_node" + (
+        f" / {layout.group_size} tensor/sequence-parallel peers" if layout.group_size > 1 else ""
+    )
     if data.train_batch_size % world:
         raise ValueError(
-            f"data.train_batch_size={data.train_batch_size} cannot be split over {world} ranks "
-            f"(trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {world}"
+            f"data.train_batch_size={data.train_batch_size} cannot be split over {world} "
+            f"{'data-parallel ' if layout.group_size > 1 else ''}ranks "
+            f"({where}); make it a multiple of {world}"
         )
     per_rank = data.train_batch_size // world
     if per_rank % data.micro_batch_size_per_gpu:
@@ -42,12 +51,33 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     check_logger_packages(cfg.trainer.logger)
     check_device(cfg.trainer, cfg.ray_kwargs.ray_init.address)
     return [
-        ("ranks (nnodes x n_gpus_per_node)", world),
+        ("ranks (nnodes x n_gpus_per_node)", ranks),
+        ("data-parallel groups (ranks / tp x sp)", world),
         ("samples per step (data.train_batch_size)", data.train_batch_size),
         ("samples per rank", per_rank),
         ("micro-batch per rank (micro_batch_size_per_gpu)", data.micro_batch_size_per_gpu),
         ("gradient accumulation steps", per_rank // data.micro_batch_size_per_gpu),
     ]
+
+
+def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
+    """The tensor / sequence parallel layout: sizes that divide the ranks and the model, packed rows for Ulysses."""
+    tp, sp = cfg.model.fsdp_config.tensor_parallel_size, cfg.ulysses_sequence_parallel_size
+    try:
+        layout = ParallelLayout(cfg.trainer.world_size, tp, sp)
+    except ValueError as err:
+        raise ValueError(
+            f"model.fsdp_config.tensor_parallel_size={tp}, ulysses_sequence_parallel_size={sp}: {err}"
+        ) from err
+    if sp > 1 and not cfg.model.use_remove_padding:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} splits packed sequences; set model.use_remove_padding=True")
+    if tp > 1 and cfg.model.use_lora:
+        raise ValueError(f"model.fsdp_config.tensor_parallel_size={tp} with LoRA (model.lora_rank > 0) is not implemented")
+    if layout.group_size > 1:
+        model_config = load_model_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        check_tp_layout(model_config, tp, "model.fsdp_config.tensor_parallel_size")
+        check_sp_layout(model_config, sp, "ulysses_sequence_parallel_size")
+    return layout
 
 
 def format_batch_table(rows: list[tuple[str, int]]) -> str:

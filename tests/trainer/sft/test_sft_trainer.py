@@ -97,3 +97,18 @@ def test_lora_sft_on_two_ray_ranks_matches_one_rank(sft_workspace, ray_cluster):
     target = merge_checkpoint(checkpoint, sft_workspace / "lora_hf")
     assert not (target / "adapter_config.json").exists()
     AutoModelForCausalLM.from_pretrained(target)
+
+
+def test_tensor_and_sequence_parallel_sft_on_two_ray_ranks_match_one_rank(sft_workspace, ray_cluster):
+    common = ("model.use_remove_padding=true", "trainer.total_training_steps=2", "trainer.val_before_train=false")
+    _, one = run(sft_overrides(sft_workspace, sft_workspace / "par_one", "trainer.local_mode=true", *common))
+    layouts = {"tp2": "model.fsdp_config.tensor_parallel_size=2", "sp2": "ulysses_sequence_parallel_size=2"}
+    for name, layout in layouts.items():
+        run_dir = sft_workspace / f"par_{name}"
+        _, two = run(sft_overrides(sft_workspace, run_dir, "trainer.n_gpus_per_node=2", layout, *common))
+        for step in (1, 2):  # both ranks take the whole batch: the same token mean as one rank
+            assert abs(two[step]["train/loss"] - one[step]["train/loss"]) < 1e-5, (name, step)
+            assert abs(two[step]["train/grad_norm"] - one[step]["train/grad_norm"]) < 1e-4, (name, step)
+        assert abs(two[2]["val/loss"] - one[2]["val/loss"]) < 1e-5, name
+    target = merge_checkpoint(sft_workspace / "par_tp2" / "global_step_2", sft_workspace / "par_tp2_hf")
+    AutoModelForCausalLM.from_pretrained(target)
