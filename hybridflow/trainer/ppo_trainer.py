@@ -232,8 +232,12 @@ class RayPPOTrainer:
         return reward
 
     def _balance(self, batch: DataProto) -> dict[str, float]:
-        """Reorder `batch` in place so each rank's chunk holds about the same number of tokens; verl's metrics."""
-        world = self.config.trainer.world_size
+        """Reorder `batch` in place so each data-parallel group's chunk holds about the same number of tokens (the
+        actor's tensor/sequence-parallel peers share one chunk); verl's metrics."""
+        actor = self.config.actor_rollout_ref.actor
+        world = self.config.trainer.world_size // (
+            actor.fsdp_config.tensor_parallel_size * actor.ulysses_sequence_parallel_size
+        )
         lengths = batch.batch["attention_mask"].sum(-1).tolist()
         if self.config.actor_rollout_ref.actor.use_prefix_grouper:  # keep each prompt's samples on one rank
             partitions = balanced_group_partitions(lengths, batch.non_tensor_batch["uid"].tolist(), world)

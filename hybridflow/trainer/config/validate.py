@@ -42,11 +42,14 @@ class BatchSizes:
     optimizer_steps_per_step: int
     token_budget: int | None = None
     """Tokens per micro-batch with use_dynamic_bsz (then micro-batches are cut by tokens, not rows)."""
+    group_size: int = 1
+    """Tensor x sequence parallel ranks sharing each data shard; `world_size` counts the data-parallel groups."""
 
     def table(self, name: str) -> str:
         """The numbers as aligned text lines."""
         rows = [
-            ("ranks (nnodes x n_gpus_per_node)", self.world_size),
+            ("ranks (nnodes x n_gpus_per_node)", self.world_size * self.group_size),
+            *([("data-parallel groups (ranks / tp x sp)", self.world_size)] if self.group_size > 1 else []),
             ("prompts per step (data.train_batch_size)", self.prompts_per_step),
             ("samples per step (x rollout.n)", self.samples_per_step),
             ("mini-batch prompts (ppo_mini_batch_size)", self.mini_batch_prompts),
@@ -110,6 +113,7 @@ def derive_batch_sizes(
         grad_accum_steps=per_rank // micro_batch,
         optimizer_steps_per_step=(prompts // mini_batch) * epochs,
         token_budget=token_budget,
+        group_size=group_size,
     )
 
 
