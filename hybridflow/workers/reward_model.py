@@ -18,7 +18,7 @@ from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.value_head import compute_token_level_scores
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller import Dispatch, Worker, register
+from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import RewardModelWorkerConfig, WorkerRuntimeConfig
 from hybridflow.workers.process import prepare_worker_process
 
@@ -65,6 +65,10 @@ def template_for_reward_model(
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+REWARD_MESH = "reward"
+"""Dispatch mesh of the reward model's scoring: one data shard per data-parallel group."""
+
+
 class RewardModelWorker(Worker):
     """Scores responses with the reward model; one instance per rank, sharded with FSDP2 over the group."""
 
@@ -86,13 +90,17 @@ class RewardModelWorker(Worker):
             model=config.model, fsdp=config.model.fsdp_config, micro_batch_size_per_gpu=config.micro_batch_size_per_gpu or 1
         )
         self.engine = build_fsdp_engine(model_path, engine_config, model_kind="reward", tokenizer=self.tokenizer)
+        layout = self.engine.layout  # tensor-parallel peers score the same rows
+        self.register_dispatch_collect_info(
+            REWARD_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)
+        )
 
     @property
     def retemplates(self) -> bool:
         """Whether responses are re-templated for the reward model's own tokenizer."""
         return self.input_tokenizer is not None
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(REWARD_MESH))
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores` (bs, response_len): each sequence's reward-model score on its last response token."""
         response_mask = data.batch["response_mask"]

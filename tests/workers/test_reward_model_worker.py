@@ -112,3 +112,27 @@ def test_re_templating_keeps_the_end_of_long_conversations():
 def test_a_causal_lm_is_refused_as_reward_model(models):
     with pytest.raises(Exception, match="no trained score head"):
         rm_group(models["policy"], None)
+
+
+def test_tensor_parallel_reward_model_on_two_ranks_scores_like_one(models, ray_cluster):
+    """Both ranks of a tensor-parallel pair score the same rows; the group returns each row once."""
+    from hybridflow.engines.training import FSDPConfig
+    from hybridflow.single_controller.ray import RayResourcePool, RayWorkerGroup
+
+    tokenizer = load_tokenizer(models["policy"])
+    batch = policy_batch(tokenizer)
+    expected = rm_group(models["rm"], None, packed=True).compute_rm_score(batch).batch["rm_scores"]
+    model = RewardModelModelConfig(path=models["rm"], use_remove_padding=True,
+                                   fsdp_config=FSDPConfig(tensor_parallel_size=2))
+    config = RewardModelWorkerConfig(enable=True, model=model)
+    pool = RayResourcePool([2])
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(RewardModelWorker, config, WorkerRuntimeConfig(seed=0, num_threads=1)))
+    try:
+        group.init_model()
+        assert group.query_dispatch_info("reward") == [(0, 1, True), (0, 1, False)]
+        scores = group.compute_rm_score(batch).batch["rm_scores"]
+    finally:
+        group.shutdown()
+        pool.release()
+    assert scores.shape == expected.shape
+    assert torch.allclose(scores, expected, atol=1e-5)

@@ -209,12 +209,15 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
     if critic_enabled(cfg):
         models["critic"] = ("critic", cfg.critic.model.fsdp_config, cfg.critic.ulysses_sequence_parallel_size,
                             cfg.critic.model, cfg.critic.use_prefix_grouper)
+    if cfg.reward_model.enable:
+        rm_model = cfg.reward_model.model
+        models["reward_model"] = ("reward_model", rm_model.fsdp_config, 1, rm_model, False)
     layouts = {}
     for role, (prefix, fsdp, sp, model, shares_prompts) in models.items():
         tp = fsdp.tensor_parallel_size
         tp_key, sp_key = f"{prefix}.fsdp_config.tensor_parallel_size", f"{prefix}.ulysses_sequence_parallel_size"
-        if role == "critic":
-            tp_key = "critic.model.fsdp_config.tensor_parallel_size"
+        if role != "actor":
+            tp_key = f"{prefix}.model.fsdp_config.tensor_parallel_size"
         try:
             layouts[role] = ParallelLayout(world, tp, sp)
         except ValueError as err:
@@ -271,7 +274,7 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
 
 
 def _model_key(role: str) -> str:
-    return "actor_rollout_ref.model" if role == "actor" else "critic.model"
+    return "actor_rollout_ref.model" if role == "actor" else f"{role}.model"
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:
