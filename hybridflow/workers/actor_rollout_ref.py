@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 TRAIN_MESH = "actor"
 """Dispatch mesh of the actor's and reference's compute methods: one data shard per data-parallel group."""
+ROLLOUT_MESH = "rollout"
+"""Dispatch mesh of generation: the ranks of one rollout tensor-parallel group take the same prompts and the
+first of them reports the responses (`rollout.tensor_model_parallel_size`; 1: every rank its own prompts)."""
 
 
 def check_same_vocabulary(policy_tokenizer, teacher_tokenizer) -> None:
@@ -122,20 +125,40 @@ class ActorRolloutRefWorker(Worker):
     def _build_rollout(self, model_path: str) -> None:
         rollout = self.config.rollout
         rollout_cls = ROLLOUTS.get(rollout.name)
+        # Rollout tensor parallel: consecutive groups of tp ranks decode one replica each (the config allows it
+        # with the native engine only).
+        self.rollout_layout = layout = ParallelLayout(self.world_size, rollout.tensor_model_parallel_size)
+        self.register_dispatch_collect_info(
+            ROLLOUT_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)
+        )
+        tp_mesh = None
+        if layout.tp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            device_type = get_torch_device(self.local_rank).type
+            mesh = init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=("rollout_dp", "rollout_tp"))
+            tp_mesh = mesh["rollout_tp"]
         # One rank: generate with the actor's own module (no copy, no hand-over). Sharded, LoRA with a backend
         # that cannot run peft layers, or a backend holding its own weights (vllm): a full copy that receives
-        # the (merged) weights before generating.
+        # the (merged) weights before generating. Tensor parallel: this rank's shard, read from the checkpoint
+        # slice by slice, which receives its shard of each full tensor before generating.
         self._rollout_shares_module = (
-            self.actor_engine is not None
+            tp_mesh is None
+            and self.actor_engine is not None
             and not self.actor_engine.is_sharded
             and not rollout_cls.holds_own_weights
             and (self.actor_engine.lora_scaling is None or rollout_cls.runs_peft_modules)
         )
         shares = self._rollout_shares_module
-        model = self._actor_hf_module() if shares else build_causal_lm(model_path, dtype="float32")
+        if shares:
+            model = self._actor_hf_module()
+        else:
+            model = model_path if tp_mesh is not None else build_causal_lm(model_path, dtype="float32")
         self._rollout_weights_stale = self.actor_engine is not None and not shares
         # Backend-specific settings of the rollout config, for the backends that take them.
         extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization} if rollout.name == "vllm" else {}
+        if tp_mesh is not None:
+            extra["tp_mesh"] = tp_mesh
         self.rollout = rollout_cls(
             model,
             self.tokenizer,
@@ -151,7 +174,7 @@ class ActorRolloutRefWorker(Worker):
         return module.get_base_model() if self.actor_engine.lora_scaling is not None else module
 
     # ------------------------------------------------------------------ generation
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(ROLLOUT_MESH))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for this rank's prompts; hands the actor's weights to the rollout first if they changed."""
         if self.rollout is None:
@@ -169,18 +192,21 @@ class ActorRolloutRefWorker(Worker):
         }
         return output
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(ROLLOUT_MESH), blocking=False)
     def generate_sequences_async(self, prompts: DataProto) -> DataProto:
         """`generate_sequences` whose group call returns at once, with a `DataProtoFuture` (the one-step off-policy
         trainer generates the next batch while the actor trains)."""
         return self.generate_sequences(prompts)
 
     def _seed_sampling(self) -> None:
-        """Give each rank its own sampling stream, deterministic per rank and policy version (the number of
-        updates, which checkpoints restore): copies of one prompt on several ranks (n above the rows per rank, or
-        agent loops spread over replicas) must not sample the same responses."""
+        """Give each rollout replica its own sampling stream, deterministic per replica and policy version (the
+        number of updates, which checkpoints restore): copies of one prompt on several replicas (n above the rows
+        per replica, or agent loops spread over replicas) must not sample the same responses. The ranks of one
+        tensor-parallel replica share its seed (its data-parallel rank; the rank itself without TP), so that they
+        draw the same tokens and stay in lock-step."""
         version = self._actor_version() if self.actor_engine is not None else self._policy_version
-        torch.manual_seed(self.runtime.seed + 1_000_003 * (self.rank + 1) + version)
+        replica = self.rollout_layout.dp_rank(self.rank)
+        torch.manual_seed(self.runtime.seed + 1_000_003 * (replica + 1) + version)
 
     def _actor_version(self) -> int:
         """The actor's policy version: its learning-rate schedule's steps (restored with checkpoints)."""

@@ -139,8 +139,9 @@ class RolloutConfig(SamplingConfig):
     calculate_log_probs: bool = False
     """Return the sampled tokens' log-probs (`rollout_log_probs`, which rollout correction and bypass mode read);
     the hf, native and vllm engines always return them, at no extra forward, so both values work."""
-    tensor_model_parallel_size: int = unsupported(1, "the rollout engines run one replica per rank, without TP")
-    """Tensor-parallel ranks of one rollout replica."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel ranks of one rollout replica (native engine): consecutive groups of this many ranks each
+    decode one replica, every rank holding its share of the heads, the MLP and the vocabulary."""
     gpu_memory_utilization: float = 0.5
     """Fraction of accelerator memory the vllm engine may take."""
     free_cache_engine: bool = True
@@ -161,6 +162,21 @@ class RolloutConfig(SamplingConfig):
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
         check_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+        check_positive("tensor_model_parallel_size", self.tensor_model_parallel_size)
+        tp = self.tensor_model_parallel_size
+        if tp > 1 and self.name != "native":
+            raise ConfigFieldError(
+                "tensor_model_parallel_size",
+                f"tensor_model_parallel_size={tp} with name={self.name!r}: only the native engine splits a replica "
+                "over ranks; use name=native or tensor_model_parallel_size=1",
+            )
+        if tp > 1 and self.mode != "sync":
+            raise ConfigFieldError(
+                "tensor_model_parallel_size",
+                f"tensor_model_parallel_size={tp} with mode={self.mode!r}: each rank's generation server takes its "
+                "own requests, so tensor-parallel peers cannot decode in lock-step; use mode=sync or "
+                "tensor_model_parallel_size=1",
+            )
 
     @property
     def log_prob_token_budget(self) -> int | None:

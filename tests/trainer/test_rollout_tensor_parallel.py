@@ -1,0 +1,78 @@
+"""GRPO with a tensor-parallel native rollout on 2 Ray workers (tiny model): each pair of ranks decodes one replica
+from its shard of the actor's weights, handed over one full tensor at a time; and the layouts refused before Ray."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from hybridflow.trainer.config import load_config, validate_config
+from tests.tiny_runs import build_workspace
+from tests.trainer.test_placement import SPLIT, overrides, train
+
+TP2 = ("actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+# The rollout's log-probs against the trainer's old log-probs of the same tokens: equal weights give ratios of 1.
+DIAGNOSTICS = ("algorithm.rollout_correction.rollout_is=token",)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return build_workspace(tmp_path_factory.mktemp("rollout_tp"), train_size=8, test_size=2)
+
+
+def _check_run(records: dict[int, dict], digests: list) -> None:
+    assert sorted(records) == [1, 2]
+    for step in (1, 2):
+        record = records[step]
+        for key in ("actor/pg_loss", "actor/grad_norm", "response_length/mean"):
+            assert math.isfinite(record[key]), f"step {step} {key}={record[key]}"
+        assert record["timing_s/update_weights"] > 0  # a hand-over before every generation
+        # The rollout sampled from the actor's current weights: its log-probs are the trainer's (float noise).
+        assert abs(record["rollout_corr/kl"]) < 1e-4, record["rollout_corr/kl"]
+        assert 0.999 < record["rollout_corr/rollout_is_min"] <= record["rollout_corr/rollout_is_max"] < 1.001
+    (actor_start, _), (actor_end, _) = digests
+    assert actor_end != actor_start, "the updates changed the weights"
+
+
+def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster):
+    records, digests = train(overrides(workspace, workspace / "rollout_tp2", *TP2, *DIAGNOSTICS))
+    _check_run(records, digests)
+
+
+def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
+    # Training TP=2 hands each DTensor over as its full tensor; the rollout keeps its own TP=2 block of it.
+    records, digests = train(overrides(
+        workspace, workspace / "train_tp2_rollout_tp2", *TP2, *DIAGNOSTICS,
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2",
+    ))
+    _check_run(records, digests)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size"),
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "only the native engine"),  # name=hf
+        (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+         "only the native engine"),
+        ([*TP2, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"], "mode='async'"),
+        (["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
+         "does not divide the 2 ranks"),
+        ([*TP2[:1], "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4"],
+         "does not divide the model's num_key_value_heads=2"),  # the tiny model: 4 heads, 2 kv heads
+        ([*TP2, *SPLIT], "hybrid_engine=False"),
+        (list(TP2), None),
+    ],
+)
+def test_rollout_layouts_are_refused_before_ray_starts(workspace, extra, words):
+    start = time.perf_counter()
+    config_overrides = overrides(workspace, workspace / "never", *extra)
+    if words is None:
+        validate_config(load_config(config_overrides))
+        return
+    with pytest.raises(ValueError) as info:
+        validate_config(load_config(config_overrides))
+    assert time.perf_counter() - start < 1.0, "config errors must come in under a second"
+    assert words in str(info.value) and "tensor_model_parallel_size" in str(info.value), str(info.value)
