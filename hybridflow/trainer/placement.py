@@ -14,6 +14,7 @@ Under split placement the rollout pool receives the actor's weights after each u
 
 from __future__ import annotations
 
+from hybridflow.single_controller.ray.base import node_ranks
 from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
 from hybridflow.trainer.config.schema import PPOConfig, RolloutPoolConfig
 
@@ -72,7 +73,8 @@ def check_placement(cfg: PPOConfig) -> None:
 
 
 def describe_placement(cfg: PPOConfig) -> str:
-    """The placement as aligned text lines: each pool, its processes and its roles (`--dry-run`, run log)."""
+    """The placement as aligned text lines: each pool, its processes and its roles, and for a pool on several
+    nodes the ranks of each node (`--dry-run`, run log)."""
     manager = build_pool_manager(cfg)
     if is_split(cfg):
         title = "[placement] split: the rollout has its own pool and gets the actor's weights after each update"
@@ -84,4 +86,22 @@ def describe_placement(cfg: PPOConfig) -> str:
         size = f"{sum(counts)} processes ({len(counts)} node{'s' if len(counts) > 1 else ''} x {counts[0]})"
         rows.append((name, size, ", ".join(roles)))
     widths = [max(len(row[column]) for row in rows) for column in range(2)]
-    return "\n".join([title] + [f"  {name:<{widths[0]}}  {size:<{widths[1]}}  {roles}" for name, size, roles in rows])
+    lines = [title]
+    for name, size, roles in rows:
+        lines.append(f"  {name:<{widths[0]}}  {size:<{widths[1]}}  {roles}")
+        lines += _node_lines(manager.resource_pool_spec[name])
+    num_nodes = max(len(counts) for counts in manager.resource_pool_spec.values())
+    if num_nodes > 1:
+        lines.append(
+            f"  each node of a pool is a distinct Ray node (one placement group, STRICT_SPREAD; pools may share "
+            f"nodes): the cluster needs {num_nodes} nodes, joined with RAY_ADDRESS or ray_kwargs.ray_init.address"
+        )
+    return "\n".join(lines)
+
+
+def _node_lines(process_on_nodes: list[int]) -> list[str]:
+    """`node i: ranks a-b` for each node of a multi-node pool; nothing for one node."""
+    if len(process_on_nodes) == 1:
+        return []
+    spans = [f"ranks {r[0]}-{r[-1]}" if len(r) > 1 else f"rank {r[0]}" for r in node_ranks(process_on_nodes)]
+    return [f"    node {node}: {span}" for node, span in enumerate(spans)]

@@ -7,6 +7,7 @@ users' own drivers) share them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,11 +25,13 @@ from hybridflow.models import MODEL_CATALOGUE, catalogue_tokenizer_path, load_to
 from hybridflow.models.config import ModelConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.local import LocalWorkerGroup
-from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, describe_cluster
 from hybridflow.trainer.config.schema import RayInitConfig, RunConfig
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.utils.device import device_count
 from hybridflow.workers.config import WorkerRuntimeConfig
+
+logger = logging.getLogger(__name__)
 
 
 def build_tokenizer(model: ModelConfig) -> Any:
@@ -128,17 +131,24 @@ def heartbeat(processes: Sequence[WorkerProcesses], timeout_s: float | None) -> 
 
 
 def init_ray(ray_init: RayInitConfig, world_size: int) -> None:
-    """Join `ray_init.address` / RAY_ADDRESS, or start the embedded cluster sized for the workers."""
+    """Join `ray_init.address` / RAY_ADDRESS (the key first), or start the embedded one-node cluster sized for the
+    workers; log which, with the cluster's nodes."""
     import ray
 
     if ray.is_initialized():
         return
     address = ray_init.address or env.ray_address()
     if address:
+        if ray_init.num_cpus is not None:
+            logger.warning("ray_kwargs.ray_init.num_cpus=%d is ignored: the cluster at %s has its own resources",
+                           ray_init.num_cpus, address)
         ray.init(address=address, log_to_driver=True)
+        logger.info("joined the Ray cluster at %s: %s", address, describe_cluster())
         return
     num_cpus = ray_init.num_cpus or max(os.cpu_count() or 1, world_size)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    # "local": a new cluster even where `ray start` left its address in Ray's temp dir (address=None would join it)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    logger.info("started an embedded Ray cluster (set RAY_ADDRESS to join one): %s", describe_cluster())
 
 
 def build_tracking(run: RunConfig, config: Any, backends: Sequence[str] | None = None) -> Tracking:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,24 @@ def get_node_ip() -> str:
     except ImportError:
         pass
     return socket.gethostbyname(socket.gethostname())
+
+
+def get_node_id() -> str:
+    """The Ray node (raylet) hosting this process, as a hex id; "" outside Ray. Two raylets on one host differ."""
+    try:
+        import ray
+    except ImportError:
+        return ""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
+class ProcessInfo(NamedTuple):
+    """Where a worker process runs."""
+
+    node_ip: str
+    pid: int
+    node_id: str
+    """Ray node id (hex); "" outside Ray."""
 
 
 class Worker:
@@ -114,9 +133,9 @@ class Worker:
             env.set_dist_env(self._rank, self._world_size, self._local_rank, self._master_addr, self._master_port)
         return self._master_addr, self._master_port
 
-    def process_info(self) -> tuple[str, int]:
-        """Where this worker runs: (node IP, OS pid). A Ray group asks once at start, to name hung ranks."""
-        return get_node_ip(), os.getpid()
+    def process_info(self) -> ProcessInfo:
+        """Where this worker runs. A Ray group asks once at start, to log the placement and name hung ranks."""
+        return ProcessInfo(get_node_ip(), os.getpid(), get_node_id())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_pid(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,8 +20,13 @@ else:
     _RAY_ERROR = None
 
 from hybridflow.protocol import DataProtoFuture
+from hybridflow.single_controller.base.worker import ProcessInfo
 from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
 
+logger = logging.getLogger(__name__)
+
+# How long a placement group may wait for resources that exist but are held by other jobs.
+PLACEMENT_TIMEOUT_S = 60.0
 # How long an actor may take to come up (Ray starts a process, imports torch): generous, but bounded.
 ACTOR_START_TIMEOUT_S = 300.0
 # What to raise when a call or the start of the workers times out (the trainer's key in parentheses).
@@ -41,10 +47,12 @@ _PEER_GRACE_S = 2.0
 
 
 class RayResourcePool:
-    """A set of placement groups, one per node, of `process_on_nodes[i]` bundles each.
+    """One STRICT_SPREAD placement group of one bundle per node: bundle `i` holds the `process_on_nodes[i]` ranks of
+    node `i`, each rank `num_cpus_per_worker` CPUs (1 GPU with `use_gpu`), shared by `max_colocate_count` actors.
 
-    Each bundle hosts one rank: `num_cpus_per_worker` CPUs (and 1 GPU when `use_gpu`). With
-    `max_colocate_count > 1`, that many actors (different roles) may share a bundle.
+    STRICT_SPREAD puts every bundle on a distinct Ray node (by node id: two raylets on one host are two nodes) or
+    places none. One STRICT_PACK group per node could land two "nodes" on one machine; node affinity would make
+    the driver choose node ids that Ray's scheduler knows better.
     """
 
     def __init__(
@@ -54,7 +62,6 @@ class RayResourcePool:
         max_colocate_count: int = 1,
         num_cpus_per_worker: float = 1.0,
         name_prefix: str = "hybridflow",
-        strategy: str = "STRICT_PACK",
     ) -> None:
         require_ray()
         if not process_on_nodes or any(count <= 0 for count in process_on_nodes):
@@ -66,45 +73,91 @@ class RayResourcePool:
         self.max_colocate_count = max_colocate_count
         self.num_cpus_per_worker = num_cpus_per_worker
         self.name_prefix = name_prefix
-        self.strategy = strategy
-        self._placement_groups: list[PlacementGroup] | None = None
+        self._placement_group: PlacementGroup | None = None
 
     @property
     def world_size(self) -> int:
         return sum(self.process_on_nodes)
 
-    def bundle(self) -> dict[str, float]:
-        """Resources of one bundle (one rank)."""
-        resources = {"CPU": self.num_cpus_per_worker}
-        if self.use_gpu:
-            resources["GPU"] = 1
-        return resources
+    def node_bundles(self) -> list[dict[str, float]]:
+        """Resources of each node's bundle: its ranks' CPUs (and GPUs)."""
+        bundles = []
+        for count in self.process_on_nodes:
+            bundle = {"CPU": count * self.num_cpus_per_worker}
+            if self.use_gpu:
+                bundle["GPU"] = float(count)
+            bundles.append(bundle)
+        return bundles
 
-    def get_placement_groups(self) -> list[PlacementGroup]:
-        """Create (once) and return the placement groups, waiting until they are placed."""
-        if self._placement_groups is None:
-            unique = uuid.uuid4().hex[:8]
-            groups = [
-                placement_group([self.bundle()] * count, strategy=self.strategy, name=f"{self.name_prefix}_{unique}_{i}")
-                for i, count in enumerate(self.process_on_nodes)
-            ]
-            ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=60)
-            if len(ready) != len(groups):
-                available = ray.available_resources()
-                for group in groups:  # a pending group would take its CPUs as soon as they free up
-                    remove_placement_group(group)
+    def get_placement_group(self) -> PlacementGroup:
+        """Create (once) and return the placement group, waiting until it is placed.
+
+        A cluster with too few nodes able to hold a node bundle fails at once; one whose resources are taken
+        fails after `PLACEMENT_TIMEOUT_S`. Both errors say what was asked and what the cluster has.
+        """
+        if self._placement_group is None:
+            self._check_enough_nodes()
+            name = f"{self.name_prefix}_{uuid.uuid4().hex[:8]}"
+            group = placement_group(self.node_bundles(), strategy="STRICT_SPREAD", name=name)
+            ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+            if not ready:
+                remove_placement_group(group)  # a pending group would take its CPUs as soon as they free up
                 raise RuntimeError(
-                    f"resource pool {self.name_prefix!r} needs {self.world_size} bundles of {self.bundle()} "
-                    f"but the cluster has {available}; lower trainer.n_gpus_per_node/nnodes or add nodes"
+                    f"{self._request()}; it was not placed within {PLACEMENT_TIMEOUT_S:g} s, as other jobs hold "
+                    f"resources: free now {_wanted(ray.available_resources())}. The cluster has {describe_cluster()}"
                 )
-            self._placement_groups = groups
-        return self._placement_groups
+            self._placement_group = group
+        return self._placement_group
+
+    def _check_enough_nodes(self) -> None:
+        """Fail fast when fewer alive nodes than the pool's nodes could hold even its smallest node bundle."""
+        smallest = min(self.node_bundles(), key=lambda bundle: bundle["CPU"])
+        hosts = [node for node in ray.nodes() if node["Alive"] and _fits(smallest, node["Resources"])]
+        if len(hosts) < len(self.process_on_nodes):
+            raise RuntimeError(
+                f"{self._request()}, but only {len(hosts)} node(s) of the cluster have that much. The cluster has "
+                f"{describe_cluster()}. Lower the pool's nnodes / n_gpus_per_node (trainer.* or rollout.*), or add "
+                "nodes (`ray start --address=<head>:6379` on each; the embedded cluster has one node) and join the "
+                "cluster with RAY_ADDRESS"
+            )
+
+    def _request(self) -> str:
+        bundles = [_wanted(bundle) for bundle in self.node_bundles()]
+        each = f"{bundles[0]} each" if bundles.count(bundles[0]) == len(bundles) else " + ".join(map(str, bundles))
+        return (
+            f"resource pool {self.name_prefix!r} needs {len(bundles)} distinct Ray node(s) with {each} "
+            f"(ranks per node {self.process_on_nodes}, {self.num_cpus_per_worker:g} CPU per rank)"
+        )
 
     def release(self) -> None:
-        """Remove the placement groups (the actors in them must be gone)."""
-        for group in self._placement_groups or []:
-            remove_placement_group(group)
-        self._placement_groups = None
+        """Remove the placement group (the actors in it must be gone)."""
+        if self._placement_group is not None:
+            remove_placement_group(self._placement_group)
+        self._placement_group = None
+
+
+def node_ranks(process_on_nodes: list[int]) -> list[range]:
+    """The global ranks on each node, in order: node 0 hosts ranks 0..n0-1, node 1 the next n1, and so on."""
+    starts = [sum(process_on_nodes[:node]) for node in range(len(process_on_nodes))]
+    return [range(start, start + count) for start, count in zip(starts, process_on_nodes)]
+
+
+def _fits(bundle: dict[str, float], resources: dict[str, float]) -> bool:
+    return all(resources.get(name, 0.0) >= amount for name, amount in bundle.items())
+
+
+def _wanted(resources: dict[str, float]) -> dict[str, float]:
+    """The resources placement asks for (CPU, GPU), without Ray's memory and node labels."""
+    return {name: resources.get(name, 0.0) for name in ("CPU", "GPU") if name == "CPU" or resources.get(name)}
+
+
+def describe_cluster() -> str:
+    """The connected cluster's alive nodes with their total CPUs and GPUs (the run log, placement errors)."""
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    listed = ", ".join(
+        f"node {node['NodeID'][:12]} ({node['NodeManagerAddress']}) {_wanted(node['Resources'])}" for node in nodes
+    )
+    return f"{len(nodes)} alive node{'s' if len(nodes) != 1 else ''}: {listed}"
 
 
 class RayClassWithInitArgs:
@@ -165,7 +218,7 @@ class RayWorkerGroup(WorkerGroup):
         worker_cls: type | None = None,
         rpc_timeout_s: float | None = None,
         name: str | None = None,
-        process_info: list[tuple[str, int]] | None = None,
+        process_info: list[ProcessInfo] | None = None,
     ) -> None:
         require_ray()
         if rpc_timeout_s is not None and not rpc_timeout_s > 0:
@@ -192,28 +245,28 @@ class RayWorkerGroup(WorkerGroup):
         return list(self._workers)
 
     @property
-    def process_info(self) -> list[tuple[str, int]] | None:
-        """Each rank's (node IP, pid), as the workers reported them at start (None for attached handles)."""
+    def process_info(self) -> list[ProcessInfo] | None:
+        """Each rank's node IP, pid and Ray node id, as the workers reported them at start (None if attached)."""
         return None if self._process_info is None else list(self._process_info)
 
     def _start_workers(
         self, pool: RayResourcePool, cls_with_init: RayClassWithInitArgs, name_prefix: str
     ) -> list[ray.actor.ActorHandle]:
-        groups = pool.get_placement_groups()
+        group = pool.get_placement_group()
         world_size = pool.world_size
         num_cpus = pool.num_cpus_per_worker / pool.max_colocate_count
         num_gpus = (1 / pool.max_colocate_count) if pool.use_gpu else 0
-        slots = [(group, index) for group, count in zip(groups, pool.process_on_nodes) for index in range(count)]
-        local_ranks = [index for _, index in slots]
+        ranks_by_node = node_ranks(pool.process_on_nodes)
+        slots = [(node, local) for node, ranks in enumerate(ranks_by_node) for local in range(len(ranks))]  # per rank
         workers: list[ray.actor.ActorHandle] = []
         master = {"MASTER_ADDR": "", "MASTER_PORT": ""}  # rank 0 must not inherit a stale rendezvous
         # Starting a process and importing torch may take long on a busy machine, but not forever.
         start_timeout_s = None if self.rpc_timeout_s is None else max(ACTOR_START_TIMEOUT_S, self.rpc_timeout_s)
-        for rank, (group, bundle_index) in enumerate(slots):
-            env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_ranks[rank])}
+        for rank, (node, local_rank) in enumerate(slots):
+            env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)}
             env_vars.update(master)
             suffix = f"{name_prefix}_{ray.get_runtime_context().get_job_id()}_{id(self):x}_{rank}"
-            actor = cls_with_init.create_actor(group, bundle_index, num_cpus, num_gpus, env_vars, suffix)
+            actor = cls_with_init.create_actor(group, node, num_cpus, num_gpus, env_vars, suffix)
             workers.append(actor)
             if rank == 0:
                 # Rank 0 chooses the rendezvous address; the other ranks get it in their environment.
@@ -222,7 +275,19 @@ class RayWorkerGroup(WorkerGroup):
                 master = {"MASTER_ADDR": addr, "MASTER_PORT": port}
         handles = [actor.process_info.remote() for actor in workers]
         self._process_info = self._wait(handles, "__init__", list(range(world_size)), start_timeout_s, _START_SETTING)
+        logger.info("%s", self.describe_ranks())
         return workers
+
+    def describe_ranks(self) -> str:
+        """Where each rank runs (Ray node id, IP, pid), one line per rank; logged when the workers start."""
+        info = self._process_info or []
+        nodes = len({process.node_id for process in info})
+        lines = [f"[placement] {self.name}: {len(info)} ranks on {nodes} Ray node{'s' if nodes != 1 else ''}"]
+        lines += [
+            f"  rank {rank}: node {process.node_id}, ip {process.node_ip}, pid {process.pid}"
+            for rank, process in enumerate(info)
+        ]
+        return "\n".join(lines)
 
     def spawn(self, prefix_set: list[str]) -> dict[str, RayWorkerGroup]:
         """Split a colocated group into one group per role (named after it), sharing the same actors."""
@@ -328,8 +393,8 @@ class RayWorkerGroup(WorkerGroup):
     def _describe_rank(self, rank: int) -> str:
         if self._process_info is None:
             return str(rank)
-        node, pid = self._process_info[rank]
-        return f"{rank} (pid {pid} on {node})"
+        process = self._process_info[rank]
+        return f"{rank} (pid {process.pid} on {process.node_ip}, Ray node {process.node_id[:12]})"
 
     def _public_name(self, method_name: str) -> str:
         prefix = self._method_prefix
