@@ -131,6 +131,25 @@ def test_shard_of_splits_evenly_and_refuses_uneven():
         shard_of(full, 0, 2, 2)
 
 
+def _smollm2_greedy(rank: int, world_size: int, model_dir: str) -> None:
+    tokenizer = load_tokenizer(model_dir)
+    prompts = encode_prompts(tokenizer, PROMPTS)
+    params = SamplingParams(max_new_tokens=24, do_sample=False)
+    rollout = NativeRollout(model_dir, tokenizer, params, tp_mesh=_rollout_tp_mesh(world_size))
+    assert rollout.forward.num_heads == 3 and rollout.cache.num_kv_heads == 1
+    out = rollout.generate_sequences(prompts)
+    expected = NativeRollout(build_causal_lm(model_dir), tokenizer, params).generate_sequences(prompts)
+    assert torch.equal(out.batch["responses"], expected.batch["responses"])
+
+
+@pytest.mark.slow
+def test_smollm2_tp3_greedy_equals_tp1():
+    """SmolLM2-135M (9 heads, 3 kv heads, vocabulary 49,152): 3 is its smallest TP size; 3 ranks on 2 cores."""
+    from hybridflow.models import resolve_model_path
+
+    run_distributed(_smollm2_greedy, 3, resolve_model_path("smollm2-135m-instruct"))
+
+
 # ---------------------------------------------------------------------------- GPU
 def _gpu_generation(rank: int, world_size: int, model_dir: str) -> None:
     tokenizer = load_tokenizer(model_dir)
