@@ -28,6 +28,7 @@ from hybridflow.algorithms.advantages import (
     get_adv_estimator_fn,
     register_adv_est,
 )
+from hybridflow.algorithms import prime as _prime  # noqa: F401  (registers the `prime` estimator)
 from hybridflow.algorithms.entropy import compute_entropy_loss, entropy_from_logits, entropy_from_logits_with_chunking
 from hybridflow.algorithms.kl import (
     KL_PENALTY_TYPES,

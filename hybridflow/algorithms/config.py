@@ -248,6 +248,10 @@ class AlgorithmConfig:
     """DAPO dynamic sampling."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Where the old log-probs come from, and off-policy correction."""
+    reward_dpo_coef: float = 5.0
+    """PRIME (adv_estimator=prime): weight of the implicit process rewards in the advantage."""
+    reward_gt_coef: float = 5.0
+    """PRIME (adv_estimator=prime): weight of the outcome (verifier) rewards in the advantage."""
 
     def __post_init__(self) -> None:
         check_range("gamma", self.gamma, 0.0, 1.0)

@@ -13,10 +13,12 @@ def compute_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
+    extra_inputs: dict | None = None,
 ) -> DataProto:
     """Add `advantages` and `returns` (bs, response_len) computed by the registered `adv_estimator`.
 
-    Reads `token_level_rewards`, `response_mask`, `values` (if present) and the `uid` group ids.
+    Reads `token_level_rewards`, `response_mask`, `values` (if present) and the `uid` group ids; `extra_inputs` go
+    to estimators that name them (PRIME's `rm_scores` and coefficients).
     """
     batch = data.batch
     advantages, returns = compute_advantage_by_name(
@@ -29,6 +31,7 @@ def compute_advantage(
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        extra_inputs=extra_inputs,
     )
     batch["advantages"] = advantages
     batch["returns"] = returns

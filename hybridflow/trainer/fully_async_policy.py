@@ -141,8 +141,7 @@ class FullyAsyncTrainer(RayPPOTrainer):
             "fully_async/rollout_gen_s": item.gen_s,
             "fully_async/rollouter_wait_s": item.wait_s,
         })
-        reward = self.score(batch, metrics, timing)
-        batch.batch["token_level_scores"] = reward.reward_tensor
+        self.score_into(batch, metrics, timing)
         return batch
 
     def _take(self) -> _Generated:

@@ -96,8 +96,7 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
             "rollout/staleness/min": float(values.min()),
             "rollout/staleness/max": float(values.max()),
         })
-        reward = self.score(batch, metrics, timing)
-        batch.batch["token_level_scores"] = reward.reward_tensor
+        self.score_into(batch, metrics, timing)
         return batch
 
     def _launch(self, batches) -> _Generation:

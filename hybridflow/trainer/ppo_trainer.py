@@ -23,6 +23,7 @@ from hybridflow.algorithms import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
+from hybridflow.algorithms.prime import implicit_token_rewards, prime_dpo_accuracy, prime_normalize
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.combine import combine_rewards
 from hybridflow.rewards.manager.base import RewardResult
@@ -66,6 +67,7 @@ class RayPPOTrainer:
         self.tracking = tracking
         self.use_critic = critic_enabled(config)
         self.use_reference = uses_reference(config)
+        self.prime = config.algorithm.adv_estimator == "prime"
         self.old_log_probs = old_log_prob_source(config)
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
@@ -145,12 +147,18 @@ class RayPPOTrainer:
         if self.use_critic:
             with timer("values", timing):
                 batch = batch.union(critic.compute_values(batch))
+        extra_inputs = None
+        if self.prime:
+            with timer("prime_rm", timing):
+                extra_inputs = self.implicit_process_rewards(batch, metrics)
         with timer("adv", timing):
             if algo.use_kl_in_reward:
                 metrics.update(apply_kl_in_reward(batch, self.kl_ctrl, algo.kl_penalty))
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-            batch = compute_advantage(batch, algo.adv_estimator, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo)
+            batch = compute_advantage(
+                batch, algo.adv_estimator, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo, extra_inputs
+            )
         if self.use_critic:
             with timer("update_critic", timing):
                 self._collect(critic.update_critic(batch), metrics)
@@ -159,6 +167,24 @@ class RayPPOTrainer:
                 self._collect(actor_rollout.update_actor(batch), metrics)
             self.sync_rollout_weights(metrics, timing)
         return batch
+
+    def implicit_process_rewards(self, batch: DataProto, metrics: dict[str, float]) -> dict[str, Any]:
+        """PRIME: train the implicit PRM on this batch's outcomes (before or after it scores the batch, as
+        `reward_model.model.update` says), turn its log-ratios into dense token rewards (`rm_scores`), and return
+        the advantage's extra inputs."""
+        prm, section, algo = self.workers.reward_model, self.config.reward_model, self.config.algorithm
+        if section.model.update == "before":
+            self._collect(prm.update_rm(batch), metrics)
+        q = self._collect(prm.compute_rm_score(batch), metrics).batch["prime_q"]
+        if section.model.update == "after":
+            self._collect(prm.update_rm(batch), metrics)
+        mask = batch.batch["response_mask"]
+        scores = implicit_token_rewards(q, mask, section.model.beta_train, section.prime_granularity)
+        batch.batch["rm_scores"] = prime_normalize(scores, section.prime_norm)
+        metrics["reward_model/dpo_acc"] = prime_dpo_accuracy(q, batch.batch["acc"], mask, batch.non_tensor_batch["uid"])
+        metrics["reward_model/implicit_reward/mean"] = float((q * mask).sum(-1).mean()) * section.model.beta_train
+        return {"rm_scores": batch.batch["rm_scores"], "reward_dpo_coef": algo.reward_dpo_coef,
+                "reward_gt_coef": algo.reward_gt_coef}
 
     def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> None:
         """Split placement: send the actor's new weights to the rollout pool (`timing_s/sync_rollout_weights`).
@@ -208,15 +234,22 @@ class RayPPOTrainer:
                 )
             baseline = self.score(greedy, {}, timing).reward_tensor.sum(dim=-1)
             batch.batch["reward_baselines"] = baseline.repeat_interleave(rollout.n)
+        reward = self.score_into(batch, metrics, timing)
+        return batch, reward.extra_info
+
+    def score_into(self, batch: DataProto, metrics: dict[str, float], timing: dict[str, float]) -> RewardResult:
+        """Score `batch` and store its `token_level_scores` (and, for PRIME, each sample's outcome label `acc`)."""
         reward = self.score(batch, metrics, timing)
         batch.batch["token_level_scores"] = reward.reward_tensor
-        return batch, reward.extra_info
+        if self.prime:  # the implicit PRM learns from each sample's outcome label
+            batch.batch["acc"] = torch.tensor(reward.extra_info["acc"], dtype=torch.float32).clamp(0.0, 1.0)
+        return reward
 
     def score(self, batch: DataProto, metrics: dict[str, float], timing: dict[str, float]) -> RewardResult:
         """Rewards of `batch`: the reward model's score (`rm`), the rule-based reward manager's (`reward`), or
         both weighted by `reward_model.rule_reward_coef`."""
         reward_model = self.workers.reward_model
-        if reward_model is None:
+        if reward_model is None or self.prime:  # PRIME's outcome rewards are the rule rewards
             with timer("reward", timing):
                 reward = self.reward_fn(batch)
             metrics.update(reward.metrics)
@@ -285,6 +318,8 @@ class RayPPOTrainer:
             self.workers.actor_rollout.save_checkpoint(str(staging / "actor"), hf_path)
             if self.workers.critic is not None:
                 self.workers.critic.save_checkpoint(str(staging / "critic"))
+            if self.prime:
+                self.workers.reward_model.save_checkpoint(str(staging / "reward"))
 
         state = {"sampler": self.data_position(), "kl_coef": float(self.kl_ctrl.value)}
         return checkpointing.save_checkpoint(
@@ -306,6 +341,8 @@ class RayPPOTrainer:
         self.sync_rollout_weights({}, {})
         if self.workers.critic is not None:
             self.workers.critic.load_checkpoint(str(path / "critic"))
+        if self.prime:
+            self.workers.reward_model.load_checkpoint(str(path / "reward"))
         self.train_dataloader.sampler.load_state_dict(state["sampler"])
         self.kl_ctrl.value = state["kl_coef"]
         return int(state["global_steps"])

@@ -14,7 +14,7 @@ from hybridflow.single_controller.ray import RayClassWithInitArgs, create_coloca
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.placement import ROLLOUT_POOL, build_pool_manager, describe_placement
 from hybridflow.trainer.scaffold import WorkerProcesses, use_accelerator, worker_runtime
-from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, PrimeRewardModelWorker, RewardModelWorker
 from hybridflow.workers.config import WorkerRuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ def role_classes(config: PPOConfig, roles: list[str], runtime: WorkerRuntimeConf
             })
     if "critic" in roles:
         classes["critic"] = RayClassWithInitArgs(CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, runtime)
-    if "reward_model" in roles:
-        classes["rm"] = RayClassWithInitArgs(RewardModelWorker, config.reward_model, runtime)
+    if "reward_model" in roles:  # PRIME's reward model is an implicit PRM, trained online
+        rm_cls = PrimeRewardModelWorker if config.algorithm.adv_estimator == "prime" else RewardModelWorker
+        classes["rm"] = RayClassWithInitArgs(rm_cls, config.reward_model, runtime)
     return classes
 
 

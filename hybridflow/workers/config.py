@@ -263,6 +263,21 @@ class RewardModelModelConfig(FSDPModelConfig):
     """The policy's tokenizer (defaults to actor_rollout_ref.model.path). When the reward model's tokenizer or chat
     template differ from it, each response is decoded and the conversation re-templated for the reward model;
     None feeds the policy's token ids as they are (same tokenizer and template)."""
+    ref_path: Optional[str] = None
+    """PRIME: the implicit PRM's frozen reference (a causal LM); None: its own initial weights (model.path)."""
+    update: Literal["none", "before", "after"] = "none"
+    """PRIME: train the implicit PRM on each batch's outcomes before scoring it, after (scores from the weights
+    before the step), or never."""
+    beta_train: float = 0.05
+    """PRIME: beta of the implicit reward beta * (log pi_prm - log pi_ref)."""
+    loss_type: Literal["ce"] = "ce"
+    """PRIME: the implicit PRM's loss: cross-entropy of sigmoid(beta * sum q) against the outcome."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, clip_grad=10.0))
+    """PRIME: the implicit PRM's optimizer."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("beta_train", self.beta_train)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +308,10 @@ class RewardModelWorkerConfig:
     """Nodes of the reward model's own pool."""
     ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
     """Ranks that split one sequence (Ulysses)."""
+    prime_granularity: Literal["token", "whole"] = "token"
+    """PRIME: implicit rewards on every response token, or their sum on the last one."""
+    prime_norm: Literal["batch_norm", "none"] = "batch_norm"
+    """PRIME: divide the implicit rewards by the batch's largest |return| (batch_norm) or leave them."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)

@@ -19,7 +19,7 @@ from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
-GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg")
+GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg", "prime")
 # Estimators this trainer cannot feed (none today; the table names the reason when one is added).
 UNSUPPORTED_BY_TRAINER: dict[str, str] = {}
 # Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
@@ -373,8 +373,7 @@ def _check_filter_groups(cfg: PPOConfig) -> None:
             "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the KL penalty needs "
             "reference log-probs, computed after groups are filtered; use metric=seq_reward"
         )
-    rm_only = cfg.reward_model.enable and cfg.reward_model.rule_reward_coef == 0
-    if rm_only and metric not in ("seq_reward", "seq_final_reward", "rm_score"):
+    if reward_model_only(cfg) and metric not in ("seq_reward", "seq_final_reward", "rm_score"):
         raise ValueError(
             f"algorithm.filter_groups.metric={metric!r}: with a reward model alone (reward_model.enable=True, "
             "rule_reward_coef=0) no rule scorer runs in training; use seq_reward or rm_score"
@@ -417,8 +416,11 @@ def _check_files(cfg: PPOConfig) -> None:
     if critic_enabled(cfg):
         check_model_location("critic.model.path", cfg.critic.model.path)
         check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path, weights=False)
-    if cfg.reward_model.enable:
+    if uses_prime(cfg):
+        _check_prime(cfg)
+    elif cfg.reward_model.enable:
         _check_reward_model(cfg)
+    _check_prime_keys_unused(cfg)
     check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
     check_run_dir(cfg.trainer)
 
@@ -435,6 +437,82 @@ def _check_teacher(cfg: PPOConfig) -> None:
             f"actor_rollout_ref.ref.model.path={ref_model.path!r} sets a teacher, but no KL term uses the reference: "
             "set actor_rollout_ref.actor.use_kl_loss=True (KL loss) or algorithm.use_kl_in_reward=True (KL reward)"
         )
+
+
+def uses_prime(cfg: PPOConfig) -> bool:
+    """Whether the run is PRIME: its reward model is an implicit process reward model trained online."""
+    return cfg.algorithm.adv_estimator == "prime"
+
+
+def reward_model_only(cfg: PPOConfig) -> bool:
+    """Whether training rewards come from a reward model alone (no rule scorer runs on training batches)."""
+    return cfg.reward_model.enable and cfg.reward_model.rule_reward_coef == 0 and not uses_prime(cfg)
+
+
+def _check_prime(cfg: PPOConfig) -> None:
+    """PRIME: the implicit PRM is a causal LM (trained, with a frozen reference); outcomes are the rule rewards."""
+    section, model = cfg.reward_model, cfg.reward_model.model
+    if not section.enable:
+        raise ValueError(
+            "algorithm.adv_estimator=prime trains an implicit process reward model: set reward_model.enable=True and "
+            "reward_model.model.path to a causal LM (usually the actor's initial model)"
+        )
+    if section.rule_reward_coef != 0:
+        raise ValueError(
+            f"reward_model.rule_reward_coef={section.rule_reward_coef} with PRIME: the outcome reward is the rule "
+            "reward, weighted in the advantage by algorithm.reward_gt_coef; leave rule_reward_coef at 0"
+        )
+    for key, location in (("path", model.path), ("ref_path", model.ref_path)):
+        check_model_location(f"reward_model.model.{key}", location)
+        if location is None:
+            continue
+        architectures = getattr(load_model_config(location), "architectures", None) or []
+        if not any(name.endswith("ForCausalLM") for name in architectures):
+            raise ValueError(
+                f"reward_model.model.{key}={location!r} lists architectures {architectures or 'none'}: PRIME's implicit "
+                "reward model is a causal LM (...ForCausalLM), e.g. the actor's initial model"
+            )
+    check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path, weights=False)
+    if model.update == "none" and model.ref_path in (None, model.path):
+        raise ValueError(
+            "reward_model.model.update=none with the implicit PRM's reference equal to its weights: its rewards "
+            "beta * (log pi_prm - log pi_ref) would be 0 forever; set reward_model.model.update=before (or after)"
+        )
+    if model.lora_rank:
+        raise ValueError("reward_model.model.lora_rank with PRIME: LoRA on the implicit PRM is not implemented")
+    if model.input_tokenizer not in (None, cfg.actor_rollout_ref.model.path):
+        raise ValueError(
+            "reward_model.model.input_tokenizer with PRIME: the implicit PRM scores the policy's token ids, so it must "
+            "share the policy's tokenizer; leave input_tokenizer unset"
+        )
+
+
+_PRIME_DEFAULTS = {
+    "reward_model.model.update": "none", "reward_model.model.ref_path": None, "reward_model.model.beta_train": 0.05,
+    "reward_model.prime_granularity": "token", "reward_model.prime_norm": "batch_norm",
+    "algorithm.reward_dpo_coef": 5.0, "algorithm.reward_gt_coef": 5.0,
+}
+
+
+def _check_prime_keys_unused(cfg: PPOConfig) -> None:
+    """PRIME's settings configure nothing in other runs: a changed one is refused, not ignored."""
+    if uses_prime(cfg):
+        return
+    values = {
+        "reward_model.model.update": cfg.reward_model.model.update,
+        "reward_model.model.ref_path": cfg.reward_model.model.ref_path,
+        "reward_model.model.beta_train": cfg.reward_model.model.beta_train,
+        "reward_model.prime_granularity": cfg.reward_model.prime_granularity,
+        "reward_model.prime_norm": cfg.reward_model.prime_norm,
+        "algorithm.reward_dpo_coef": cfg.algorithm.reward_dpo_coef,
+        "algorithm.reward_gt_coef": cfg.algorithm.reward_gt_coef,
+    }
+    for key, value in values.items():
+        if value != _PRIME_DEFAULTS[key]:
+            raise ValueError(
+                f"{key}={value!r} configures PRIME's implicit process reward model, but "
+                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}; set algorithm.adv_estimator=prime or drop it"
+            )
 
 
 def _check_reward_model(cfg: PPOConfig) -> None:
@@ -527,8 +605,7 @@ def _check_rows(cfg: PPOConfig) -> None:
                 raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
             table = pq.read_table(expand_path(path), columns=[c for c in (key, "agent_name") if c in columns])
             num_train_rows += table.num_rows if name == "data.train_files" else 0
-            rm_only = cfg.reward_model.enable and cfg.reward_model.rule_reward_coef == 0
-            if cfg.custom_reward_function.path is None and not (rm_only and name == "data.train_files"):
+            if cfg.custom_reward_function.path is None and not (reward_model_only(cfg) and name == "data.train_files"):
                 _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
             if "agent_name" in columns:
                 _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)
