@@ -67,7 +67,6 @@ class RayPPOTrainer:
         self.tracking = tracking
         self.use_critic = critic_enabled(config)
         self.use_reference = uses_reference(config)
-        self.prime = config.algorithm.adv_estimator == "prime"
         self.old_log_probs = old_log_prob_source(config)
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
@@ -167,6 +166,11 @@ class RayPPOTrainer:
                 self._collect(actor_rollout.update_actor(batch), metrics)
             self.sync_rollout_weights(metrics, timing)
         return batch
+
+    @property
+    def prime(self) -> bool:
+        """Whether this run is PRIME (its reward model is an implicit PRM trained online)."""
+        return self.config.algorithm.adv_estimator == "prime"
 
     def implicit_process_rewards(self, batch: DataProto, metrics: dict[str, float]) -> dict[str, Any]:
         """PRIME: train the implicit PRM on this batch's outcomes (before or after it scores the batch, as
