@@ -177,6 +177,7 @@ class RayPPOTrainer:
         `reward_model.model.update` says), turn its log-ratios into dense token rewards (`rm_scores`), and return
         the advantage's extra inputs."""
         prm, section, algo = self.workers.reward_model, self.config.reward_model, self.config.algorithm
+        batch = batch.union(self._collect(prm.compute_ref_log_prob(batch), metrics))  # once, for both calls
         if section.model.update == "before":
             self._collect(prm.update_rm(batch), metrics)
         q = self._collect(prm.compute_rm_score(batch), metrics).batch["prime_q"]

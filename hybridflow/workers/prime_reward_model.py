@@ -58,23 +58,40 @@ class PrimeRewardModelWorker(Worker):
         )
         return log_probs
 
+    def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
+        """The reference's log-probs: the batch's `prime_ref_log_probs` when the driver fetched them already."""
+        if "prime_ref_log_probs" in data.batch.keys():
+            return data.batch["prime_ref_log_probs"]
+        return self._log_probs(self.ref, data)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(PRIME_MESH))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`prime_ref_log_probs` (bs, response_len) under the frozen reference: computed once per batch, then
+        passed to `update_rm` and `compute_rm_score`."""
+        start = time.perf_counter()
+        log_probs = self._log_probs(self.ref, data)
+        return DataProto.from_dict(
+            {"prime_ref_log_probs": log_probs}, meta_info={"metrics": {"timing_s/prime_rm_ref": time.perf_counter() - start}}
+        )
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(PRIME_MESH))
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`prime_q` (bs, response_len): log pi_prm - log pi_ref of each response token, 0 elsewhere."""
         start = time.perf_counter()
         mask = data.batch["response_mask"].to(torch.float32)
-        q = (self._log_probs(self.prm, data) - self._log_probs(self.ref, data)) * mask
+        q = (self._log_probs(self.prm, data) - self._ref_log_probs(data)) * mask
         return DataProto.from_dict({"prime_q": q}, meta_info={"metrics": {"timing_s/prime_rm_score": time.perf_counter() - start}})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(PRIME_MESH))
     def update_rm(self, data: DataProto) -> DataProto:
         """One optimizer step of the implicit PRM on this batch's outcomes (`acc`, (bs,) in [0, 1])."""
         start = time.perf_counter()
+        ref_log_probs = self._ref_log_probs(data)
         data = DataProto.from_dict(
             {key: data.batch[key] for key in ("input_ids", "attention_mask", "position_ids", "responses",
                                               "response_mask", "acc")}
         )
-        data.batch["prime_ref_log_probs"] = self._log_probs(self.ref, data)
+        data.batch["prime_ref_log_probs"] = ref_log_probs
         beta = self.config.model.beta_train
 
         def loss_fn(outputs: dict[str, torch.Tensor], micro_batch) -> tuple[torch.Tensor, dict[str, float]]:
