@@ -22,3 +22,11 @@ def ray_cluster():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """A saved tiny Qwen2-VL (1 vision block, 2 text layers) with its tokenizer and image processor (~4 s)."""
+    from hybridflow.models.tiny_vlm import save_tiny_vlm
+
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm"), seed=0)

@@ -80,6 +80,11 @@ class RLHFDataConfig(DataFilesConfig):
     """Drop over-long prompts when the dataset is built (one warning with the count)."""
     return_raw_chat: bool = False
     """Keep the chat messages per sample as raw_prompt (agent loops need them)."""
+    image_key: str = "images"
+    """Column of each row's images (a list of {bytes} / {path} dicts or paths), one `<image>` placeholder in the
+    prompt per image; read with a vision-language model's processor."""
+    video_key: str = "videos"
+    """Column of each row's videos; rows with videos are refused (images only)."""
     tokenizer: Optional[str] = unsupported(None, "the tokenizer is actor_rollout_ref.model.tokenizer_path")
     """Tokenizer of the dataset."""
     dataloader_num_workers: int = unsupported(0, "prompts are tokenized up front; loader workers would break resume")

@@ -4,6 +4,9 @@ A row holds `prompt` (chat messages [{role, content}, ...]), `data_source` (str,
 `ability`, `reward_model` ({ground_truth, style}) and `extra_info` (dict: index, split, optionally
 `agent_name`, `tools_kwargs`, `interaction_kwargs`). Every row is checked when the dataset is built, before
 any tokenization, so a malformed file fails in seconds with the file, the row and the field.
+
+With a vision-language model's processor, rows also hold images (`data.image_key`, `<image>` placeholders in
+the prompt; see `hybridflow.data.multimodal`) and items carry verl's `multi_modal_data` / `multi_modal_inputs`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow.data.config import RLHFDataConfig, expand_path
+from hybridflow.data.multimodal import check_vision_row, encode_vision_prompt, vision_prompt_length
 
 __all__ = ["RLHFDataset", "collate_fn", "compute_position_ids"]
 
@@ -41,6 +45,8 @@ class RLHFDataset(Dataset):
         tokenizer: a Hugging Face tokenizer with a chat template.
         config: the `data.*` section (`RLHFDataConfig`).
         max_samples: keep only the first this many rows (-1: all), before length filtering.
+        processor: a vision-language model's `VisionProcessor` (`hybridflow.models.vision.load_processor`); None
+            for text models, whose rows must hold no images.
 
     Each item is a dict:
         input_ids, attention_mask, position_ids: (max_prompt_length,) int64, left-padded;
@@ -50,6 +56,10 @@ class RLHFDataset(Dataset):
         tools_kwargs, interaction_kwargs: from `extra_info` (default {});
         agent_name: only when some row sets it (top-level column or `extra_info`); rows without one get None;
         raw_prompt: the chat messages, only with `config.return_raw_chat`.
+        With a processor: position_ids is (4, max_prompt_length) (text positions, then M-RoPE's temporal, height
+        and width rows), raw_prompt_ids has one image token per image (not expanded), multi_modal_data is
+        {"image": [PIL images]} and multi_modal_inputs {"pixel_values", "image_grid_thw"}; the image column is
+        left out.
 
     Raises:
         FileNotFoundError: a file does not exist (names the path).
@@ -58,11 +68,12 @@ class RLHFDataset(Dataset):
     """
 
     def __init__(self, data_files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any,
-                 config: RLHFDataConfig, max_samples: int = -1) -> None:
+                 config: RLHFDataConfig, max_samples: int = -1, processor: Any = None) -> None:
         if not isinstance(config, RLHFDataConfig):
             raise TypeError(f"config must be an RLHFDataConfig, got {type(config).__name__}")
         self.config = config
         self.tokenizer = tokenizer
+        self.processor = processor
         self.data_files = _as_paths(data_files)
         self.pad_token_id = _resolve_pad_token_id(tokenizer)
         self._rows: list[dict[str, Any]] = []
@@ -71,6 +82,9 @@ class RLHFDataset(Dataset):
             rows = pq.read_table(path).to_pylist()
             for row_index, row in enumerate(rows):
                 _validate_row(row, str(path), row_index, config.prompt_key)
+                check_vision_row(row, f"{path}: row {row_index}", prompt_key=config.prompt_key,
+                                 image_key=config.image_key, video_key=config.video_key,
+                                 has_processor=processor is not None)
                 self._rows.append(row)
                 self._origins.append((str(path), row_index))
         if max_samples > 0:
@@ -89,12 +103,7 @@ class RLHFDataset(Dataset):
     def _check_lengths(self) -> None:
         """Filter (or, with truncation='error', reject) prompts longer than max_prompt_length."""
         max_len = self.config.max_prompt_length
-        lengths: list[int] = []
-        for start in range(0, len(self._rows), _TOKENIZE_CHUNK):
-            texts = [self._render(row[self.config.prompt_key]) for row in self._rows[start:start + _TOKENIZE_CHUNK]]
-            if texts:
-                encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-                lengths.extend(len(ids) for ids in encoded)
+        lengths = self._prompt_lengths()
         keep = [i for i, n in enumerate(lengths) if n <= max_len]
         if len(keep) == len(self._rows):
             return
@@ -120,6 +129,18 @@ class RLHFDataset(Dataset):
                 f"data.max_prompt_length={max_len}; raise it"
             )
 
+    def _prompt_lengths(self) -> list[int]:
+        """Tokens of each row's prompt (with a processor: image tokens expanded)."""
+        if self.processor is not None:
+            return [self._vision_prompt_length(index) for index in range(len(self._rows))]
+        lengths: list[int] = []
+        for start in range(0, len(self._rows), _TOKENIZE_CHUNK):
+            texts = [self._render(row[self.config.prompt_key]) for row in self._rows[start:start + _TOKENIZE_CHUNK]]
+            if texts:
+                encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+                lengths.extend(len(ids) for ids in encoded)
+        return lengths
+
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
         return len(self._rows)
@@ -127,17 +148,20 @@ class RLHFDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self._rows[index]
         messages = row[self.config.prompt_key]
-        ids = self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
-        ids = self._truncate(list(ids), index)
-        input_ids, attention_mask = _left_pad(ids, self.config.max_prompt_length, self.pad_token_id)
-        item: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": compute_position_ids(attention_mask),
-            "raw_prompt_ids": ids,
-        }
+        if self.processor is not None:
+            item = self._vision_item(index)
+        else:
+            ids = self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
+            ids = self._truncate(list(ids), index)
+            input_ids, attention_mask = _left_pad(ids, self.config.max_prompt_length, self.pad_token_id)
+            item = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": compute_position_ids(attention_mask),
+                "raw_prompt_ids": ids,
+            }
         for key, value in row.items():
-            if key != self.config.prompt_key:
+            if key not in (self.config.prompt_key, self.config.image_key, self.config.video_key):
                 item[key] = value
         extra_info = row.get("extra_info") or {}
         item["index"] = extra_info.get("index", index) if isinstance(extra_info, dict) else index
@@ -148,6 +172,22 @@ class RLHFDataset(Dataset):
         if self.config.return_raw_chat:
             item["raw_prompt"] = _clean_messages(messages)
         return item
+
+    def _vision_item(self, index: int) -> dict[str, Any]:
+        """Prompt tensors, M-RoPE positions and multi-modal fields of row `index` (`encode_vision_prompt`)."""
+        row, (path, row_index) = self._rows[index], self._origins[index]
+        return encode_vision_prompt(
+            self.processor, row[self.config.prompt_key], row[self.config.image_key],
+            max_length=self.config.max_prompt_length, pad_token_id=self.pad_token_id,
+            where=f"{path}: row {row_index}", chat_template_kwargs=self.config.apply_chat_template_kwargs,
+        )
+
+    def _vision_prompt_length(self, index: int) -> int:
+        row, (path, row_index) = self._rows[index], self._origins[index]
+        return vision_prompt_length(
+            self.processor, row[self.config.prompt_key], row[self.config.image_key], f"{path}: row {row_index}",
+            self.config.apply_chat_template_kwargs,
+        )
 
     def _truncate(self, ids: list[int], index: int) -> list[int]:
         max_len = self.config.max_prompt_length

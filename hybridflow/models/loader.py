@@ -93,7 +93,8 @@ def build_causal_lm(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load an HF causal LM on CPU from a catalogue name, a directory or a GGUF file.
+    """Load an HF causal LM (or a vision-language model, which generates text) on CPU from a catalogue name, a
+    directory or a GGUF file.
 
     GGUF weights are dequantized by transformers; the quantizer markers are cleared so that the model
     saves with `save_pretrained` like any other.
@@ -113,7 +114,12 @@ def build_causal_lm(
     }
     if gguf:
         kwargs["gguf_file"] = gguf
-    model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+    auto_cls = AutoModelForCausalLM
+    if not gguf and getattr(load_model_config(directory, trust_remote_code), "vision_config", None) is not None:
+        from transformers import AutoModelForImageTextToText  # vision-language (e.g. Qwen2-VL): not a CausalLM class
+
+        auto_cls = AutoModelForImageTextToText
+    model = auto_cls.from_pretrained(directory, **kwargs)
     if gguf:
         clear_quantization_markers(model)
     return model

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hybridflow.rewards.score import code, countdown, gsm8k, math, reasoning_gym
+from hybridflow.rewards.score import code, color_square, countdown, gsm8k, math, reasoning_gym
 from hybridflow.sandbox import SandboxLimits
 from hybridflow.utils.registry import Registry
 
@@ -52,6 +52,11 @@ def _score_reasoning_gym(data_source: str, solution_str: str, ground_truth: Any,
     return reasoning_gym.compute_score(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
 
 
+def _score_color_square(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                        format_score: float = 0.0) -> float:
+    return color_square.compute_score(solution_str, ground_truth)
+
+
 # Heavy imports a scorer needs, run by `resolve_scorer` in the driver so that forked workers inherit them.
 _score_reasoning_gym.preload = reasoning_gym.preload  # type: ignore[attr-defined]
 _score_code.uses_sandbox = True  # type: ignore[attr-defined]
@@ -64,6 +69,7 @@ SCORERS.register("countdown", _score_countdown)
 for _name in ("openai_humaneval", "code"):  # 'code/<anything>' resolves to 'code'
     SCORERS.register(_name, _score_code)
 SCORERS.register("reasoning_gym", _score_reasoning_gym)
+SCORERS.register("color_square", _score_color_square)
 
 
 def has_scorer(data_source: str) -> bool:
