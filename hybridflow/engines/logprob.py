@@ -30,12 +30,13 @@ def compute_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def compute_response_position_ids(prompt_position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
-    """Position ids of response tokens continuing the prompt's last position.
+    """Position ids of response tokens continuing the prompt's last position (each row of M-RoPE ids too: text
+    after the image continues every row by one, as in generation).
 
-    prompt_position_ids: (bs, prompt_len) int64 -> (bs, response_length) int64.
+    prompt_position_ids: (bs, prompt_len) or (bs, rows, prompt_len) int64 -> (bs, [rows,] response_length) int64.
     """
     steps = torch.arange(1, response_length + 1, device=prompt_position_ids.device, dtype=prompt_position_ids.dtype)
-    return prompt_position_ids[:, -1:] + steps
+    return prompt_position_ids[..., -1:] + steps
 
 
 def compute_response_mask(responses: torch.Tensor, eos_token_ids: list[int] | tuple[int, ...]) -> torch.Tensor:

@@ -4,6 +4,11 @@ Reported log-probs (`rollout_log_probs`) are computed from the model's raw logit
 before top-k/top-p filtering: that is the distribution the training engine scores with
 `compute_log_prob(temperature=...)`, so the two agree (to float rounding) on the same weights. The tokens
 themselves are sampled from the filtered distribution, exactly as `generate` would.
+
+Vision-language prompts (a `multi_modal_inputs` column, see `hybridflow.data.multimodal`) pass their rows'
+`pixel_values` and `image_grid_thw`, concatenated in row order, to `generate`, which computes the M-RoPE
+positions itself; the returned batch keeps the column and the (bs, 4, seq) position ids, continued over the
+response.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
+from hybridflow.models.vision import multi_modal_model_inputs
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -102,20 +108,27 @@ class HFRollout(BaseRollout):
     def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One `generate` call: (responses, response_mask, log_probs), each (bs, max_new_tokens)."""
         prompt_ids = prompts.batch["input_ids"].to(self.device)
-        prompt_mask = prompts.batch["attention_mask"].to(self.device)
-        prompt_pos = prompts.batch["position_ids"].to(self.device)
         eos_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
         pad_id = self.tokenizer.pad_token_id
         recorder = SampledLogProbRecorder(params.log_prob_temperature)
         sequences = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=prompt_pos,
+            **self._model_inputs(prompts),
             generation_config=self._generation_config(params, eos_ids, pad_id),
             logits_processor=self._logits_processors(params, recorder),
         )
         generated = sequences[:, prompt_ids.size(1) :]
         return self._pad_responses(generated, recorder.finish(generated), params, eos_ids, pad_id)
+
+    def _model_inputs(self, prompts: DataProto) -> dict[str, torch.Tensor]:
+        """ids, mask and position ids of a text batch; for images, ids, mask and the rows' multi-modal inputs (the
+        model derives its M-RoPE positions from the image tokens, equal to the prompts' `position_ids[:, 1:]`)."""
+        inputs = {key: prompts.batch[key] for key in ("input_ids", "attention_mask")}
+        images = prompts.non_tensor_batch.get("multi_modal_inputs")
+        if images is None:
+            inputs["position_ids"] = prompts.batch["position_ids"]
+        else:
+            inputs.update(multi_modal_model_inputs(list(images), inputs["input_ids"], self.model.config.image_token_id))
+        return {key: value.to(self.device) for key, value in inputs.items()}
 
     @staticmethod
     def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> GenerationConfig:

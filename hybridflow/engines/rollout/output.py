@@ -37,7 +37,8 @@ def build_rollout_output(
     """A rollout's output `DataProto` with its tensors on CPU.
 
     Args:
-        prompt_ids, prompt_mask, prompt_position_ids: (bs, prompt_len) int64, left-padded prompts.
+        prompt_ids, prompt_mask: (bs, prompt_len) int64, left-padded prompts.
+        prompt_position_ids: (bs, prompt_len), or (bs, 4, prompt_len) for M-RoPE models (vision-language).
         responses: (bs, response_len) int64; columns outside `attention_response_mask` become `pad_token_id`.
         response_mask: (bs, response_len) int, 1 on tokens the model sampled (the ones trained on).
         log_probs: (bs, response_len) float, sampled-token log-probs; zeroed where `response_mask` is 0.
@@ -62,7 +63,7 @@ def build_rollout_output(
         "responses": responses,
         "input_ids": torch.cat([prompt_ids, responses], dim=1),
         "attention_mask": torch.cat([prompt_mask, attention.to(prompt_mask.dtype)], dim=1),
-        "position_ids": torch.cat([prompt_position_ids, response_positions], dim=1),
+        "position_ids": torch.cat([prompt_position_ids, response_positions], dim=-1),
         "response_mask": response_mask,
         "rollout_log_probs": log_probs.float() * response_mask,
     }
@@ -79,7 +80,9 @@ def _check_layout(
     attention: torch.Tensor,
 ) -> None:
     """ValueError naming the first way the inputs break `build_rollout_output`'s contract."""
-    prompt_shapes = {tuple(t.shape) for t in (prompt_ids, prompt_mask, prompt_position_ids)}
+    positions = prompt_position_ids
+    positions_shape = (positions.size(0), positions.size(-1)) if positions.dim() == 3 else tuple(positions.shape)
+    prompt_shapes = {tuple(prompt_ids.shape), tuple(prompt_mask.shape), positions_shape}
     response_shapes = {tuple(t.shape) for t in (responses, response_mask, log_probs, attention)}
     if len(prompt_shapes) != 1 or len(response_shapes) != 1:
         raise ValueError(

@@ -52,6 +52,7 @@ from hybridflow.models.lora import (
     save_lora_adapter,
 )
 from hybridflow.models.value_head import build_value_model, compute_sequence_scores
+from hybridflow.models.vision import concat_multi_modal_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
 from hybridflow.utils.seqlen_balancing import num_token_budget_partitions, partition_by_tokens
@@ -185,12 +186,26 @@ class FSDPEngine:
         """
         tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
         response_length = _get(micro_batch, "responses").size(1)
+        if isinstance(micro_batch, DataProto) and "multi_modal_inputs" in micro_batch.non_tensor_batch:
+            tensors.update(self._vision_inputs(micro_batch, tensors))
         with self._autocast():
             if self.config.share_prompts:
                 return self._forward_shared_prompts(tensors, response_length, temperature, calculate_entropy)
             if self.config.model.use_remove_padding:
                 return self._forward_packed(tensors, response_length, temperature, calculate_entropy)
             return self._forward_padded(tensors, response_length, temperature, calculate_entropy)
+
+    def _vision_inputs(self, micro_batch: DataProto, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A vision-language micro-batch's images (its rows' pixel values and grids, concatenated in row order) and
+        its (bs, 4, seq) position ids as the model takes them, (4, bs, seq); the padded forward only."""
+        if self.config.model.use_remove_padding or self.config.share_prompts:
+            raise ValueError(
+                "vision-language batches run the padded forward only: set use_remove_padding=False and "
+                "use_prefix_grouper=False"
+            )
+        images = concat_multi_modal_inputs(list(micro_batch.non_tensor_batch["multi_modal_inputs"]))
+        images = {key: value.to(self.device) for key, value in images.items()}
+        return {**images, "position_ids": tensors["position_ids"].transpose(0, 1)}
 
     def _forward_padded(
         self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
