@@ -70,6 +70,10 @@ def union_numpy_dict(left: dict[str, np.ndarray], right: dict[str, np.ndarray]) 
 
 
 def _objects_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):  # e.g. a row's multi_modal_inputs (tensors)
+        return a.keys() == b.keys() and all(_objects_equal(a[key], b[key]) for key in a)
     result = a == b
     if isinstance(result, np.ndarray):
         return bool(result.all())

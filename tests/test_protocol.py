@@ -90,6 +90,23 @@ def test_rename():
         data.rename(["x2", "y"], ["a"])
 
 
+def test_union_compares_per_row_dicts_of_tensors_by_value():
+    """A vision-language rollout returns each row's multi_modal_inputs (dicts of tensors) that the batch holds."""
+
+    def rows(scale: float) -> np.ndarray:
+        values = [{"pixel_values": torch.ones(4, 2) * scale, "image_grid_thw": torch.tensor([[1, 2, 2]])}] * 2
+        array = np.empty(2, dtype=object)
+        array[:] = values
+        return array
+
+    left = DataProto.from_dict({"a": torch.zeros(2)}, non_tensors={"multi_modal_inputs": rows(1.0)})
+    same = DataProto.from_dict({"b": torch.ones(2)}, non_tensors={"multi_modal_inputs": rows(1.0)})
+    assert set(left.union(same).batch.keys()) == {"a", "b"}
+    other = DataProto.from_dict({"c": torch.ones(2)}, non_tensors={"multi_modal_inputs": rows(2.0)})
+    with pytest.raises(ValueError, match="non-tensor key 'multi_modal_inputs' is in both batches with different"):
+        left.union(other)
+
+
 def test_union_merges_and_raises_on_conflict_naming_the_key():
     left = DataProto.from_dict({"x": torch.arange(3)}, {"s": ["a", "b", "c"]}, {"m": 1})
     right = DataProto.from_dict({"x": torch.arange(3), "z": torch.ones(3)}, {"t": [1, 2, 3]}, {"n": 2})

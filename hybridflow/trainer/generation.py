@@ -12,6 +12,8 @@ from hybridflow.trainer.scaffold import worker_metrics
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 """The tensors a rollout reads; the trainer drops them from the batch and takes the rollout's versions."""
+ROLLOUT_NON_TENSOR_KEYS = ("multi_modal_inputs",)
+"""Per-row fields a rollout reads besides the tensors (a vision-language prompt's images)."""
 
 
 def generate_batch(
@@ -35,8 +37,9 @@ def build_prompts(
     batch = DataProto.from_single_dict(batch_dict)
     batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
     batch = batch.repeat(n, interleave=True)
+    images = [key for key in ROLLOUT_NON_TENSOR_KEYS if key in batch.non_tensor_batch]
     prompts = batch.select(
-        batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if pass_rows else [], meta_info_keys=[]
+        batch_keys=list(PROMPT_KEYS), non_tensor_batch_keys=None if pass_rows else images, meta_info_keys=[]
     )
     prompts.meta_info = {"validate": validate, **(overrides or {})}
     return batch, prompts

@@ -17,6 +17,7 @@ from hybridflow.trainer.placement import num_worker_processes
 from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 from hybridflow.trainer.scaffold import (
+    build_processor,
     build_tokenizer,
     build_tracking,
     build_train_loader,
@@ -28,15 +29,18 @@ from hybridflow.trainer.scaffold import (
 logger = logging.getLogger(__name__)
 
 
-def build_dataloaders(data: RLHFDataConfig, tokenizer: Any) -> tuple[DataLoader, DataLoader | None]:
+def build_dataloaders(
+    data: RLHFDataConfig, tokenizer: Any, processor: Any = None
+) -> tuple[DataLoader, DataLoader | None]:
     """Training loader of generation batches (seeded, resumable sampler, full batches only: `data.gen_batch_size`
-    prompts with dynamic sampling, else `train_batch_size`) and validation loader of `data.*`."""
-    train_set = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
+    prompts with dynamic sampling, else `train_batch_size`) and validation loader of `data.*`; `processor`: a
+    vision-language model's (`build_processor`), which reads the rows' images."""
+    train_set = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples, processor=processor)
     batch_size = data.gen_batch_size or data.train_batch_size
     train_loader = build_train_loader(train_set, batch_size, data.shuffle, data.seed, collate_fn)
     if not data.val_files:
         return train_loader, None
-    val_set = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
+    val_set = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples, processor=processor)
     return train_loader, build_val_loader(val_set, data.val_batch_size, collate_fn)
 
 
@@ -63,7 +67,8 @@ def run_ppo(
     data = config.data
     if config.reward_model.enable:  # the reward model re-templates conversations from each row's chat messages
         data = dataclasses.replace(data, return_raw_chat=True)
-    train_loader, val_loader = build_dataloaders(data, tokenizer)
+    processor = build_processor(config.actor_rollout_ref.model, tokenizer)
+    train_loader, val_loader = build_dataloaders(data, tokenizer, processor)
     reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     val_reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     tracking = build_tracking(config.trainer, config)

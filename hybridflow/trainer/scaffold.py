@@ -42,6 +42,15 @@ def build_tokenizer(model: ModelConfig) -> Any:
     return load_tokenizer(resolve_model_path(location), trust_remote_code=model.trust_remote_code)
 
 
+def build_processor(model: ModelConfig, tokenizer: Any) -> Any:
+    """The driver's `VisionProcessor` for a vision-language model (images in the data), None for a text model."""
+    if model.path in MODEL_CATALOGUE:  # the catalogue holds text models only
+        return None
+    from hybridflow.models.vision import load_processor
+
+    return load_processor(resolve_model_path(model.path), tokenizer, trust_remote_code=model.trust_remote_code)
+
+
 def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
                        collate_fn: Callable[[list], Any]) -> DataLoader:
     """Full batches only, in a seeded order that `sampler.state_dict()` can resume exactly."""

@@ -51,12 +51,13 @@ def train(args: list[str], trainer_cls: type | None = None) -> tuple[dict[int, d
     rollout ranks' digests) before and after."""
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
     from hybridflow.trainer.run import build_dataloaders, build_reward_manager
-    from hybridflow.trainer.scaffold import build_tokenizer, build_tracking
+    from hybridflow.trainer.scaffold import build_processor, build_tokenizer, build_tracking
 
     config = load_config(args)
     validate_config(config)
     tokenizer = build_tokenizer(config.actor_rollout_ref.model)
-    train_loader, _ = build_dataloaders(config.data, tokenizer)
+    processor = build_processor(config.actor_rollout_ref.model, tokenizer)  # None for text models
+    train_loader, _ = build_dataloaders(config.data, tokenizer, processor)
     reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     tracking = build_tracking(config.trainer, config)
     trainer = (trainer_cls or RayPPOTrainer)(config, train_loader, None, reward_fn, reward_fn, tracking)

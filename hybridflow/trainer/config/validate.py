@@ -17,6 +17,7 @@ from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.models.loader import load_model_config
 from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig, RunConfig
+from hybridflow.trainer.config.vision import check_vision_language
 
 # Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg", "prime")
@@ -176,6 +177,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_rewards(cfg)
     _check_agent_loops(cfg)
     _check_rows(cfg)
+    check_vision_language(cfg)
     _check_lengths(cfg)
     _check_token_budgets(cfg)
     _check_environment(cfg)

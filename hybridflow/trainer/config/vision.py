@@ -1,0 +1,92 @@
+"""Config checks for vision-language models, run before Ray starts (part of `validate_config`).
+
+A vision-language actor (a checkpoint with a `vision_config`, e.g. Qwen2-VL) runs where its images are handled:
+the `hf` rollout (sync mode), the FSDP engine's padded forward, without critic, reward model, LoRA, tensor or
+sequence parallelism or a distillation teacher. A text model refuses training data with images.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from hybridflow.data.config import expand_path
+from hybridflow.trainer.config.schema import PPOConfig
+
+__all__ = ["check_vision_language"]
+
+_MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def check_vision_language(cfg: PPOConfig) -> None:
+    """ValueError naming the key and the fix when a vision-language actor meets a setting that cannot carry its
+    images, or when a text actor is given rows with images."""
+    config = _vision_language_config(cfg)
+    if config is None:
+        _check_no_images(cfg)
+        return
+    from hybridflow.models.vision import check_vision_language_support
+    from hybridflow.trainer.config.validate import critic_enabled
+
+    check_vision_language_support(config, _MODEL_KEY)
+    arr = cfg.actor_rollout_ref
+    path = arr.model.path
+    refusals = (
+        (arr.rollout.name != "hf",
+         f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the native and vllm rollouts do not run "
+         "vision-language models (no image inputs); set actor_rollout_ref.rollout.name=hf"),
+        (arr.rollout.mode != "sync",
+         f"actor_rollout_ref.rollout.mode={arr.rollout.mode!r}: agent loops send token ids only, not images; "
+         "set actor_rollout_ref.rollout.mode=sync"),
+        (arr.model.use_remove_padding,
+         "actor_rollout_ref.model.use_remove_padding=True: vision-language batches run the padded forward only; "
+         "set it to False"),
+        (arr.actor.use_prefix_grouper,
+         "actor_rollout_ref.actor.use_prefix_grouper=True: shared-prompt rows carry no images; set it to False"),
+        (arr.actor.fsdp_config.tensor_parallel_size > 1 or arr.actor.ulysses_sequence_parallel_size > 1,
+         "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size / ulysses_sequence_parallel_size > 1: tensor and "
+         "sequence parallelism do not cover vision towers; use 1"),
+        (arr.model.lora_rank > 0,
+         "actor_rollout_ref.model.lora_rank > 0: LoRA on vision-language models is not supported; use lora_rank=0"),
+        (arr.ref.model.path not in (None, path),
+         "actor_rollout_ref.ref.model.path: a distillation teacher for a vision-language actor is not supported; "
+         "leave it unset"),
+        (critic_enabled(cfg),
+         f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} (critic.enable): a critic (value model) of a "
+         "vision-language checkpoint is not supported; use a critic-free estimator such as grpo"),
+        (cfg.reward_model.enable,
+         "reward_model.enable=True: reward models score text only, and the rows hold images; use rule rewards"),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise ValueError(f"{_MODEL_KEY}={path!r} is a vision-language model ({config.model_type}); {message}")
+
+
+def _vision_language_config(cfg: PPOConfig) -> Any:
+    """The actor's HF config when it has a vision tower, else None (catalogue names and .gguf files are text)."""
+    from hybridflow.models.catalogue import MODEL_CATALOGUE
+    from hybridflow.models.loader import load_model_config
+    from hybridflow.models.vision import is_vision_language_config
+
+    model = cfg.actor_rollout_ref.model
+    if model.path in MODEL_CATALOGUE or str(model.path).endswith(".gguf"):
+        return None
+    config = load_model_config(model.path, trust_remote_code=model.trust_remote_code)
+    return config if is_vision_language_config(config) else None
+
+
+def _check_no_images(cfg: PPOConfig) -> None:
+    """A text actor's training and validation files hold no images in `data.image_key` (reads only that column)."""
+    key = cfg.data.image_key
+    for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        for path in paths:
+            if key not in pq.read_schema(expand_path(path)).names:
+                continue
+            column = pq.read_table(expand_path(path), columns=[key]).column(key).to_pylist()
+            if any(images for images in column):
+                raise ValueError(
+                    f"{name} entry {path!r}: column {key!r} (data.image_key) holds images but {_MODEL_KEY}="
+                    f"{cfg.actor_rollout_ref.model.path!r} is a text-only model; use a vision-language model "
+                    "(e.g. Qwen2-VL) or drop the column"
+                )
