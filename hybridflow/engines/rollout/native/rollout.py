@@ -184,7 +184,7 @@ class NativeRollout(BaseRollout):
             num_loaded = copy_named_tensors(self.model, named_tensors)
         else:
             plan = tp_plan_for(self.model.config.model_type)
-            num_loaded = len(load_shards(self.model, named_tensors, plan, self.tp))
+            num_loaded = load_shards(self.model, named_tensors, plan, self.tp)
         self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
         logger.debug("native rollout: updated %d tensors", num_loaded)
 

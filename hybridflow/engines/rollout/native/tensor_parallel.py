@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.engines.rollout.base import copy_named_tensors
 from hybridflow.models.parallel_plan import Style, check_tp_layout, param_shard_dim, tp_plan_for
 from hybridflow.models.reshard import named_shards, shard_shape
 
@@ -91,16 +92,20 @@ def build_sharded_causal_lm(
     """
     from transformers import AutoModelForCausalLM
 
-    config = source.config if isinstance(source, nn.Module) else _load_config(source)
+    from hybridflow.models.loader import load_model_config
+
+    config = source.config if isinstance(source, nn.Module) else load_model_config(source)
     plan = tp_plan_for(config.model_type)
     check_tp_layout(config, tp.size, TP_KEY)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     _allocate_shards(model, plan, tp.size, dtype, device)
+    loaded: list[str] = []
     if isinstance(source, nn.Module):
-        loaded = load_shards(model, source.state_dict().items(), plan, tp)
+        shards = named_shards(source.state_dict().items(), plan, tp.rank, tp.size)
     else:
-        loaded = _load_checkpoint_shards(model, source, dtype, plan, tp)
+        shards = _checkpoint_shards(source, dtype, plan, tp)
+    copy_named_tensors(model, _recording(shards, loaded))
     targets = model.state_dict(keep_vars=True)
     written = {id(targets[name]) for name in loaded}
     missing = [name for name, param in model.named_parameters() if id(param) not in written]
@@ -109,38 +114,19 @@ def build_sharded_causal_lm(
     return model.eval()
 
 
+def _recording(named: Iterable[tuple[str, torch.Tensor]], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`named` as is, appending each name to `names` as it passes."""
+    for name, tensor in named:
+        names.append(name)
+        yield name, tensor
+
+
 def load_shards(
     model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], tp: RolloutTensorParallel
-) -> list[str]:
+) -> int:
     """Copy this rank's shard of each `(hf_name, full tensor)` into `model`'s tensor of that name (in place, one at
-    a time); returns the names. KeyError for an unknown name, ValueError for a shape mismatch."""
-    targets = model.state_dict(keep_vars=True)
-    names = []
-    for name, shard in named_shards(named_full, plan, tp.rank, tp.size):
-        _copy_into(targets, name, shard, where="")
-        names.append(name)
-    return names
-
-
-@torch.no_grad()
-def _copy_into(targets: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, where: str) -> None:
-    target = targets.get(name)
-    if target is None:
-        raise KeyError(f"{where}rollout model has no parameter or buffer named {name!r}")
-    if target.shape != tensor.shape:
-        raise ValueError(
-            f"{where}shape mismatch for {name!r}: this rank's shard is {tuple(target.shape)}, got {tuple(tensor.shape)}"
-        )
-    target.data.copy_(tensor)
-
-
-def _load_config(source: str | os.PathLike):
-    from transformers import AutoConfig
-
-    from hybridflow.models.loader import split_model_location
-
-    directory, gguf = split_model_location(source)
-    return AutoConfig.from_pretrained(directory, **({"gguf_file": gguf} if gguf else {}))
+    a time); returns how many. KeyError for an unknown name, ValueError for a shape mismatch."""
+    return copy_named_tensors(model, named_shards(named_full, plan, tp.rank, tp.size))
 
 
 def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype: torch.dtype, device) -> None:
@@ -158,9 +144,10 @@ def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype:
     model.model.rotary_emb = type(rotary)(config=model.config).to(device)
 
 
-def _load_checkpoint_shards(
-    model: nn.Module, source: str | os.PathLike, dtype: torch.dtype, plan: dict[str, Style], tp: RolloutTensorParallel
-) -> int:
+def _checkpoint_shards(
+    source: str | os.PathLike, dtype: torch.dtype, plan: dict[str, Style], tp: RolloutTensorParallel
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(hf_name, this rank's shard)` of each tensor of a checkpoint, read slice by slice from safetensors files."""
     from hybridflow.models.loader import build_causal_lm, split_model_location
 
     directory, gguf = split_model_location(source)
@@ -170,12 +157,10 @@ def _load_checkpoint_shards(
             "native rollout: %s has no safetensors files; loading the full model once to slice this rank's shard",
             source,
         )
-        full = build_causal_lm(source, dtype=dtype)
-        return load_shards(model, full.state_dict().items(), plan, tp)
+        yield from named_shards(build_causal_lm(source, dtype=dtype).state_dict().items(), plan, tp.rank, tp.size)
+        return
     from safetensors import safe_open
 
-    targets = model.state_dict(keep_vars=True)
-    names = []
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
@@ -186,6 +171,4 @@ def _load_checkpoint_shards(
                 if dim is not None:
                     length = shard_shape(shape, dim, tp.size)[dim]
                     index[dim] = slice(tp.rank * length, (tp.rank + 1) * length)
-                _copy_into(targets, name, piece[tuple(index)], where=f"{file.name}: ")
-                names.append(name)
-    return names
+                yield name, piece[tuple(index)]
