@@ -86,6 +86,16 @@ def load_model_config(path_or_name: str | os.PathLike, trust_remote_code: bool =
     return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code, **extra)
 
 
+def causal_lm_class(config: Any) -> Any:
+    """The transformers auto class that builds a text generator from `config`: `AutoModelForCausalLM`, or
+    `AutoModelForImageTextToText` for vision-language models (e.g. Qwen2-VL), which have no CausalLM class."""
+    if getattr(config, "vision_config", None) is not None:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def build_causal_lm(
     path_or_name: str | os.PathLike,
     dtype: str | torch.dtype = "float32",
@@ -114,11 +124,7 @@ def build_causal_lm(
     }
     if gguf:
         kwargs["gguf_file"] = gguf
-    auto_cls = AutoModelForCausalLM
-    if not gguf and getattr(load_model_config(directory, trust_remote_code), "vision_config", None) is not None:
-        from transformers import AutoModelForImageTextToText  # vision-language (e.g. Qwen2-VL): not a CausalLM class
-
-        auto_cls = AutoModelForImageTextToText
+    auto_cls = AutoModelForCausalLM if gguf else causal_lm_class(load_model_config(directory, trust_remote_code))
     model = auto_cls.from_pretrained(directory, **kwargs)
     if gguf:
         clear_quantization_markers(model)

@@ -237,7 +237,7 @@ def save_hf_model_from_state_dict(
     Raises:
         ValueError: LoRA weights without `scaling`, or keys that do not match the architecture.
     """
-    from transformers import AutoModelForCausalLM
+    from hybridflow.models.loader import causal_lm_class
 
     if scaling is None and has_lora_weights(state_dict):
         raise ValueError("the state dict holds LoRA weights: pass the adapter's scaling to merge them")
@@ -247,7 +247,7 @@ def save_hf_model_from_state_dict(
         merged = {to_hf_name(key): value for key, value in state_dict.items()}
     if dtype is not None:
         merged = {key: value.to(dtype) if value.is_floating_point() else value for key, value in merged.items()}
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype or next(iter(merged.values())).dtype)
+    model = causal_lm_class(hf_config).from_config(hf_config, dtype=dtype or next(iter(merged.values())).dtype)
     missing, unexpected = model.load_state_dict(merged, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ()) if hf_config.tie_word_embeddings else set()
     missing = [key for key in missing if key not in tied]

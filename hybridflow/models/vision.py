@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "check_vision_language_support",
     "compute_mrope_position_ids",
     "concat_multi_modal_inputs",
+    "copy_image_processor",
     "is_vision_language_config",
     "load_processor",
     "multi_modal_model_inputs",
@@ -131,6 +133,17 @@ class VisionProcessor:
             "pixel_values": features["pixel_values"],
             "image_grid_thw": features["image_grid_thw"].long(),
         }
+
+
+def copy_image_processor(source: str | os.PathLike, target: str | os.PathLike) -> bool:
+    """Copy a checkpoint's image-processor config (`preprocessor_config.json`) into `target` (a checkpoint's HF
+    directory, so that an exported model loads with its processor); False when `source` has none (text models)."""
+    config = Path(source) / "preprocessor_config.json"
+    if not config.is_file():
+        return False
+    Path(target).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(config, Path(target) / config.name)
+    return True
 
 
 def load_processor(path: str | os.PathLike, tokenizer: Any = None, trust_remote_code: bool = False,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,7 @@ from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
+from hybridflow.models.vision import copy_image_processor
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.single_controller.base.worker import find_free_port, get_node_ip
@@ -78,6 +80,7 @@ class ActorRolloutRefWorker(Worker):
         """Load the models of this role (collective when the group has several ranks)."""
         runtime, model = self.runtime, self.config.model
         model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
+        self._model_path = model_path
         actor = self.config.actor
         if self.is_actor:
             engine_config = FSDPEngineConfig(
@@ -414,6 +417,10 @@ class ActorRolloutRefWorker(Worker):
         self.actor_engine.save_checkpoint(local_path)
         if hf_path is not None:
             self.actor_engine.save_hf_model(hf_path, self.tokenizer)
+        if self.rank == 0:  # a vision-language model's image processor goes with its config (exports load it)
+            for target in (Path(local_path) / "huggingface", hf_path):
+                if target is not None:
+                    copy_image_processor(self._model_path, target)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:

@@ -1,5 +1,5 @@
-"""GRPO on a tiny Qwen2-VL and the color_square image task, on 2 Ray workers; settings that cannot carry images
-are refused before Ray starts."""
+"""GRPO on a tiny Qwen2-VL and the color_square image task, on 2 Ray workers, and its export; settings that cannot
+carry images are refused before Ray starts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 
 from hybridflow.data.preprocess import color_square
+from hybridflow.models import build_causal_lm
 from hybridflow.models.tiny_vlm import save_tiny_vlm
+from hybridflow.models.vision import load_processor
 from hybridflow.trainer.config import load_config, validate_config
+from hybridflow.trainer.merge import merge_checkpoint
+from hybridflow.workers.weight_sync import digest_tensors
 from tests.tiny_runs import REWARD_FILE, build_workspace
 from tests.trainer.test_placement import overrides, train
 
@@ -39,6 +43,11 @@ def test_grpo_steps_on_a_tiny_vlm_train_the_vision_tower_on_two_workers(workspac
     changed = {name for name in start if start[name] != end[name]}
     assert any(name.startswith("model.visual.") for name in changed), "the vision tower was trained"
     assert any(name.startswith("model.language_model.") for name in changed)
+
+    # The last checkpoint exports to a plain HF directory that loads back with its image processor.
+    exported = merge_checkpoint(workspace / "run" / "global_step_2", workspace / "export")
+    assert load_processor(exported) is not None
+    assert digest_tensors(build_causal_lm(exported).named_parameters()) == end
 
 
 VLM = r"actor_rollout_ref.model.path=.* is a vision-language model \(qwen2_vl\); "
