@@ -7,6 +7,7 @@ sequence parallelism or a distillation teacher. A text model refuses training da
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -64,16 +65,17 @@ def check_vision_language(cfg: PPOConfig) -> None:
 
 
 def _vision_language_config(cfg: PPOConfig) -> Any:
-    """The actor's HF config when it has a vision tower, else None (catalogue names and .gguf files are text)."""
-    from hybridflow.models.catalogue import MODEL_CATALOGUE
+    """The actor's HF config when its config.json has a vision tower, else None (catalogue names, .gguf files and
+    locations without a config.json, which other checks report, are text models here)."""
     from hybridflow.models.loader import load_model_config
-    from hybridflow.models.vision import is_vision_language_config
 
     model = cfg.actor_rollout_ref.model
-    if model.path in MODEL_CATALOGUE or str(model.path).endswith(".gguf"):
+    config_file = expand_path(model.path) / "config.json"
+    try:
+        has_vision = "vision_config" in json.loads(config_file.read_text())
+    except (OSError, ValueError):
         return None
-    config = load_model_config(model.path, trust_remote_code=model.trust_remote_code)
-    return config if is_vision_language_config(config) else None
+    return load_model_config(model.path, trust_remote_code=model.trust_remote_code) if has_vision else None
 
 
 def _check_no_images(cfg: PPOConfig) -> None:
