@@ -43,7 +43,6 @@ SUPPORTED_VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 """Model types whose images arrive as flattened patches with `image_grid_thw` and whose positions are M-RoPE."""
 
 IMAGE_TOKEN = "<|image_pad|>"
-VIDEO_TOKEN = "<|video_pad|>"
 
 
 def is_vision_language_config(config: Any) -> bool:
@@ -76,8 +75,6 @@ class VisionProcessor:
         self.chat_template = chat_template or tokenizer.chat_template
         self.merge_size = int(image_processor.merge_size)
         self.image_token_id = _token_id(tokenizer, IMAGE_TOKEN)
-        vocab = tokenizer.get_vocab()
-        self.video_token_id = vocab.get(VIDEO_TOKEN)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, tokenizer: Any = None,
