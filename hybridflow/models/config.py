@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from hybridflow.utils.config import ConfigFieldError, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, unsupported
 
-__all__ = ["ModelConfig", "check_lora_adapter_path"]
+__all__ = ["FusedKernelOptions", "ModelConfig", "check_lora_adapter_path"]
 
 
 def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -> None:
@@ -23,6 +23,21 @@ def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -
             f"{field_name}={path!r} is not a peft adapter directory (no adapter_config.json); point it at an SFT "
             "checkpoint's lora_adapter/ folder",
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusedKernelOptions:
+    """How the fused vocabulary projection runs (verl's `fused_kernel_options.*`)."""
+
+    impl_backend: Literal["torch"] = "torch"
+    """Implementation: torch (chunked matmuls and reductions); verl's triton backend is not implemented."""
+    chunk_size: int = 1024
+    """Rows projected to the vocabulary at once; the projection's memory is about 3 x chunk_size x vocab x 4 bytes.
+    A hybridflow key: verl's torch backend uses 512."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+        check_at_least("chunk_size", self.chunk_size, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +66,13 @@ class ModelConfig:
     """Values to override in the model's HF config."""
     external_lib: Optional[str] = unsupported(None, "models are loaded from transformers' own classes only")
     """Python module imported to register custom model classes."""
+    use_fused_kernels: bool = True
+    """Causal LMs: compute log-probs and entropy straight from the final hidden states, projecting
+    fused_kernel_options.chunk_size positions to the vocabulary at a time and recomputing each chunk's logits in the
+    backward, so the (positions x vocab) logits never exist at once (verl's fused linear-for-PPO). verl's
+    entropy_from_logits_with_chunking and entropy_checkpointing save part of the same memory; they are not keys here."""
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    """Backend and chunk size of the fused projection."""
 
     def __post_init__(self) -> None:
         if not self.path:

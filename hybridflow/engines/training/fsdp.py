@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow.engines.logprob import pack_sequences, unpack_sequences
 from hybridflow.engines.training import checkpoint, ulysses
+from hybridflow.engines.training.chunked_projection import chunked_log_probs
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
@@ -55,6 +56,7 @@ from hybridflow.models.value_head import build_value_model, compute_sequence_sco
 from hybridflow.models.vision import concat_multi_modal_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
+from hybridflow.utils.flops import ForwardWork
 from hybridflow.utils.seqlen_balancing import num_token_budget_partitions, partition_by_tokens
 
 logger = logging.getLogger(__name__)
@@ -171,6 +173,9 @@ class FSDPEngine:
         if self.sp_group is not None:
             ulysses.enable_ulysses_attention(module, config.attn_implementation)
         self.module = apply_fsdp2(module, config, self.device, self.meshes.fsdp) if self.is_sharded else module
+        self.head_chunk_size = self._fused_head_chunk_size()
+        # tokens, attention pairs and projected positions computed since `pop_work`, by grad mode (for MFU)
+        self._work = {mode: torch.zeros(3, dtype=torch.long, device=self.device) for mode in (False, True)}
         self.optimizer = build_optimizer(self.module, config.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config)
 
@@ -188,6 +193,10 @@ class FSDPEngine:
         response_length = _get(micro_batch, "responses").size(1)
         if isinstance(micro_batch, DataProto) and "multi_modal_inputs" in micro_batch.non_tensor_batch:
             tensors.update(self._vision_inputs(micro_batch, tensors))
+        if not self.config.share_prompts:
+            lengths = tensors["attention_mask"].sum(-1)
+            projected = tensors["attention_mask"][:, -response_length:].sum() if self.model_kind == "causal_lm" else 0
+            self._count_work(lengths.sum(), (lengths * lengths).sum(), projected)
         with self._autocast():
             if self.config.share_prompts:
                 return self._forward_shared_prompts(tensors, response_length, temperature, calculate_entropy)
@@ -214,11 +223,18 @@ class FSDPEngine:
             logits = self.module(**tensors, use_cache=False).logits
             return {"values": logits[:, -response_length - 1 : -1, 0].float()}
         # Only the positions that predict response tokens are projected to the vocabulary.
-        logits = self.module(**tensors, use_cache=False, logits_to_keep=response_length + 1).logits
-        logits = logits[:, :-1].float() / temperature
-        rows, vocab = logits.shape[:2], logits.size(-1)
+        inputs = dict(tensors, use_cache=False)
         labels = tensors["input_ids"][:, -response_length:]
-        flat = logits.reshape(-1, vocab)
+        rows = labels.shape
+        if self.head_chunk_size is not None:
+            log_probs, entropy = self._fused_head(
+                inputs, response_length + 1, lambda hidden: hidden[:, :-1].reshape(-1, hidden.size(-1)),
+                labels.reshape(-1), temperature, calculate_entropy,
+            )
+            return _with_entropy({"log_probs": log_probs.view(rows)}, entropy, lambda e: e.view(rows))
+        logits = self.module(**inputs, logits_to_keep=response_length + 1).logits
+        logits = logits[:, :-1].float() / temperature
+        flat = logits.reshape(-1, logits.size(-1))
         out = {"log_probs": token_log_probs(flat, labels.reshape(-1), shard=self.vocab_shard).view(rows)}
         if calculate_entropy:
             out["entropy"] = token_entropy(flat, self.vocab_shard).view(rows)
@@ -237,8 +253,14 @@ class FSDPEngine:
             return {"values": unpack_sequences(self.module(**inputs).logits[0, :, 0].float(), keep)[:, window]}
         # Project to the vocabulary only the packed positions that predict response tokens (the window's).
         in_window, kept = _window_positions(keep, window)
-        logits = self.module(**inputs, logits_to_keep=kept).logits[0].float() / temperature
         next_ids = ids[0, (kept + 1).clamp(max=ids.size(1) - 1)]  # wrong only past a sequence's end: never used
+        if self.head_chunk_size is not None:
+            log_probs, entropy = self._fused_head(
+                inputs, kept, lambda hidden: hidden[0], next_ids, temperature, calculate_entropy
+            )
+            scatter = lambda values: _scatter_window(values, in_window, window)  # noqa: E731
+            return _with_entropy({"log_probs": scatter(log_probs)}, entropy, scatter)
+        logits = self.module(**inputs, logits_to_keep=kept).logits[0].float() / temperature
         out = {"log_probs": _scatter_window(token_log_probs(logits, next_ids, shard=self.vocab_shard), in_window, window)}
         if calculate_entropy:
             out["entropy"] = _scatter_window(token_entropy(logits, self.vocab_shard), in_window, window)
@@ -261,20 +283,25 @@ class FSDPEngine:
             in_window, kept = _window_positions(keep, window)
             mine = (kept >= part.start) & (kept < part.stop)
             local = kept[mine] - part.start
-            logits = self.module(**inputs, logits_to_keep=local).logits[0].float() / temperature
-        next_ids = ids[0, (kept[mine] + 1).clamp(max=total - 1)]
+            next_ids = ids[0, (kept[mine] + 1).clamp(max=total - 1)]
+            if self.head_chunk_size is not None:
+                log_probs, entropy = self._fused_head(
+                    inputs, local, lambda hidden: hidden[0], next_ids, temperature, calculate_entropy, shard=None
+                )
+                projected = log_probs  # its backward gives the head's weight a gradient, zero without positions
+            else:
+                projected = self.module(**inputs, logits_to_keep=local).logits[0].float() / temperature
+                log_probs = token_log_probs(projected, next_ids)
+                entropy = token_entropy(projected) if calculate_entropy else None
         chunk = part.stop - part.start
         # A rank without kept positions still joins the head's gradient (FSDP reduces it on every rank).
-        anchor = logits.sum() * 0.0
+        anchor = projected.sum() * 0.0
 
         def gathered(per_position: torch.Tensor) -> torch.Tensor:
             row = per_position.new_zeros(chunk).index_put((local,), per_position) + anchor
             return _scatter_window(ulysses.gather_sequence(row, group)[kept], in_window, window)
 
-        out = {"log_probs": gathered(token_log_probs(logits, next_ids))}
-        if calculate_entropy:
-            out["entropy"] = gathered(token_entropy(logits))
-        return out
+        return _with_entropy({"log_probs": gathered(log_probs)}, entropy, gathered)
 
     def _forward_shared_prompts(
         self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
@@ -285,6 +312,9 @@ class FSDPEngine:
             tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], response_length
         )
         valid = layout.predictors >= 0
+        # attention pairs as separate sequences count them (sum of squared lengths): 2 x causal pairs - tokens
+        pairs = 2 * layout.attention_mask.sum() - layout.num_tokens
+        self._count_work(layout.num_tokens, pairs, valid.sum() if self.model_kind == "causal_lm" else 0)
         inputs = dict(
             input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask,
             use_cache=False,
@@ -293,14 +323,84 @@ class FSDPEngine:
             values = self.module(**inputs).logits[0, :, 0].float()
             return {"values": torch.where(valid, values[layout.predictors.clamp(min=0)], 0.0)}
         keep = torch.unique(layout.predictors[valid]) if valid.any() else layout.predictors.new_zeros(1)
-        logits = self.module(**inputs, logits_to_keep=keep).logits[0].float() / temperature  # (kept, vocab)
         rows = torch.searchsorted(keep, layout.predictors.clamp(min=0))  # (bs, response_len) -> kept row
         labels = tensors["input_ids"][:, -response_length:]
+        if self.head_chunk_size is not None:  # one projected row per valid response token
+            log_probs, entropy = self._fused_head(
+                inputs, keep, lambda hidden: hidden[0, rows[valid]], labels[valid], temperature, calculate_entropy
+            )
+            scatter = lambda values: values.new_zeros(valid.shape).masked_scatter(valid, values)  # noqa: E731
+            return _with_entropy({"log_probs": scatter(log_probs)}, entropy, scatter)
+        logits = self.module(**inputs, logits_to_keep=keep).logits[0].float() / temperature  # (kept, vocab)
         picked = token_log_probs(logits, labels, rows=rows, shard=self.vocab_shard)
         out = {"log_probs": torch.where(valid, picked, 0.0)}
         if calculate_entropy:
             out["entropy"] = torch.where(valid, token_entropy(logits, self.vocab_shard)[rows], 0.0)
         return out
+
+    def _count_work(self, num_tokens: Any, attention_pairs: Any, num_projected: Any) -> None:
+        work = self._work[torch.is_grad_enabled()]
+        work += torch.stack([torch.as_tensor(n, device=work.device) for n in (num_tokens, attention_pairs, num_projected)])
+
+    def pop_work(self) -> dict[bool, ForwardWork]:
+        """What the forwards computed since the last call (by this rank, for its data; tensor/sequence-parallel peers
+        each count the whole micro-batch), keyed by whether autograd was on (training forwards, which have a
+        backward); the counts restart at zero. For MFU: `hybridflow.utils.flops.compute_model_flops`."""
+        popped = {mode: ForwardWork(*(int(n) for n in work.tolist())) for mode, work in self._work.items()}
+        for work in self._work.values():
+            work.zero_()
+        return popped
+
+    def _fused_head_chunk_size(self) -> int | None:
+        """Rows per chunk of the fused vocabulary projection, or None for the plain head (logged once when the
+        config asks for the fused one but this model's head is not a plain linear layer)."""
+        if self.model_kind != "causal_lm" or not self.config.model.use_fused_kernels:
+            return None
+        if not isinstance(self._head(), nn.Linear):
+            logger.warning(
+                "use_fused_kernels: the output head is a %s, not a Linear (e.g. LoRA on lm_head); projecting all "
+                "kept positions at once instead", type(self._head()).__name__,
+            )
+            return None
+        return self.config.model.fused_kernel_options.chunk_size
+
+    def _head(self) -> nn.Module:
+        hf_module = self.module.get_base_model() if self.lora_scaling is not None else self.module
+        return hf_module.get_output_embeddings()
+
+    def _fused_head(
+        self,
+        inputs: dict[str, Any],
+        logits_to_keep: int | torch.Tensor,
+        select: Callable[[torch.Tensor], torch.Tensor],
+        labels: torch.Tensor,
+        temperature: float,
+        calculate_entropy: bool,
+        shard: VocabShard | None | Literal["engine"] = "engine",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the model with its head projecting one position per row; instead, inside the forward (where FSDP2 has gathered
+        the head's weight), the head's input, cut to rows by `select` ((bs, kept, H) -> (N, H)), goes through
+        `chunked_log_probs` with `labels` (N,). Returns log-probs (N,) and entropy (N,) or None."""
+        shard = self.vocab_shard if shard == "engine" else shard
+        result: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+        def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            (hidden,) = args
+            weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
+            result["out"] = chunked_log_probs(
+                select(hidden), weight, labels, bias=bias, temperature=temperature,
+                chunk_size=self.head_chunk_size, shard=shard, calculate_entropy=calculate_entropy,
+            )
+            # The head still runs, on one position per row: DTensor's tensor-parallel head cannot take zero rows.
+            return (hidden[..., :1, :],)
+
+        # prepend: before tensor parallel's input hook, so that `hidden` is this rank's plain tensor
+        handle = self._head().register_forward_pre_hook(project, prepend=True)
+        try:
+            self.module(**inputs, logits_to_keep=logits_to_keep)
+        finally:
+            handle.remove()
+        return result["out"]
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         # FSDP2's MixedPrecisionPolicy casts sharded modules; an unsharded module needs autocast instead.
@@ -612,6 +712,15 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
             batch=batch.batch.to(device), non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info
         )
     return {key: batch[key].to(device) for key in batch.keys()}
+
+
+def _with_entropy(
+    out: dict[str, torch.Tensor], entropy: torch.Tensor | None, shape: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """`out` with `entropy`, reshaped by `shape`, when it was computed."""
+    if entropy is not None:
+        out["entropy"] = shape(entropy)
+    return out
 
 
 def _window_positions(keep: torch.Tensor, window: slice) -> tuple[torch.Tensor, torch.Tensor]:

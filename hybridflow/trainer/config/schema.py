@@ -271,6 +271,10 @@ PPO_DERIVED: dict[str, str] = {
     "actor_rollout_ref.ref.model.tokenizer_path": "${actor_rollout_ref.model.tokenizer_path}",
     "actor_rollout_ref.ref.model.trust_remote_code": "${actor_rollout_ref.model.trust_remote_code}",
     "actor_rollout_ref.ref.model.use_remove_padding": "${actor_rollout_ref.model.use_remove_padding}",
+    "actor_rollout_ref.ref.model.use_fused_kernels": "${actor_rollout_ref.model.use_fused_kernels}",
+    "actor_rollout_ref.ref.model.fused_kernel_options.chunk_size": (
+        "${actor_rollout_ref.model.fused_kernel_options.chunk_size}"
+    ),
     f"{_ACTOR}.optim.clip_grad": f"${{{_ACTOR}.grad_clip}}",
     "critic.model.path": "${actor_rollout_ref.model.path}",
     "critic.model.tokenizer_path": "${actor_rollout_ref.model.tokenizer_path}",
