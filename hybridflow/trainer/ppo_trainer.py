@@ -20,6 +20,7 @@ from hybridflow.algorithms import (
     build_kl_controller,
     compute_data_metrics,
     compute_rollout_probs_diff,
+    compute_stage_throughput_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
 )
@@ -142,10 +143,10 @@ class RayPPOTrainer:
             metrics.update(apply_rollout_correction(batch, algo.rollout_correction))
         if self.use_reference:
             with timer("ref", timing):
-                batch = batch.union(actor_rollout.compute_ref_log_prob(batch))
+                batch = batch.union(self._collect(actor_rollout.compute_ref_log_prob(batch), metrics))
         if self.use_critic:
             with timer("values", timing):
-                batch = batch.union(critic.compute_values(batch))
+                batch = batch.union(self._collect(critic.compute_values(batch), metrics))
         extra_inputs = None
         if self.prime:
             with timer("prime_rm", timing):
@@ -358,5 +359,6 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(tensors, timing))
         tokens = batch.batch["attention_mask"].sum(-1).tolist()
         metrics.update(compute_throughput_metrics(tokens, timing, self.config.trainer.world_size))
+        metrics.update(compute_stage_throughput_metrics(tensors, timing))
         metrics["training/global_step"] = self.global_steps
         return metrics

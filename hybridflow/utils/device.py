@@ -48,3 +48,15 @@ def new_standalone_process_group(store, rank: int, world_size: int, timeout):
         group.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
         return group
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """This process's peak memory in GiB: CUDA's max_memory_allocated on a GPU; on CPU the peak resident set size
+    (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20

@@ -30,6 +30,7 @@ from hybridflow.single_controller import Dispatch, Execute, Worker, make_nd_comp
 from hybridflow.single_controller.base.worker import find_free_port, get_node_ip
 from hybridflow.utils.device import get_torch_device
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
+from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, mean_metrics, run_update
 from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe_tensors, digest_tensors
@@ -122,6 +123,9 @@ class ActorRolloutRefWorker(Worker):
             self.register_dispatch_collect_info(
                 TRAIN_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)
             )
+            # perf/mfu/{actor,actor_infer,ref}; a LoRA actor's reference is the actor's own engine
+            self.actor_efficiency = EfficiencyMeter(self.actor_engine, layout) if self.actor_engine else None
+            self.ref_efficiency = EfficiencyMeter(self.ref_engine, layout) if self.ref_engine else self.actor_efficiency
         if self.is_rollout:
             self._build_rollout(model_path)
 
@@ -337,9 +341,11 @@ class ActorRolloutRefWorker(Worker):
             micro_batch_size=self.config.rollout.log_prob_micro_batch_size_per_gpu,
             max_token_len=self.config.rollout.log_prob_token_budget,
         )
+        seconds = time.perf_counter() - start
         metrics = {
             "actor/entropy": float(masked_mean(entropy, data.batch["response_mask"].to(entropy.dtype))),
-            "timing_s/compute_log_prob": time.perf_counter() - start,
+            "timing_s/compute_log_prob": seconds,
+            **self.actor_efficiency.metrics("actor_infer", seconds),
         }
         return DataProto.from_dict({"old_log_probs": log_probs}, meta_info={"metrics": metrics})
 
@@ -349,6 +355,7 @@ class ActorRolloutRefWorker(Worker):
         use_base = self.is_ref and self.ref_engine is None and self.actor_engine is not None
         if self.ref_engine is None and not use_base:
             raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no ref)")
+        start = time.perf_counter()
         log_probs, _ = (self.actor_engine if use_base else self.ref_engine).compute_log_prob(
             data,
             temperature=self.config.rollout.log_prob_temperature,
@@ -356,7 +363,12 @@ class ActorRolloutRefWorker(Worker):
             max_token_len=self.config.ref.log_prob_token_budget,
             disable_adapter=use_base,
         )
-        return DataProto.from_dict({"ref_log_prob": log_probs})
+        seconds = time.perf_counter() - start
+        metrics = {
+            "timing_s/compute_ref_log_prob": seconds,
+            **self.ref_efficiency.metrics("ref", seconds),
+        }
+        return DataProto.from_dict({"ref_log_prob": log_probs}, meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(TRAIN_MESH))
@@ -392,7 +404,8 @@ class ActorRolloutRefWorker(Worker):
         result = mean_metrics(metrics)
         result.update(on_policy.metrics() if on_policy is not None else {})
         result["actor/lr"] = lr
-        result["timing_s/update_actor_worker"] = time.perf_counter() - start
+        result["timing_s/update_actor_worker"] = seconds = time.perf_counter() - start
+        result.update(self.actor_efficiency.metrics("actor", seconds))
         return DataProto.from_dict({}, meta_info={"metrics": result})
 
     def _check_on_policy(self, data: DataProto, mini_batch_size_per_rank: int) -> OnPolicyRecord | None:

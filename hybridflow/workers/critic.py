@@ -9,6 +9,7 @@ from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig
+from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
 
@@ -46,16 +47,19 @@ class CriticWorker(Worker):
         self.register_dispatch_collect_info(
             CRITIC_MESH, self.layout.dp_rank(self.rank), self.layout.dp, self.layout.is_collect(self.rank)
         )
+        self.efficiency = EfficiencyMeter(self.engine, self.layout)  # perf/mfu/critic and critic_infer
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(CRITIC_MESH))
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` (bs, response_len): the value predicted for each response token."""
+        start = time.perf_counter()
         values = self.engine.compute_values(
             data,
             micro_batch_size=self.config.forward_micro_batch_size_per_gpu,
             max_token_len=self.config.forward_token_budget,
         )
-        return DataProto.from_dict({"values": values})
+        metrics = self.efficiency.metrics("critic_infer", time.perf_counter() - start)
+        return DataProto.from_dict({"values": values}, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(CRITIC_MESH))
     def update_critic(self, data: DataProto) -> DataProto:
@@ -76,7 +80,8 @@ class CriticWorker(Worker):
         self._update_count += 1
         result = mean_metrics(metrics)
         result["critic/lr"] = self.engine.lr_scheduler_step()
-        result["timing_s/update_critic_worker"] = time.perf_counter() - start
+        result["timing_s/update_critic_worker"] = seconds = time.perf_counter() - start
+        result.update(self.efficiency.metrics("critic", seconds))
         return DataProto.from_dict({}, meta_info={"metrics": result})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

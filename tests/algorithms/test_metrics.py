@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.algorithms import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from hybridflow.algorithms import (
+    compute_data_metrics,
+    compute_stage_throughput_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+)
 
 
 def make_batch():
@@ -88,3 +93,13 @@ def test_throughput_metrics():
     # 400 tokens in 10 s on 4 workers -> 10 tokens / s / worker
     m = compute_throughput_metrics([100, 300], {"step": 10.0}, num_workers=4)
     assert m == {"perf/total_num_tokens": 400.0, "perf/time_per_step": 10.0, "perf/throughput": 10.0}
+
+
+def test_stage_throughput_metrics():
+    # response tokens 3 + 1 = 4 (generation); all tokens 4 + 3 = 7 (the other stages); untimed stages are left out
+    timing = {"gen": 2.0, "old_log_prob": 0.5, "update_actor": 3.5, "adv": 0.1, "step": 10.0}
+    assert compute_stage_throughput_metrics(make_batch(), timing) == {
+        "perf/tokens_per_s/gen": pytest.approx(2.0),
+        "perf/tokens_per_s/old_log_prob": pytest.approx(14.0),
+        "perf/tokens_per_s/update_actor": pytest.approx(2.0),
+    }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 
 from hybridflow.cli import SUBCOMMANDS, main
 
@@ -20,11 +23,19 @@ def test_unknown_subcommand_names_the_choices(capsys):
     assert "unknown command 'trian'; choose from train" in capsys.readouterr().err
 
 
-def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch):
+def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch, tmp_path):
+    from hybridflow.utils import peak_flops
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    code = main(["doctor"])
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))  # the peak FLOP/s is measured (faked here) and cached
+    monkeypatch.setattr(peak_flops, "measure_cpu_matmul_flops", lambda num_threads: 5e10 * num_threads)
+    code = main(["doctor", "--threads", "1", "2"])
     out = capsys.readouterr().out
     assert "version torch" in out and "dist backend" in out and "embedded local Ray" in out
+    if not torch.cuda.is_available():
+        assert re.search(r"peak FLOP/s, 1 thread \(MFU\) +50\.0 GFLOP/s fp32 matmul", out), out
+        assert re.search(r"peak FLOP/s, 2 threads \(MFU\) +100\.0 GFLOP/s", out), out
+        assert len(list((tmp_path / "peak_flops").glob("*threads.json"))) == 2
     assert "demo model" in out
     sandbox_line = next(line for line in out.splitlines() if line.startswith("sandbox"))
     assert "ok (" in sandbox_line and "rlimits" in sandbox_line, sandbox_line

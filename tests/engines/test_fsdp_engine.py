@@ -10,6 +10,7 @@ import torch
 from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, load_tokenizer
 from hybridflow.models.config import ModelConfig
+from hybridflow.utils.flops import ForwardWork
 from tests.engines.helpers import make_batch, seq_mean_nll
 
 CONFIG = FSDPEngineConfig(micro_batch_size_per_gpu=8, optim=OptimConfig(lr=1e-2, clip_grad=1.0))
@@ -151,3 +152,31 @@ def test_load_checkpoint_with_missing_files_names_the_problem(tiny_llama_dir, tm
     engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
     with pytest.raises(FileNotFoundError, match="world size"):
         engine.load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared_prompts"])
+def test_engine_counts_the_tokens_its_forwards_compute(tiny_llama_dir, batch, layout):
+    """`pop_work`: tokens, attention pairs and projected positions, apart for no-grad and training forwards; a shared
+    prompt counts once per micro-batch."""
+    config = {"padded": CONFIG, "packed": PACKED, "shared_prompts": dataclasses.replace(CONFIG, share_prompts=True)}
+    engine = build_fsdp_engine(tiny_llama_dir, config[layout])
+    mask = batch.batch["attention_mask"]
+    lengths, response_len = mask.sum(-1), batch.batch["responses"].size(1)
+    separate = (int(lengths.sum()), int((lengths**2).sum()), int(mask[:, -response_len:].sum()))
+    engine.compute_log_prob(batch)
+    no_grad, training = engine.pop_work().values()
+    assert training == ForwardWork()
+    # (make_batch's prompts all differ, so shared-prompt forwards count them as separate sequences too)
+    assert (no_grad.num_tokens, no_grad.attention_pairs, no_grad.num_projected) == separate
+    if layout == "shared_prompts":
+        shared = batch.select_idxs([0, 0, 0, 1])  # 3 rows with one prompt: it is computed once
+        engine.forward_micro_batch(shared)
+        work = engine.pop_work()[True]
+        prompt, responses = int(mask[0, :-response_len].sum()), mask[[0, 0, 0, 1], -response_len:].sum(-1).tolist()
+        other_prompt = int(mask[1, :-response_len].sum())
+        assert work.num_tokens == prompt + sum(responses) + other_prompt
+        expected_pairs = prompt**2 + sum(2 * prompt * r + r * r for r in responses[:3]) + (other_prompt + responses[3])**2
+        assert work.attention_pairs == expected_pairs
+    engine.train_batch(batch, seq_mean_nll)
+    assert engine.pop_work()[True].num_tokens == separate[0]
+    assert engine.pop_work() == {False: ForwardWork(), True: ForwardWork()}

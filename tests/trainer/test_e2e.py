@@ -76,8 +76,13 @@ def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
         assert record["critic/advantages/max"] > 0 and record["response_length/mean"] > 0
         for key in ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "timing_s/gen",
                     "timing_s/old_log_prob", "training/rollout_probs_diff_mean", "timing_s/update_actor",
-                    "timing_s/update_weights", "perf/throughput"):
+                    "timing_s/update_weights", "perf/throughput", "perf/tokens_per_s/update_actor",
+                    "perf/tokens_per_s/gen", "perf/max_memory_allocated_gb"):
             assert key in record, key
+        # model FLOPs over the measured peak: a tiny model uses a small share of it, never more than all
+        for stage in ("actor", "actor_infer", "ref"):
+            assert 0 < record[f"perf/mfu/{stage}"] < 1, (stage, record[f"perf/mfu/{stage}"])
+        assert record["perf/max_memory_allocated_gb"] > 0.1  # the peak RSS of a worker process
     assert full[3]["actor/kl_loss"] > 0, "the policy moved away from the reference"
     assert list_steps(full_dir) == [2, 3] and (full_dir / LATEST_FILE).read_text() == "3"
     assert (full_dir / "plots" / "reward.png").is_file()
@@ -108,6 +113,7 @@ def test_ppo_with_gae_trains_a_critic(workspace):
                 "critic/returns/mean", "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
         assert key in step, key
     assert step["critic/grad_norm"] > 0 and step["critic/vf_loss"] > 0 and 0 <= step["critic/vf_clipfrac"] <= 1
+    assert 0 < step["perf/mfu/critic"] < 1 and 0 < step["perf/mfu/actor"] < 1
     assert abs(step["critic/advantages/mean"]) < 1e-4, "GAE advantages are whitened over the response tokens"
     assert step["critic/values/max"] > step["critic/values/min"], "a fresh value head still varies per token"
     assert step["critic/returns/mean"] != step["critic/values/mean"], "returns carry the rewards"
