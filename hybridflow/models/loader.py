@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hybridflow.models.catalogue import clear_quantization_markers, resolve_model_path
 from hybridflow.models.chat_template import CHATML_TEMPLATE
@@ -79,8 +79,6 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
 
 def load_model_config(path_or_name: str | os.PathLike, trust_remote_code: bool = False) -> Any:
     """The HF config of a catalogue name / directory / `.gguf` file, without loading weights."""
-    from transformers import AutoConfig
-
     directory, gguf = split_model_location(path_or_name)
     extra = {"gguf_file": gguf} if gguf else {}
     return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code, **extra)
@@ -102,6 +100,7 @@ def build_causal_lm(
     gguf_file: str | None = None,
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
+    empty: bool = False,
 ) -> PreTrainedModel:
     """Load an HF causal LM (or a vision-language model, which generates text) on CPU from a catalogue name, a
     directory or a GGUF file.
@@ -115,8 +114,16 @@ def build_causal_lm(
         gguf_file: file name inside the directory `path_or_name`, for GGUF checkpoints.
         attn_implementation: 'sdpa', 'eager' or 'flex_attention'.
         trust_remote_code: allow model code shipped in the checkpoint directory.
+        empty: build the architecture on the meta device without reading any weight (the caller fills it, e.g.
+            from rank 0: `engines.training.rank0_init`).
     """
     directory, gguf = split_model_location(path_or_name, gguf_file)
+    if empty:
+        config = AutoConfig.from_pretrained(
+            directory, trust_remote_code=trust_remote_code, **({"gguf_file": gguf} if gguf else {})
+        )
+        return build_empty_model(AutoModelForCausalLM if gguf else causal_lm_class(config), config, dtype,
+                                 attn_implementation, trust_remote_code)
     kwargs = {
         "dtype": to_torch_dtype(dtype),
         "attn_implementation": attn_implementation,
@@ -129,6 +136,17 @@ def build_causal_lm(
     if gguf:
         clear_quantization_markers(model)
     return model
+
+
+def build_empty_model(
+    auto_cls: Any, config: Any, dtype: str | torch.dtype, attn_implementation: str, trust_remote_code: bool
+) -> PreTrainedModel:
+    """`auto_cls`'s model for `config` on the meta device: the architecture, no storage, no weight read."""
+    with torch.device("meta"):
+        return auto_cls.from_config(
+            config, dtype=to_torch_dtype(dtype), attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
 
 
 def load_model_and_tokenizer(

@@ -12,7 +12,7 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
 
-from hybridflow.models.loader import split_model_location, to_torch_dtype
+from hybridflow.models.loader import build_empty_model, split_model_location, to_torch_dtype
 
 
 def build_value_model(
@@ -22,6 +22,7 @@ def build_value_model(
     head_init_seed: int = 0,
     trust_remote_code: bool = False,
     require_trained_head: bool = False,
+    empty: bool = False,
 ) -> PreTrainedModel:
     """Token-level value model (`...ForTokenClassification`, `num_labels=1`, no dropout) from a checkpoint.
 
@@ -34,6 +35,8 @@ def build_value_model(
         trust_remote_code: allow model code shipped in the checkpoint directory.
         require_trained_head: raise when the checkpoint has no `score` weight (a reward model must bring its
             trained head; a fresh one would score at random).
+        empty: build the architecture on the meta device without reading any weight (the caller fills it, e.g.
+            from rank 0: `engines.training.rank0_init`).
 
     Returns:
         A model whose `forward(input_ids, attention_mask, position_ids, use_cache=False).logits` is (bs, seq, 1).
@@ -45,6 +48,8 @@ def build_value_model(
     config.num_labels = 1
     # GenericForTokenClassification defaults to dropout 0.1; values must be deterministic.
     config.classifier_dropout = 0.0
+    if empty:
+        return build_empty_model(AutoModelForTokenClassification, config, dtype, attn_implementation, trust_remote_code)
     model, info = AutoModelForTokenClassification.from_pretrained(
         directory,
         config=config,

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import math
 import os
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from hybridflow.engines.training.chunked_projection import chunked_log_probs
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.prefix_sharing import build_shared_prompt_layout
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
@@ -107,28 +109,55 @@ def build_fsdp_engine(
     model_kind: ModelKind = "causal_lm",
     tokenizer: Any = None,
 ) -> FSDPEngine:
-    """Load a model (catalogue name, directory or `.gguf`) in float32 on every rank and wrap it in an engine.
+    """Load a model (catalogue name, directory or `.gguf`) in float32 and wrap it in an engine.
 
+    In a process group of several ranks only rank 0 reads the checkpoint; the others build the architecture on
+    the meta device and receive their shards from rank 0 (`rank0_init`). Alone, the process loads it itself.
     `model_kind='value'` loads a token-level value model (`build_value_model`) for critics and reward models.
     With `config.model.use_lora` the causal LM is wrapped in LoRA adapters (`apply_lora`) before sharding.
     """
+    if model_kind not in ("causal_lm", "value", "reward"):
+        raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm', 'value' or 'reward'")
+    if config.model.use_lora and model_kind != "causal_lm":
+        raise ValueError("LoRA (lora_rank > 0) is supported for causal LMs only, not value models")
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        module = _build_module(model_path, config, model_kind, empty=False)
+        return FSDPEngine(module, config, model_kind=_engine_kind(model_kind), tokenizer=tokenizer)
+    # Rank 0 reads the weights; every rank shards an empty twin (moving a loaded module to meta would untie its
+    # tied embeddings).
+    loaded = _build_module(model_path, config, model_kind, empty=False) if dist.get_rank() == 0 else None
+    rank0_weights = weights_of(loaded) if loaded is not None else Rank0Weights()
+    del loaded
+    module = _build_module(model_path, config, model_kind, empty=True)
+    return FSDPEngine(
+        module, config, model_kind=_engine_kind(model_kind), tokenizer=tokenizer, rank0_weights=rank0_weights
+    )
+
+
+def _engine_kind(model_kind: str) -> ModelKind:
+    """A reward model runs as a value model."""
+    return "value" if model_kind == "reward" else model_kind
+
+
+def _build_module(
+    model_path: str | os.PathLike, config: FSDPEngineConfig, model_kind: str, *, empty: bool
+) -> nn.Module:
+    """The HF module of `model_kind` (with LoRA adapters when configured): loaded, or `empty` on the meta device."""
     model = config.model
-    load = dict(dtype="float32", attn_implementation=config.attn_implementation, trust_remote_code=model.trust_remote_code)
+    load = dict(dtype="float32", attn_implementation=config.attn_implementation,
+                trust_remote_code=model.trust_remote_code, empty=empty)
     if model_kind == "causal_lm":
         module = build_causal_lm(model_path, **load)
-    elif model_kind in ("value", "reward"):  # a reward model is a value model that must bring its trained head
+    else:  # a reward model is a value model that must bring its trained head
         module = build_value_model(model_path, require_trained_head=model_kind == "reward", **load)
-        model_kind = "value"
-    else:
-        raise ValueError(f"model_kind={model_kind!r} is not known; use 'causal_lm', 'value' or 'reward'")
     if model.use_lora:
-        if model_kind != "causal_lm":
-            raise ValueError("LoRA (lora_rank > 0) is supported for causal LMs only, not value models")
-        module = apply_lora(
-            module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
-            target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
-        )
-    return FSDPEngine(module, config, model_kind=model_kind, tokenizer=tokenizer)
+        with warnings.catch_warnings():  # an adapter's weights read into meta tensors: rank 0 sends them later
+            warnings.filterwarnings("ignore", message=".*to a meta parameter in the current model.*")
+            module = apply_lora(
+                module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
+                target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
+            )
+    return module
 
 
 class FSDPEngine:
@@ -141,8 +170,10 @@ class FSDPEngine:
         *,
         model_kind: ModelKind = "causal_lm",
         tokenizer: Any = None,
+        rank0_weights: Rank0Weights | None = None,
     ) -> None:
-        """Wrap `module` (float32 weights, identical on every rank), build AdamW and the LR scheduler."""
+        """Wrap `module` (float32 weights, identical on every rank; or, with `rank0_weights`, on the meta device on
+        every rank, filled with rank 0's weights once sharded), build AdamW and the LR scheduler."""
         self.config = config
         self.model_kind = model_kind
         self.tokenizer = tokenizer
@@ -161,7 +192,9 @@ class FSDPEngine:
                 "of that many ranks; this engine runs without one"
             )
         self.layout = layout
-        if not (self.is_sharded and config.fsdp.param_offload):
+        if rank0_weights is not None and not self.is_sharded:
+            raise RuntimeError("rank0_weights needs a process group: the other ranks receive rank 0's weights")
+        if not (self.is_sharded and config.fsdp.param_offload) and rank0_weights is None:
             module.to(self.device)
         self.meshes: TrainingMeshes | None = build_training_meshes(self.device, layout) if self.is_sharded else None
         self.vocab_shard: VocabShard | None = None
@@ -173,6 +206,9 @@ class FSDPEngine:
         if self.sp_group is not None:
             ulysses.enable_ulysses_attention(module, config.attn_implementation)
         self.module = apply_fsdp2(module, config, self.device, self.meshes.fsdp) if self.is_sharded else module
+        if rank0_weights is not None:  # offloaded parameters live on the host
+            host = torch.device("cpu")
+            materialize_from_rank0(self.module, rank0_weights, host if config.fsdp.param_offload else self.device)
         self.head_chunk_size = self._fused_head_chunk_size()
         # tokens, attention pairs and projected positions computed since `pop_work`, by grad mode (for MFU)
         self._work = {mode: torch.zeros(3, dtype=torch.long, device=self.device) for mode in (False, True)}
