@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, unsupported
 
-__all__ = ["FusedKernelOptions", "ModelConfig", "check_lora_adapter_path"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "FusedKernelOptions", "ModelConfig", "check_lora_adapter_path", "check_override_config"]
 
 
 def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -> None:
@@ -22,6 +23,34 @@ def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -
             field_name,
             f"{field_name}={path!r} is not a peft adapter directory (no adapter_config.json); point it at an SFT "
             "checkpoint's lora_adapter/ folder",
+        )
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2")
+"""Attention kernels a training or log-prob forward may use (transformers' names)."""
+
+
+def check_override_config(override_config: dict[str, Any]) -> None:
+    """Refuse HF config overrides that are not applied (all but attn_implementation) and unknown attention kernels;
+    flash_attention_2 needs the flash-attn package, checked here so that a missing install fails before Ray."""
+    others = sorted(set(override_config) - {"attn_implementation"})
+    if others:
+        raise ConfigFieldError(
+            "override_config",
+            f"override_config keys {others} are not applied to loaded models; only attn_implementation is "
+            "supported (remove the others)",
+        )
+    attn = override_config.get("attn_implementation", "sdpa")
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise ConfigFieldError(
+            "override_config.attn_implementation",
+            f"override_config.attn_implementation={attn!r} is not known; use one of {list(ATTN_IMPLEMENTATIONS)}",
+        )
+    if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ConfigFieldError(
+            "override_config.attn_implementation",
+            "override_config.attn_implementation='flash_attention_2' needs the flash-attn package (CUDA only: "
+            "pip install flash-attn --no-build-isolation); use sdpa otherwise",
         )
 
 
@@ -62,8 +91,10 @@ class ModelConfig:
     """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works)."""
     lora_adapter_path: Optional[str] = None
     """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
-    override_config: dict[str, Any] = unsupported({}, "HF config overrides are not applied to loaded models")
-    """Values to override in the model's HF config."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Values to override in the model's HF config. Only attn_implementation is taken (verl's
+    override_config.attn_implementation): sdpa (default), eager, flex_attention, or flash_attention_2 (CUDA with the
+    flash-attn package; packed rows run as variable-length batches). Other HF config overrides are refused."""
     external_lib: Optional[str] = unsupported(None, "models are loaded from transformers' own classes only")
     """Python module imported to register custom model classes."""
     use_fused_kernels: bool = True
@@ -80,6 +111,12 @@ class ModelConfig:
         if self.lora_rank < 0:
             raise ConfigFieldError("lora_rank", f"lora_rank={self.lora_rank} must be >= 0 (0 trains all weights)")
         check_lora_adapter_path("lora_adapter_path", self.lora_adapter_path, self.lora_rank)
+        check_override_config(self.override_config)
+
+    @property
+    def attn_implementation(self) -> str:
+        """The attention kernel the model runs with: override_config.attn_implementation, or sdpa."""
+        return self.override_config.get("attn_implementation", "sdpa")
 
     @property
     def use_lora(self) -> bool:

@@ -127,8 +127,6 @@ class FSDPEngineConfig:
     """Sequences per forward/backward on one rank; gradients are accumulated over micro-batches."""
     total_training_steps: int = -1
     """Trainer steps of the run (the schedule's length unless optim.total_training_steps is set); -1: unknown."""
-    attn_implementation: Literal["sdpa", "eager", "flex_attention"] = "sdpa"
-    """Attention kernel used by the model."""
     share_prompts: bool = False
     """Rows of a micro-batch with the same prompt share one copy of it in the forward (a packed row with a block
     mask): the same log-probs, values and gradients, with each prompt computed once per group."""
@@ -155,8 +153,15 @@ class FSDPEngineConfig:
             if self.attn_implementation not in ("sdpa", "eager"):
                 raise ConfigFieldError(
                     "ulysses_sequence_parallel_size",
-                    f"Ulysses attention wraps sdpa or eager, not attn_implementation={self.attn_implementation!r}",
+                    "Ulysses attention wraps sdpa or eager, not "
+                    f"model.override_config.attn_implementation={self.attn_implementation!r}",
                 )
+        if self.attn_implementation == "flash_attention_2" and self.share_prompts:
+            raise ConfigFieldError(
+                "model.override_config.attn_implementation",
+                "shared-prompt forwards (use_prefix_grouper) need a block attention mask, which flash_attention_2 "
+                "cannot take; use sdpa or flex_attention, or turn use_prefix_grouper off",
+            )
         if self.fsdp.tensor_parallel_size > 1 and self.model.use_lora:
             raise ConfigFieldError(
                 "tensor_parallel_size",
@@ -176,6 +181,11 @@ class FSDPEngineConfig:
                 f"optim.lr_warmup_steps_ratio={self.optim.lr_warmup_steps_ratio} needs the number of training steps; "
                 "set optim.total_training_steps or give optim.lr_warmup_steps",
             )
+
+    @property
+    def attn_implementation(self) -> str:
+        """The model's attention kernel (model.override_config.attn_implementation)."""
+        return self.model.attn_implementation
 
     @property
     def schedule_steps(self) -> int:

@@ -182,6 +182,11 @@ class FSDPEngine:
         self.world_size = dist.get_world_size() if self.is_sharded else 1
         self.device = get_torch_device(dist_local_rank())
         self.param_dtype = resolve_param_dtype(config.fsdp.dtype, self.device)
+        if config.attn_implementation == "flash_attention_2" and self.device.type != "cuda":
+            raise ValueError(
+                f"model.override_config.attn_implementation='flash_attention_2' runs on CUDA only; this rank's device "
+                f"is {self.device.type}: use sdpa"
+            )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
         if config.model.enable_gradient_checkpointing:
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
