@@ -34,7 +34,7 @@ from engine_smollm2 import make_batch, timed  # noqa: E402
 from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine  # noqa: E402
 from hybridflow.models import load_tokenizer, resolve_model_path  # noqa: E402
 from hybridflow.models.config import FusedKernelOptions, ModelConfig  # noqa: E402
-from hybridflow.utils.flops import compute_mfu, compute_model_flops, model_flops_shape  # noqa: E402
+from hybridflow.utils.flops import compute_mfu, compute_model_flops, model_flops_shape, sequence_attention_pairs  # noqa: E402
 from hybridflow.utils.peak_flops import cpu_peak_flops  # noqa: E402
 
 
@@ -84,12 +84,13 @@ def worker(args: argparse.Namespace) -> dict:
     update()  # warm-up: allocates the gradients
     updates = [_measure_phase(update) for _ in range(args.repeats)]
     shape = model_flops_shape(engine.module)
-    lengths, projected = [seq_len] * args.rows, args.rows * args.response_len
+    num_tokens, projected = seq_len * args.rows, args.rows * args.response_len
+    pairs = sequence_attention_pairs([seq_len] * args.rows)
     result.update(
         logprob_s=statistics.median(s for s, _ in logprob), logprob_peak_gib=max(m for _, m in logprob),
         update_s=statistics.median(s for s, _ in updates), update_peak_gib=max(m for _, m in updates),
-        logprob_flops=compute_model_flops(shape, lengths, projected, backward=False),
-        update_flops=compute_model_flops(shape, lengths, projected, backward=True),
+        logprob_flops=compute_model_flops(shape, num_tokens, pairs, projected, backward=False),
+        update_flops=compute_model_flops(shape, num_tokens, pairs, projected, backward=True),
     )
     return result
 
