@@ -20,6 +20,7 @@ import torch
 
 from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
+from hybridflow.engines.rollout.base import copy_buffers, resolve_rollout_dtype
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
@@ -160,10 +161,12 @@ class ActorRolloutRefWorker(Worker):
         if shares:
             model = self._actor_hf_module()
         else:
-            model = model_path if tp_mesh is not None else build_causal_lm(model_path, dtype="float32")
+            # tensor parallel reads its shard from the checkpoint; vllm loads the checkpoint itself
+            own_load = tp_mesh is not None or rollout_cls.holds_own_weights
+            model = model_path if own_load else self._rollout_copy(model_path)
         self._rollout_weights_stale = self.actor_engine is not None and not shares
         # Backend-specific settings of the rollout config, for the backends that take them.
-        extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization} if rollout.name == "vllm" else {}
+        extra = {"config": rollout} if rollout.name == "vllm" else {}  # vllm reads its keys from the section
         if tp_mesh is not None:
             extra["tp_mesh"] = tp_mesh
         self.rollout = rollout_cls(
@@ -174,6 +177,22 @@ class ActorRolloutRefWorker(Worker):
             **extra,
         )
         self.rollout.shares_training_weights = shares
+
+    def _rollout_copy(self, model_path: str) -> torch.nn.Module:
+        """The rollout's own full copy of the model, in rollout.dtype on this rank's device.
+
+        When the actor hands its weights over before every generation, the copy is allocated empty (no checkpoint
+        read, no host copy) and takes its buffers (e.g. rotary frequencies, which hand-overs do not carry) from
+        the actor's module; without an actor on this worker it is loaded from the checkpoint.
+        """
+        device = get_torch_device(self.local_rank)
+        dtype = resolve_rollout_dtype(self.config.rollout.dtype, device)
+        if self.actor_engine is None:
+            return build_causal_lm(model_path, dtype=dtype)
+        copy = build_causal_lm(model_path, dtype=dtype, empty=True).to_empty(device=device)
+        copy.tie_weights()  # to_empty unties tied embeddings; a hand-over carries the tied weight once
+        copy_buffers(copy, self._actor_hf_module())
+        return copy
 
     def _actor_hf_module(self):
         """The actor's HF model; for LoRA the model inside the peft wrapper, its adapters active."""
@@ -186,9 +205,9 @@ class ActorRolloutRefWorker(Worker):
         """Responses for this rank's prompts; hands the actor's weights to the rollout first if they changed."""
         if self.rollout is None:
             raise RuntimeError(f"generate_sequences called on a worker with role {self.role!r} (no rollout)")
-        update_weights_s = self._sync_rollout_weights()
         start = time.perf_counter()
-        self.rollout.wake_up()
+        self.rollout.wake_up()  # first, so that the hand-over copies device to device, never through host memory
+        update_weights_s = self._sync_rollout_weights()
         self._seed_sampling()
         output = self.rollout.generate_sequences(prompts)
         if self.config.rollout.free_cache_engine:
@@ -234,8 +253,8 @@ class ActorRolloutRefWorker(Worker):
         """Hand the actor's weights to the rollout and start this rank's generation server (collective)."""
         if self.rollout is None:
             raise RuntimeError(f"wake_up_rollout_server called on a worker with role {self.role!r} (no rollout)")
+        self.rollout.wake_up()  # first, so that the hand-over copies device to device
         update_weights_s = self._sync_rollout_weights()
-        self.rollout.wake_up()
         self._seed_sampling()
         if self._server is None:
             agent = self.config.rollout.agent
