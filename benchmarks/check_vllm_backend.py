@@ -51,6 +51,7 @@ def main() -> int:
     from rollout import build_prompts
 
     from hybridflow.engines.rollout import ROLLOUTS, HFRollout, SamplingParams
+    from hybridflow.engines.rollout.config import RolloutConfig
     from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
 
     torch.set_num_threads(2)
@@ -64,7 +65,9 @@ def main() -> int:
     start = time.perf_counter()
     # Built from the module (saved once to /dev/shm). Configured T=0.7 sampling + T=1 greedy validation:
     # logprobs_mode=processed_logprobs, exact for both.
-    vllm_rollout = ROLLOUTS.get("vllm")(model, tokenizer, sampled, val_sampling_params=greedy, max_model_len=1024)
+    vllm_rollout = ROLLOUTS.get("vllm")(
+        model, tokenizer, sampled, val_sampling_params=greedy, config=RolloutConfig(name="vllm", max_model_len=1024)
+    )
     print(f"vLLM start-up {time.perf_counter() - start:.1f} s, logprobs_mode={vllm_rollout.logprobs_mode}")
     validate = {"validate": True}
     results = []

@@ -22,7 +22,6 @@ from hybridflow.engines.rollout.vllm_convert import (
     VLLM_INSTALL_HINT,
     choose_logprobs_mode,
     compute_generation_result,
-    compute_vllm_engine_kwargs,
     compute_vllm_sampling_kwargs,
     describe_log_prob_mismatch,
     sampled_log_probs,
@@ -130,18 +129,6 @@ def test_logprobs_mode_is_chosen_to_be_exact_for_the_configured_parameters():
     assert mode == "processed_logprobs" and describe_log_prob_mismatch(train, mode) is None
     # greedy at any configured temperature reports at T=1, so raw log-probs are exact for it
     assert choose_logprobs_mode([train.greedy(), SamplingParams(temperature=0.0)]) == "raw_logprobs"
-
-
-def test_engine_kwargs_cpu_and_accelerator():
-    common = dict(dtype="float32", logprobs_mode="raw_logprobs", enforce_eager=True, max_model_len=None,
-                  max_num_seqs=64, gpu_memory_utilization=0.5, kv_cache_memory_bytes=None, seed=0)
-    common["tokenizer_dir"] = "/t"
-    cpu = compute_vllm_engine_kwargs("/m", on_cpu=True, **common)
-    assert cpu["kv_cache_memory_bytes"] == 2**30 and "enable_sleep_mode" not in cpu and "max_model_len" not in cpu
-    assert (cpu["model"], cpu["tokenizer"], cpu["generation_config"]) == ("/m", "/t", "vllm")
-    gpu = compute_vllm_engine_kwargs("/m", on_cpu=False, **{**common, "max_model_len": 4096})
-    assert gpu["enable_sleep_mode"] and gpu["gpu_memory_utilization"] == 0.5 and gpu["max_model_len"] == 4096
-    assert "kv_cache_memory_bytes" not in gpu
 
 
 # ---------------------------------------------------------------- outputs

