@@ -340,6 +340,9 @@ class RayPPOTrainer:
     def _resume(self) -> int:
         """Load the checkpoint `trainer.resume_mode` picks into workers and driver; the step to continue from."""
         path = checkpointing.find_resume_dir(self.config.trainer, run_dir(self.config.trainer))
+        checkpointing.check_shared_dirs(
+            self.config.trainer, run_dir(self.config.trainer), path, self.workers.processes_besides_rollout()
+        )
         if path is None:
             return 0
         state = checkpointing.load_driver_state(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 from hybridflow import env
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
+from hybridflow.utils import shared_path
 from hybridflow.utils.device import get_dist_backend, get_torch_device
 
 
@@ -141,3 +143,19 @@ class Worker:
     def get_pid(self) -> int:
         """The OS process id hosting this worker (to check colocation)."""
         return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def view_run_dir(self, root: str, token: str, resume_dir: str | None) -> shared_path.PathView:
+        """What this process sees of the driver's run directory and resume checkpoint: before training the driver
+        checks that every rank shares them (`trainer.checkpointing.check_shared_dirs`)."""
+        info = self.process_info()
+        resume = None if resume_dir is None else Path(resume_dir)
+        return shared_path.view_run_dir(
+            Path(root), token, resume, rank=self._rank, node_ip=info.node_ip, node_id=info.node_id
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def remove_run_dir_probes(self, root: str, token: str) -> None:
+        """Delete the probe files of check `token` that this process sees (on a node-local directory only a
+        worker of that node can)."""
+        shared_path.remove_probes(Path(root), token)

@@ -157,6 +157,7 @@ class SFTTrainer:
 
     def _resume(self) -> int:
         path = checkpointing.find_resume_dir(self.config.trainer, run_dir(self.config.trainer))
+        checkpointing.check_shared_dirs(self.config.trainer, run_dir(self.config.trainer), path, [self.processes])
         if path is None:
             return 0
         state = checkpointing.load_driver_state(path)
