@@ -8,6 +8,9 @@ Roles: actor, rollout, ref, critic, reward_model. Pools carry verl's names:
       trainer_pool  trainer.nnodes x trainer.n_gpus_per_node   actor ref critic reward_model
       rollout_pool  rollout.nnodes x rollout.n_gpus_per_node   rollout
 
+    reward_model.enable_resource_pool=True (either placement)
+      reward_pool   reward_model.nnodes x reward_model.n_gpus_per_node   reward_model
+
 The roles of one pool share its processes: one process per rank hosts all of them (`create_colocated_worker_cls`).
 Under split placement the rollout pool receives the actor's weights after each update (`worker_setup`).
 """
@@ -23,6 +26,9 @@ TRAINER_ROLES = ("actor", "ref", "critic", "reward_model")
 
 ROLLOUT_POOL = "rollout_pool"
 """The split rollout pool's name (its processes are named `hybridflow_rollout_pool`)."""
+
+REWARD_POOL = "reward_pool"
+"""The reward model's own pool (`reward_model.enable_resource_pool`)."""
 
 
 def is_split(cfg: PPOConfig) -> bool:
@@ -43,10 +49,15 @@ def build_pool_manager(cfg: PPOConfig, use_gpu: bool = False) -> ResourcePoolMan
     trainer = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
     roles = run_roles(cfg)
     if not is_split(cfg):
-        return ResourcePoolManager({"global_pool": trainer}, dict.fromkeys(roles, "global_pool"), use_gpu=use_gpu)
-    mapping = {role: "trainer_pool" for role in roles if role != "rollout"}
-    mapping["rollout"] = ROLLOUT_POOL
-    spec = {"trainer_pool": trainer, ROLLOUT_POOL: [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes}
+        spec, mapping = {"global_pool": trainer}, dict.fromkeys(roles, "global_pool")
+    else:
+        mapping = {role: "trainer_pool" for role in roles if role != "rollout"}
+        mapping["rollout"] = ROLLOUT_POOL
+        spec = {"trainer_pool": trainer, ROLLOUT_POOL: [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes}
+    rm = cfg.reward_model
+    if rm.enable_resource_pool:
+        spec[REWARD_POOL] = [rm.n_gpus_per_node] * rm.nnodes
+        mapping["reward_model"] = REWARD_POOL
     return ResourcePoolManager(spec, mapping, use_gpu=use_gpu)
 
 
@@ -57,6 +68,12 @@ def num_worker_processes(cfg: PPOConfig) -> int:
 
 def check_placement(cfg: PPOConfig) -> None:
     """Split placement runs on Ray; the rollout pool's keys are used only by split placement."""
+    if cfg.reward_model.enable_resource_pool and cfg.trainer.local_mode:
+        raise ValueError(
+            "reward_model.enable_resource_pool=True puts the reward model on its own pool of Ray workers, but "
+            "trainer.local_mode=True runs one worker in the driver; set trainer.local_mode=False or "
+            "reward_model.enable_resource_pool=False"
+        )
     if not is_split(cfg):
         if cfg.rollout != RolloutPoolConfig():
             raise ValueError(

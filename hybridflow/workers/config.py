@@ -300,11 +300,12 @@ class RewardModelWorkerConfig:
     """Cut micro-batches by token count (forward_max_token_len_per_gpu) instead of rows."""
     forward_max_token_len_per_gpu: int = 32768
     """Tokens per micro-batch on one rank with use_dynamic_bsz."""
-    enable_resource_pool: bool = unsupported(False, "the reward model shares the actor's worker processes")
-    """Place the reward model on its own resource pool."""
-    n_gpus_per_node: int = unsupported(0, "the reward model shares the actor's worker processes")
-    """GPUs per node of the reward model's own pool."""
-    nnodes: int = unsupported(0, "the reward model shares the actor's worker processes")
+    enable_resource_pool: bool = False
+    """Place the reward model on its own resource pool (reward_pool: nnodes x n_gpus_per_node processes) instead of
+    the actor's processes: its weights and forwards then never share a device with the actor's."""
+    n_gpus_per_node: int = 0
+    """Processes (GPUs, or CPU workers on CPU nodes) per node of the reward model's own pool."""
+    nnodes: int = 0
     """Nodes of the reward model's own pool."""
     ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
     """Ranks that split one sequence (Ulysses)."""
@@ -318,11 +319,40 @@ class RewardModelWorkerConfig:
         check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, allow_none=True)
         check_at_least("max_length", self.max_length if self.max_length is not None else 2, 2)
         check_positive("forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu)
+        self._check_resource_pool()
+
+    def _check_resource_pool(self) -> None:
+        """The own pool's size is given exactly when the pool is asked for, for an enabled reward model."""
+        sizes = f"reward_model.nnodes={self.nnodes} reward_model.n_gpus_per_node={self.n_gpus_per_node}"
+        if not self.enable_resource_pool:
+            if self.nnodes or self.n_gpus_per_node:
+                raise ConfigFieldError(
+                    "enable_resource_pool",
+                    f"{sizes} size the reward model's own pool, but enable_resource_pool=False places it with the "
+                    "actor; set reward_model.enable_resource_pool=True or drop the sizes",
+                )
+            return
+        if not self.enable:
+            raise ConfigFieldError(
+                "enable_resource_pool",
+                "enable_resource_pool=True places a reward model that is not enabled; set reward_model.enable=True",
+            )
+        if self.nnodes <= 0 or self.n_gpus_per_node <= 0:
+            raise ConfigFieldError(
+                "enable_resource_pool",
+                f"enable_resource_pool=True needs the pool's size: got {sizes}; set both > 0 (e.g. "
+                "reward_model.nnodes=1 reward_model.n_gpus_per_node=1)",
+            )
 
     @property
     def forward_token_budget(self) -> int | None:
         """Tokens per forward micro-batch, or None to cut by rows."""
         return self.forward_max_token_len_per_gpu if self.use_dynamic_bsz else None
+
+    @property
+    def num_pool_processes(self) -> int:
+        """Processes of the reward model's own pool (0 when it shares the actor's)."""
+        return self.nnodes * self.n_gpus_per_node if self.enable_resource_pool else 0
 
 
 @dataclass(frozen=True, kw_only=True)

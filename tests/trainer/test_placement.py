@@ -116,6 +116,26 @@ def test_split_placement_matches_colocated_and_syncs_weights_bitwise(workspace, 
         assert resumed[2][key] == split[2][key], f"{key}: resumed {resumed[2][key]} vs uninterrupted {split[2][key]}"
 
 
+def test_reward_model_on_its_own_pool_scores_as_it_does_colocated(workspace, ray_cluster):
+    """The reward model's own pool (1 process) scores the same samples as the reward model in the actor's 2
+    processes: the same step metrics, the same rm score."""
+    from hybridflow.models import save_tiny_reward_model
+
+    rm_dir = workspace / "tiny_rm"
+    if not rm_dir.exists():
+        save_tiny_reward_model(rm_dir, num_layers=2, hidden=64, seed=5)
+    rm = ("reward_model.enable=True", f"reward_model.model.path={rm_dir}", "reward_model.rule_reward_coef=1.0",
+          "trainer.total_training_steps=1")
+    colocated, _ = train(overrides(workspace, workspace / "rm_colocated", *rm))
+    own_pool, _ = train(overrides(
+        workspace, workspace / "rm_own_pool", *rm, "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
+        "reward_model.n_gpus_per_node=1",
+    ))
+    for key in ("reward/rm_score/mean", "critic/score/mean", "actor/pg_loss", "actor/grad_norm"):
+        assert own_pool[1][key] == pytest.approx(colocated[1][key], rel=1e-5, abs=1e-6), key
+    assert own_pool[1]["reward/rm_score/mean"] != 0
+
+
 # ----------------------------------------------------------------------------- config (no Ray)
 @pytest.fixture()
 def train_file(tmp_path):
@@ -143,7 +163,15 @@ def good(train_file: str, *extra: str) -> list[str]:
     (("actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=-1"), ["rollout.n_gpus_per_node=-1", "> 0"]),
     (("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "trainer.local_mode=True"),
      ["actor_rollout_ref.hybrid_engine=False", "trainer.local_mode=True"]),
-    (("reward_model.enable_resource_pool=True",), ["reward_model.enable_resource_pool", "actor's worker processes"]),
+    (("reward_model.enable=True", "reward_model.enable_resource_pool=True"),
+     ["reward_model.enable_resource_pool", "reward_model.nnodes=0", "set both > 0"]),
+    (("reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1"),
+     ["reward_model.enable_resource_pool", "set reward_model.enable=True"]),
+    (("reward_model.enable=True", "reward_model.n_gpus_per_node=2"),
+     ["reward_model.enable_resource_pool", "set reward_model.enable_resource_pool=True or drop the sizes"]),
+    (("reward_model.enable=True", "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
+      "reward_model.n_gpus_per_node=1", "trainer.local_mode=True", "trainer.n_gpus_per_node=1"),
+     ["reward_model.enable_resource_pool=True", "trainer.local_mode=True"]),
 ])
 def test_placement_keys_are_checked(train_file, extra, words):
     with pytest.raises(ValueError) as info:
@@ -152,7 +180,7 @@ def test_placement_keys_are_checked(train_file, extra, words):
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 
 
-def test_dry_run_prints_the_placement(train_file, capsys):
+def test_dry_run_prints_the_placement(train_file, tmp_path, capsys):
     assert train_main(["--dry-run", *good(train_file)]) == 0
     out = capsys.readouterr().out
     assert "[placement] colocated" in out and "global_pool  2 processes (1 node x 2)  actor, rollout" in out
@@ -163,6 +191,15 @@ def test_dry_run_prints_the_placement(train_file, capsys):
     assert "[placement] split" in out
     assert "trainer_pool  2 processes (1 node x 2)   actor, ref" in out
     assert "rollout_pool  6 processes (2 nodes x 3)  rollout" in out
+    from hybridflow.models import save_tiny_reward_model
+
+    save_tiny_reward_model(tmp_path / "rm", num_layers=1, hidden=64, seed=0)
+    own_rm = ["reward_model.enable=True", f"reward_model.model.path={tmp_path / 'rm'}",
+              "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=3"]
+    assert train_main(["--dry-run", *good(train_file, *own_rm)]) == 0
+    out = capsys.readouterr().out
+    assert "global_pool  2 processes (1 node x 2)  actor, rollout" in out
+    assert "reward_pool  3 processes (1 node x 3)  reward_model" in out
 
 
 def test_group_calls_run_together_and_the_first_failure_raises_at_once():

@@ -171,8 +171,11 @@ def old_log_prob_source(cfg: PPOConfig) -> OldLogProbSource:
 
 def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     """Run every cross-component check; return the derived batch sizes per updated model."""
+    from hybridflow.trainer.placement import check_placement
+
     _check_names(cfg)
     _check_algorithm(cfg)
+    check_placement(cfg)  # reads the config only: before the checks that open files
     _check_files(cfg)
     _check_rewards(cfg)
     _check_agent_loops(cfg)
@@ -181,9 +184,6 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_lengths(cfg)
     _check_token_budgets(cfg)
     _check_environment(cfg)
-    from hybridflow.trainer.placement import check_placement
-
-    check_placement(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
     actor = cfg.actor_rollout_ref.actor
@@ -216,14 +216,15 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         models["reward_model"] = ("reward_model", rm_model.fsdp_config, 1, rm_model, False)
     layouts = {}
     for role, (prefix, fsdp, sp, model, shares_prompts) in models.items():
+        ranks = (cfg.reward_model.num_pool_processes or world) if role == "reward_model" else world
         tp = fsdp.tensor_parallel_size
         tp_key, sp_key = f"{prefix}.fsdp_config.tensor_parallel_size", f"{prefix}.ulysses_sequence_parallel_size"
         if role != "actor":
             tp_key = f"{prefix}.model.fsdp_config.tensor_parallel_size"
         try:
-            layouts[role] = ParallelLayout(world, tp, sp)
+            layouts[role] = ParallelLayout(ranks, tp, sp)
         except ValueError as err:
-            raise ValueError(f"{tp_key}={tp}, {sp_key}={sp} over {world} ranks: {err}") from err
+            raise ValueError(f"{tp_key}={tp}, {sp_key}={sp} over {ranks} ranks: {err}") from err
         if tp == 1 and sp == 1:
             continue
         if sp > 1 and not model.use_remove_padding:
