@@ -407,3 +407,11 @@ def test_disable_resume_on_a_directory_with_checkpoints_is_refused(files, tmp_pa
     validate_config(load_config(overrides))  # auto resumes from it
     with pytest.raises(ValueError, match=r"resume_mode=disable starts a new run, .* already holds checkpoints \(steps \[3\]\)"):
         validate_config(load_config(overrides + ["trainer.resume_mode=disable"]))
+
+
+@pytest.mark.parametrize("key", ["default_local_dir", "resume_from_path"])
+def test_a_url_for_the_checkpoint_directory_is_refused(files, key):
+    """hdfs://... would otherwise become a local folder named 'hdfs:' under the working directory."""
+    overrides = [f"data.train_files={files['train']}", f"trainer.{key}=hdfs://namenode/runs/x"]
+    with pytest.raises(ValueError, match=rf"trainer.{key}='hdfs://namenode/runs/x' is a URL.*not supported"):
+        validate_config(load_config(overrides))

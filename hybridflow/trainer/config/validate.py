@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 from pathlib import Path
@@ -568,6 +569,13 @@ def check_run_dir(run: RunConfig) -> None:
     the new run's saves would collide with (nothing is ever overwritten)."""
     from hybridflow.trainer import checkpoint_dirs
 
+    for key, value in (("default_local_dir", run.default_local_dir), ("resume_from_path", run.resume_from_path)):
+        if value is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(value)):
+            raise ValueError(
+                f"trainer.{key}={value!r} is a URL, but checkpoints are written to a filesystem path (on several "
+                "nodes, one shared by all of them at the same path, e.g. an NFS mount); remote stores such as HDFS "
+                "or S3 are not supported: mount them, or give a local path"
+            )
     steps = checkpoint_dirs.list_steps(expand_path(run.default_local_dir))
     if run.resume_mode == "disable" and steps:
         raise ValueError(
