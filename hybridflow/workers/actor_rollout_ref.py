@@ -208,7 +208,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         self.rollout.wake_up()  # first, so that the hand-over copies device to device, never through host memory
         update_weights_s = self._sync_rollout_weights()
-        self._seed_sampling()
+        self._seed_sampling(prompts.meta_info.get("sampling_seed_offset", 0))
         output = self.rollout.generate_sequences(prompts)
         if self.config.rollout.free_cache_engine:
             self.rollout.sleep()
@@ -224,15 +224,16 @@ class ActorRolloutRefWorker(Worker):
         trainer generates the next batch while the actor trains)."""
         return self.generate_sequences(prompts)
 
-    def _seed_sampling(self) -> None:
+    def _seed_sampling(self, offset: int = 0) -> None:
         """Give each rollout replica its own sampling stream, deterministic per replica and policy version (the
         number of updates, which checkpoints restore): copies of one prompt on several replicas (n above the rows
         per replica, or agent loops spread over replicas) must not sample the same responses. The ranks of one
         tensor-parallel replica share its seed (its data-parallel rank; the rank itself without TP), so that they
-        draw the same tokens and stay in lock-step."""
+        draw the same tokens and stay in lock-step. `offset` (`meta_info['sampling_seed_offset']`: the chunk index
+        of a partial rollout) gives each call of one version its own stream."""
         version = self._actor_version() if self.actor_engine is not None else self._policy_version
         replica = self.rollout_layout.dp_rank(self.rank)
-        torch.manual_seed(self.runtime.seed + 1_000_003 * (replica + 1) + version)
+        torch.manual_seed(self.runtime.seed + 1_000_003 * (replica + 1) + version + (offset << 32))
 
     def _actor_version(self) -> int:
         """The actor's policy version: its learning-rate schedule's steps (restored with checkpoints)."""

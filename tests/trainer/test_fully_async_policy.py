@@ -4,6 +4,7 @@ policy versions its samples carry, its weight-sync schedule, and with threshold 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybridflow.trainer.config import load_config
 from hybridflow.trainer.fully_async_policy import FullyAsyncTrainer, check_fully_async, syncs_before
@@ -24,6 +25,9 @@ class RecordingTrainer(FullyAsyncTrainer):
         batch = super().sample(batches, metrics, timing)
         keys = ("rollout_param_version", "rollout_policy_version", "staleness")
         type(self).columns[self.global_steps] = {key: batch.batch[key].tolist() for key in keys}
+        versions, mask = batch.batch["token_param_versions"], batch.batch["response_mask"].bool()
+        oldest = torch.where(mask, versions, versions.max() + 1).min(dim=1).values
+        assert torch.equal(oldest, batch.batch["rollout_param_version"]), "a sample's version is its oldest token's"
         return batch
 
 
@@ -49,8 +53,10 @@ def test_threshold_0_is_synchronous(workspace, ray_cluster):  # noqa: F811
 
 
 def test_staleness_bound_versions_and_sync_schedule(workspace, ray_cluster):  # noqa: F811
+    """The real threads, with partial rollout: syncs pause the rollouter between chunks."""
     args = (*ONE_PLUS_ONE, "trainer.total_training_steps=5", "trainer.total_epochs=3",
             "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=2",
+            "async_training.partial_rollout=True", "async_training.partial_rollout_chunk_tokens=4",
             "algorithm.rollout_correction.rollout_is=token")
     RecordingTrainer.columns = {}
     records, digests = train(overrides(workspace, workspace / "async1", *args, "trainer.save_freq=4"), RecordingTrainer)
@@ -113,7 +119,7 @@ def test_what_the_fully_async_trainer_needs_is_checked(train_file, extra, words)
 
 
 @pytest.mark.parametrize(("extra", "words"), [
-    (("async_training.partial_rollout=True",), ["async_training.partial_rollout=True", "not supported"]),
+    (("async_training.partial_rollout_chunk_tokens=-4",), ["async_training.partial_rollout_chunk_tokens=-4", "> 0"]),
     (("async_training.staleness_threshold=0.5",), ["async_training.staleness_threshold=0.5", "whole number"]),
     (("async_training.staleness_threshold=-1",), ["async_training.staleness_threshold=-1"]),
     (("async_training.trigger_parameter_sync_step=0",), ["async_training.trigger_parameter_sync_step=0"]),

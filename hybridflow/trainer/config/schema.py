@@ -15,7 +15,7 @@ from hybridflow.algorithms.config import AlgorithmConfig
 from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
 
 __all__ = [
@@ -219,11 +219,20 @@ class AsyncTrainingConfig:
     sync. 0 is synchronous training. Whole numbers only (this trainer streams whole prompt batches)."""
     trigger_parameter_sync_step: int = 1
     """Trainer steps between weight syncs to the rollout pool (the last step also syncs)."""
-    partial_rollout: bool = unsupported(
-        False, "generations are not yet paused across a weight sync: each prompt batch is generated with one "
-        "policy version, and a sync waits for the generation in flight to end"
-    )
-    """Pause generations in flight at a weight sync and resume them under the new weights."""
+    partial_rollout: bool = False
+    """Pause generations in flight at a weight sync and resume them under the new weights (verl's key): the rollouter
+    generates each batch in chunks of partial_rollout_chunk_tokens tokens and a sync may come between two chunks, so
+    one response may hold tokens of several policy versions (recorded per token as `token_param_versions`, each token
+    with the rollout log-prob of the weights that sampled it). A sync then waits for one chunk, not a whole batch.
+    It only happens with staleness_threshold > 0 (at 0 no batch is in flight at a sync)."""
+    partial_rollout_chunk_tokens: int = 64
+    """With partial_rollout: most new tokens per generation call. Smaller chunks let a sync in sooner but prefill
+    more often (a resumed response's prompt + prefix is prefilled again under the new weights). Must be below
+    actor_rollout_ref.rollout.response_length."""
+    deterministic_schedule_seed: Optional[int] = None
+    """Testing: None runs the rollouter as a thread beside the trainer (real asynchrony). A seed runs both in the
+    driver's one thread, interleaving chunk generations and training steps in an order drawn from the seed
+    (`trainer/async_schedule.py`), so the same seed reproduces a run's staleness and partial rollouts exactly."""
 
     def __post_init__(self) -> None:
         check_at_least("staleness_threshold", self.staleness_threshold, 0)
@@ -234,6 +243,7 @@ class AsyncTrainingConfig:
                 "(this trainer streams whole prompt batches): use 0, 1, 2, ...",
             )
         check_positive("trigger_parameter_sync_step", self.trigger_parameter_sync_step)
+        check_positive("partial_rollout_chunk_tokens", self.partial_rollout_chunk_tokens)
 
 
 # ----------------------------------------------------------------------------- roots
