@@ -7,7 +7,11 @@ seconds and tokens processed per second over the whole step (prompt + response t
 time), averaged over the steps after the first (warm-up), and hybridflow's ratio to the baseline:
 
     python benchmarks/e2e_grpo.py --trl-python /tmp/venv-trl/bin/python --steps 3
+    python benchmarks/e2e_grpo.py --trl-python /tmp/venv-trl/bin/python --steps 3 --preamble-tokens 200
 
+`--preamble-tokens N` is the long-prompt setting: every prompt's user message starts with the same block of
+about N tokens of reference text (a table of sums the question does not need), so prompts are about N + 50
+tokens and the 8 samples of a prompt share that much more; both trainers read the same rewritten parquet.
 Response lengths drift apart as the two policies learn; the first steps, from the same base model, are the
 fairest comparison, and tokens per second normalises what remains.
 """
@@ -28,12 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "outputs" / "demo" / "data" / "train.parquet"
 
 
-def run_hybridflow(steps: int, run_dir: Path) -> list[dict]:
-    """The demo config for `steps` steps without validation or checkpoints; its per-step metrics."""
+def run_hybridflow(steps: int, run_dir: Path, data: Path, max_prompt_length: int) -> list[dict]:
+    """The demo config on `data` for `steps` steps without validation or checkpoints; its per-step metrics."""
     command = [
         sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", "grpo_smollm2_demo",
         f"trainer.total_training_steps={steps}", "data.val_files=[]", "trainer.val_before_train=False",
         "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}", "trainer.logger=[file]",
+        f"data.train_files=[{data}]", f"data.max_prompt_length={max_prompt_length}",
     ]
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     records: dict[int, dict] = {}
@@ -47,10 +52,12 @@ def run_hybridflow(steps: int, run_dir: Path) -> list[dict]:
     ]
 
 
-def run_trl(python: str, model: Path, steps: int, gradient_checkpointing: str, out_dir: Path) -> list[dict]:
+def run_trl(
+    python: str, model: Path, steps: int, gradient_checkpointing: str, out_dir: Path, data: Path
+) -> list[dict]:
     """TRL's GRPOTrainer through `trl_grpo_baseline.py --json`; its per-step records."""
     command = [
-        python, str(REPO / "benchmarks" / "trl_grpo_baseline.py"), "--model", str(model), "--data", str(DEMO_DATA),
+        python, str(REPO / "benchmarks" / "trl_grpo_baseline.py"), "--model", str(model), "--data", str(data),
         "--steps", str(steps), "--gradient-checkpointing", gradient_checkpointing, "--json",
         "--output-dir", str(out_dir),
     ]
@@ -74,11 +81,37 @@ def summarize(records: list[dict]) -> dict[str, float]:
     }
 
 
+PREAMBLE_LINE = "Reference: {a} + {b} = {c}."
+
+
+def write_long_prompt_data(source: Path, target: Path, preamble_tokens: int, tokenizer) -> int:
+    """`source` with the same reference block of about `preamble_tokens` tokens before every user message;
+    returns the block's token count."""
+    import pyarrow.parquet as pq
+
+    lines, block = [], ""
+    while len(tokenizer(block)["input_ids"]) < preamble_tokens:
+        index = len(lines)
+        lines.append(PREAMBLE_LINE.format(a=100 + index, b=7 * index % 50, c=100 + index + 7 * index % 50))
+        block = " ".join(lines)
+    table = pq.read_table(source).to_pylist()
+    for row in table:
+        for message in row["prompt"]:
+            if message["role"] == "user":
+                message["content"] = f"{block}\n\n{message['content']}"
+                break
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(table), target)
+    return len(tokenizer(block)["input_ids"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trl-python", required=True, help="python of an environment with trl (see trl_grpo_baseline.py)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--model", default=None, help="HF directory of SmolLM2 (default: the converted catalogue copy)")
+    parser.add_argument("--preamble-tokens", type=int, default=0, help="long-prompt setting: tokens added to prompts")
     args = parser.parse_args()
     from hybridflow import env
     from hybridflow.models import resolve_model_path
@@ -88,15 +121,23 @@ def main() -> None:
         raise SystemExit(f"{DEMO_DATA} is missing: run `make demo` once (it writes the demo data first)")
     with tempfile.TemporaryDirectory(dir=env.cache_dir()) as scratch:
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        runs = {"hybridflow": run_hybridflow(args.steps, Path(scratch) / "hybridflow")}
+        data, max_prompt_length, setting_name = DEMO_DATA, 96, "demo settings"
+        if args.preamble_tokens:
+            from hybridflow.models import load_tokenizer
+
+            data = Path(scratch) / "long_prompts.parquet"
+            added = write_long_prompt_data(DEMO_DATA, data, args.preamble_tokens, load_tokenizer(model))
+            max_prompt_length = 96 + added + 16
+            setting_name = f"long prompts (+{added} tokens each)"
+        runs = {"hybridflow": run_hybridflow(args.steps, Path(scratch) / "hybridflow", data, max_prompt_length)}
         for setting in ("on", "off"):
             runs[f"TRL, gradient checkpointing {setting}"] = run_trl(
-                args.trl_python, model, args.steps, setting, Path(scratch) / f"trl_{setting}"
+                args.trl_python, model, args.steps, setting, Path(scratch) / f"trl_{setting}", data
             )
     summaries = {name: summarize(records) for name, records in runs.items()}
     baseline_name = max((name for name in summaries if name.startswith("TRL")), key=lambda n: summaries[n]["tokens_per_s"])
     baseline = summaries[baseline_name]
-    print(f"GRPO, demo settings, {args.steps} steps each, run started {started}; baseline: {baseline_name}")
+    print(f"GRPO, {setting_name}, {args.steps} steps each, run started {started}; baseline: {baseline_name}")
     print("| trainer | first step s | later steps s | tokens / step | tokens / s | response length | tokens/s vs baseline |")
     print("|---|---|---|---|---|---|---|")
     for name, summary in summaries.items():
