@@ -99,6 +99,7 @@ def deterministic(record: dict) -> dict:
             if not key.startswith("perf/") and not key.endswith("_s") and "timing" not in key and "time" not in key}
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_a_seeded_schedule_reproduces_a_run(workspace, ray_cluster):  # noqa: F811
     seeded = (*PARTIAL, "async_training.deterministic_schedule_seed=1")  # seed 1 pauses a batch across a sync
     first, _, chunks_1, history_1 = run(workspace, "seeded_1", *seeded)

@@ -129,6 +129,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_grpo_step_joins_a_ray_start_cluster_through_ray_address(workspace, ray_tmpdir):
     """The README's commands: `ray start --head`, `ray start --address` (a second node), RAY_ADDRESS."""
     port = find_free_port()

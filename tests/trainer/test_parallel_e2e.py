@@ -27,6 +27,7 @@ def _check_run(records: dict[int, dict], digests: list) -> None:
     assert actor_end != actor_start, "the updates changed the weights"
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_tensor_parallel_ppo_with_critic(workspace, ray_cluster):
     records, digests = train(overrides(
         workspace, workspace / "tp2",

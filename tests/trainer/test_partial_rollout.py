@@ -44,7 +44,7 @@ def generate_in_chunks(rollout, prompts, chunk: int, stop_ids: list[int], versio
 
 
 @pytest.mark.parametrize("backend", ["hf", "native"])
-@pytest.mark.parametrize("chunk", [1, 4, 5])
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 4, 5])
 def test_chunks_without_a_weight_change_equal_one_call(sharp, backend, chunk):
     model, tokenizer = sharp
     rollout = build_rollout(backend, model, tokenizer)

@@ -116,6 +116,7 @@ def test_split_placement_matches_colocated_and_syncs_weights_bitwise(workspace, 
         assert resumed[2][key] == split[2][key], f"{key}: resumed {resumed[2][key]} vs uninterrupted {split[2][key]}"
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_reward_model_on_its_own_pool_scores_as_it_does_colocated(workspace, ray_cluster):
     """The reward model's own pool (1 process) scores the same samples as the reward model in the actor's 2
     processes: the same step metrics, the same rm score."""

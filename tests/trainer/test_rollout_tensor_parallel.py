@@ -36,6 +36,7 @@ def _check_run(records: dict[int, dict], digests: list) -> None:
     assert actor_end != actor_start, "the updates changed the weights"
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster):
     records, digests = train(overrides(workspace, workspace / "rollout_tp2", *TP2, *DIAGNOSTICS))
     _check_run(records, digests)

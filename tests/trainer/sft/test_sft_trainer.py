@@ -3,6 +3,8 @@ and 2 Ray ranks over gloo with LoRA (the same loss as 1 rank; adapter checkpoint
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import shutil
 from pathlib import Path
@@ -99,6 +101,7 @@ def test_lora_sft_on_two_ray_ranks_matches_one_rank(sft_workspace, ray_cluster):
     AutoModelForCausalLM.from_pretrained(target)
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_tensor_and_sequence_parallel_sft_on_two_ray_ranks_match_one_rank(sft_workspace, ray_cluster):
     common = ("model.use_remove_padding=true", "trainer.total_training_steps=2", "trainer.val_before_train=false")
     _, one = run(sft_overrides(sft_workspace, sft_workspace / "par_one", "trainer.local_mode=true", *common))
