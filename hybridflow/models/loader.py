@@ -38,6 +38,14 @@ def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """A dtype setting on `device`: 'auto' is bfloat16 on accelerators and float32 on CPU (bf16 matmuls are about
+    20x slower on CPUs without bf16 units); any other name as `to_torch_dtype`."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return to_torch_dtype(dtype)
+
+
 def split_model_location(path_or_name: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, str | None]:
     """Resolve a catalogue name / directory / `.gguf` file to `(directory, gguf_file_name_or_None)`."""
     if gguf_file is not None:

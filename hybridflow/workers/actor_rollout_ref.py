@@ -20,11 +20,12 @@ import torch
 
 from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
-from hybridflow.engines.rollout.base import copy_buffers, resolve_rollout_dtype
+from hybridflow.engines.rollout.base import copy_buffers
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
+from hybridflow.models.loader import resolve_dtype
 from hybridflow.models.vision import copy_image_processor
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
@@ -186,7 +187,7 @@ class ActorRolloutRefWorker(Worker):
         the actor's module; without an actor on this worker it is loaded from the checkpoint.
         """
         device = get_torch_device(self.local_rank)
-        dtype = resolve_rollout_dtype(self.config.rollout.dtype, device)
+        dtype = resolve_dtype(self.config.rollout.dtype, device)
         if self.actor_engine is None:
             return build_causal_lm(model_path, dtype=dtype)
         copy = build_causal_lm(model_path, dtype=dtype, empty=True).to_empty(device=device)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.engines.rollout.base import copy_buffers, copy_named_tensors, resolve_rollout_dtype
+from hybridflow.engines.rollout.base import copy_buffers, copy_named_tensors
+from hybridflow.models.loader import resolve_dtype
 from hybridflow.models import build_causal_lm
 
 
 def test_auto_dtype_is_bf16_on_accelerators_and_fp32_on_cpu():
-    assert resolve_rollout_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_rollout_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
-    assert resolve_rollout_dtype("float16", torch.device("cpu")) == torch.float16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
 
 
 def test_an_empty_copy_with_the_actors_buffers_and_weights_equals_the_loaded_model(tiny_llama_dir):

@@ -166,16 +166,6 @@ def copy_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
     return num_loaded
 
 
-def resolve_rollout_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """rollout.dtype -> torch dtype: 'auto' is bfloat16 on accelerators and float32 on CPU (bf16 matmuls are about
-    20x slower on CPUs without bf16 units)."""
-    from hybridflow.models.loader import to_torch_dtype
-
-    if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return to_torch_dtype(dtype)
-
-
 @torch.no_grad()
 def copy_buffers(target: torch.nn.Module, source: torch.nn.Module) -> int:
     """Copy every buffer of `source` into `target`'s buffer of the same name (casting dtype/device); returns how many.

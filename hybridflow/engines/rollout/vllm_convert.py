@@ -21,7 +21,8 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import save_file
 
-from hybridflow.engines.rollout.base import SamplingParams, resolve_rollout_dtype
+from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.models.loader import resolve_dtype
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.rollout.native.batcher import GenerationResult
 from hybridflow.engines.rollout.vllm_versions import SUPPORTED_VLLM_VERSIONS
@@ -103,9 +104,9 @@ def describe_log_prob_mismatch(params: SamplingParams, mode: LogprobsMode) -> st
 
 
 def resolve_vllm_dtype(dtype: str, device: torch.device) -> str:
-    """`rollout.dtype` as vLLM's dtype name, by the rollout's one rule (`resolve_rollout_dtype`: auto is bfloat16 on
+    """`rollout.dtype` as vLLM's dtype name, by the rollout's one rule (`resolve_dtype`: auto is bfloat16 on
     accelerators, float32 on CPU)."""
-    return str(resolve_rollout_dtype(dtype, device)).removeprefix("torch.")
+    return str(resolve_dtype(dtype, device)).removeprefix("torch.")
 
 
 def resolve_enforce_eager(enforce_eager: bool | None, on_cpu: bool) -> bool:

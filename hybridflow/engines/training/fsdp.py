@@ -45,7 +45,7 @@ from hybridflow.engines.training.prefix_sharing import build_shared_prompt_layou
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
 from hybridflow.env import dist_local_rank
-from hybridflow.models.loader import build_causal_lm, to_torch_dtype
+from hybridflow.models.loader import build_causal_lm, resolve_dtype, to_torch_dtype
 from hybridflow.models.lora import (
     apply_lora,
     is_lora_model,
@@ -68,13 +68,6 @@ Batch = Any  # DataProto, or a Mapping / TensorDict of tensors
 LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, Mapping[str, float]]]
 
 
-def resolve_param_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
-    """'auto' -> bfloat16 on accelerators, float32 on CPU (bf16 matmuls are ~20x slower on CPUs without bf16 units)."""
-    if param_dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return to_torch_dtype(param_dtype)
-
-
 def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None) -> nn.Module:
     """Shard every decoder layer (classes in `module._no_split_modules`) and then the root over `mesh` (default:
     a 1-D mesh of all ranks), in place."""
@@ -83,7 +76,7 @@ def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.devic
 
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
-    param_dtype = resolve_param_dtype(config.fsdp.dtype, device)
+    param_dtype = resolve_dtype(config.fsdp.dtype, device)
     mp_policy = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
         reduce_dtype=to_torch_dtype(config.fsdp.reduce_dtype),
@@ -181,7 +174,7 @@ class FSDPEngine:
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1
         self.device = get_torch_device(dist_local_rank())
-        self.param_dtype = resolve_param_dtype(config.fsdp.dtype, self.device)
+        self.param_dtype = resolve_dtype(config.fsdp.dtype, self.device)
         if config.attn_implementation == "flash_attention_2" and self.device.type != "cuda":
             raise ValueError(
                 f"model.override_config.attn_implementation='flash_attention_2' runs on CUDA only; this rank's device "
