@@ -367,3 +367,15 @@ def test_rollout_on_cpu_reloads_weights_from_files_and_refuses_dummy(fake_vllm, 
     with pytest.raises(ValueError, match="load_format='dummy' on a CPU host"):
         fake_vllm.VLLMRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=8),
                               config=RolloutConfig(name="vllm", load_format="dummy"))
+
+
+@pytest.mark.parametrize("override", [{"max_num_seqs": 64}, {"enforce_eager": True}, {"load_format": "dummy"}])
+def test_vllm_only_keys_are_refused_for_other_engines(override):
+    from hybridflow.engines.rollout.config import RolloutConfig
+    from hybridflow.utils.config import ConfigFieldError
+
+    key = next(iter(override))
+    with pytest.raises(ConfigFieldError, match=f"{key}=.*name='hf' does not read it") as info:
+        RolloutConfig(name="hf", **override)
+    assert info.value.field == key
+    RolloutConfig(name="hf")  # defaults are accepted

@@ -116,6 +116,13 @@ def _val_sampling() -> SamplingConfig:
     return SamplingConfig(temperature=0.0, do_sample=False)
 
 
+_VLLM_ONLY_KEYS = (
+    "enforce_eager", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+    "enable_prefix_caching", "load_format",
+)
+"""Rollout keys only the vllm engine reads."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig(SamplingConfig):
     """Generation of responses: the engine, its sampling, and how log-probs are recomputed."""
@@ -205,6 +212,21 @@ class RolloutConfig(SamplingConfig):
             )
         if self.name == "vllm":
             self._check_vllm_engine()
+        else:
+            self._refuse_vllm_only_keys()
+
+    def _refuse_vllm_only_keys(self) -> None:
+        """The vllm engine's own keys at another value than their default with another engine: refused, since
+        the hf and native engines would ignore them."""
+        defaults = RolloutConfig(name="vllm")
+        for key in _VLLM_ONLY_KEYS:
+            value = getattr(self, key)
+            if value != getattr(defaults, key):
+                raise ConfigFieldError(
+                    key,
+                    f"{key}={value!r} sets the vllm engine, but name={self.name!r} does not read it; use name=vllm or "
+                    "leave it at its default",
+                )
 
     def _check_vllm_engine(self) -> None:
         """The vllm engine's keys against each other (the checks vLLM itself would make minutes later)."""
