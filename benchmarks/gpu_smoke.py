@@ -8,6 +8,11 @@ first (warm-up): seconds per step and of generation and update, tokens processed
 the actor update's MFU (model FLOPs over the GPU's dense bf16 peak) and the peak GPU memory of a worker.
 
     python benchmarks/gpu_smoke.py --steps 4          # (benchmarks/gpu_smoke.sh runs this after the GPU tests)
+
+A node without the model's weights or reasoning-gym (an offline GPU node) can still measure the path:
+`--model DIR --random-init` builds the architecture of DIR's config.json (with DIR's tokenizer) with random
+weights, and `--reward-fn benchmarks/answer_match_reward.py` scores without reasoning-gym. Random weights rarely
+stop early, so responses run to the length limit: the table then says so in its header.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ DATA = REPO / "outputs" / "demo" / "data"
 
 COLUMNS = (
     ("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", "timing_s/update_actor"),
-    ("tokens/s", "perf/throughput_step"), ("MFU update", "perf/mfu/actor"), ("MFU log-prob", "perf/mfu/actor_infer"),
+    ("tokens/s", "perf/throughput_step"), ("response len", "response_length/mean"), ("MFU update", "perf/mfu/actor"), ("MFU log-prob", "perf/mfu/actor_infer"),
     ("peak GiB", "perf/max_memory_allocated_gb"),
 )
 
@@ -62,7 +67,21 @@ def prepare_data() -> None:
                        cwd=REPO, check=True)
 
 
-def run(overrides: list[str], steps: int, run_dir: Path) -> dict[int, dict]:
+def random_init_copy(model_dir: Path, target: Path) -> Path:
+    """`target`: the architecture of `model_dir`'s config with random weights (bf16, seed 0) and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(target)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"random-init {config.model_type} from {model_dir}: {params / 1e6:.1f}M parameters -> {target}")
+    return target
+
+
+def run(overrides: list[str], steps: int, run_dir: Path, timeout_s: float) -> dict[int, dict]:
     """The demo config on CUDA with `overrides` for `steps` steps; its per-step metrics."""
     command = [
         sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", "grpo_smollm2_demo",
@@ -70,7 +89,7 @@ def run(overrides: list[str], steps: int, run_dir: Path) -> dict[int, dict]:
         "trainer.val_before_train=False", "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[file]", *overrides,
     ]
-    subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout=timeout_s)
     records: dict[int, dict] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -91,21 +110,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--only", help="run only the settings whose name contains this text")
+    parser.add_argument("--model", help="model path or catalogue name (default: the demo config's)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="random weights in the architecture of --model's config (an offline node's stand-in)")
+    parser.add_argument("--reward-fn", help="a custom reward file (custom_reward_function.path)")
+    parser.add_argument("--data", type=Path, default=DATA, help="directory of train.parquet (default: the demo's)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one setting may run")
+    parser.add_argument("overrides", nargs="*", help="extra config overrides for every setting")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_smoke needs CUDA devices; this host has none")
     num_gpus = torch.cuda.device_count()
-    prepare_data()
-    print(f"{torch.cuda.get_device_name(0)} x {num_gpus}, torch {torch.__version__}, {args.steps} steps per setting")
-    rows = []
-    for name, overrides in settings(num_gpus).items():
-        if args.only and args.only not in name:
-            continue
-        with tempfile.TemporaryDirectory() as run_dir:
-            try:
-                rows.append((name, summarize(run(overrides, args.steps, Path(run_dir)))))
-            except subprocess.CalledProcessError as err:
-                rows.append((name, {"error": f"exit {err.returncode}"}))
+    if args.data == DATA:
+        prepare_data()
+    common = [f"data.train_files=[{args.data / 'train.parquet'}]", *args.overrides]
+    if args.reward_fn:
+        common.append(f"custom_reward_function.path={Path(args.reward_fn).resolve()}")
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model
+        if args.random_init:
+            if not model:
+                sys.exit("--random-init needs --model DIR (a directory with config.json and a tokenizer)")
+            model = str(random_init_copy(Path(model), Path(scratch) / "random_init"))
+        if model:
+            common.append(f"actor_rollout_ref.model.path={model}")
+        weights = "random weights" if args.random_init else "trained weights"
+        print(f"{torch.cuda.get_device_name(0)} x {num_gpus}, torch {torch.__version__}, "
+              f"model {args.model or 'of the demo config'} ({weights}), {args.steps} steps per setting")
+        rows = []
+        for name, overrides in settings(num_gpus).items():
+            if args.only and args.only not in name:
+                continue
+            with tempfile.TemporaryDirectory() as run_dir:
+                try:
+                    rows.append((name, summarize(run([*common, *overrides], args.steps, Path(run_dir), args.timeout))))
+                except subprocess.CalledProcessError as err:
+                    rows.append((name, {"error": f"exit {err.returncode}"}))
+                except subprocess.TimeoutExpired:
+                    rows.append((name, {"error": f"over {args.timeout:.0f} s"}))
     print("| setting | " + " | ".join(title for title, _ in COLUMNS) + " |")
     print("|---|" + "---|" * len(COLUMNS))
     for name, values in rows:

@@ -3,6 +3,8 @@ directory that starts from a copy of another run's checkpoint."""
 
 from __future__ import annotations
 
+import importlib.util
+import random
 import shutil
 import subprocess
 import sys
@@ -20,17 +22,40 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def build_workspace(root: Path, train_size: int, test_size: int, num_layers: int = 2, hidden: int = 64) -> Path:
     """`root/data/{train,test}.parquet` (smollm2_easy rows), `root/tiny` (seed 0) and `root/reward.py`."""
-    subprocess.run(
-        [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
-         "--local_dir", str(root / "data"), "--train_size", str(train_size), "--test_size", str(test_size),
-         "--seed", "0"],
-        check=True, capture_output=True,
-    )
+    if importlib.util.find_spec("reasoning_gym") is None:  # GPU nodes often lack the data extras
+        write_arithmetic_rows(root / "data", train_size, test_size, seed=0)
+    else:
+        subprocess.run(
+            [sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", "smollm2_easy",
+             "--local_dir", str(root / "data"), "--train_size", str(train_size), "--test_size", str(test_size),
+             "--seed", "0"],
+            check=True, capture_output=True,
+        )
     from hybridflow.models import save_tiny_model
 
     save_tiny_model(root / "tiny", num_layers=num_layers, hidden=hidden, seed=0)
     (root / "reward.py").write_text(REWARD_FILE)
     return root
+
+
+def write_arithmetic_rows(data_dir: Path, train_size: int, test_size: int, seed: int) -> None:
+    """`data_dir/{train,test}.parquet` of two-term sums in the dataset schema, without reasoning-gym."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for split, size in (("train", train_size), ("test", test_size)):
+        rows = []
+        for index in range(size):
+            a, b = rng.randint(1, 99), rng.randint(1, 99)
+            rows.append({
+                "data_source": "arithmetic", "ability": "math",
+                "prompt": [{"role": "user", "content": f"Calculate {a} + {b}.\n\nEnd with: Answer: <answer>"}],
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": split, "index": index},
+            })
+        pq.write_table(pa.Table.from_pylist(rows), data_dir / f"{split}.parquet")
 
 
 def start_from_checkpoint(checkpoint: Path, run_dir: Path) -> Path:

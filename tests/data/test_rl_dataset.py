@@ -219,3 +219,16 @@ def test_reads_reasoning_gym_preprocess_output(tmp_path: Path, smollm2_tokenizer
     data = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
     assert len(data) == 4
     assert set(data.non_tensor_batch["data_source"]) == {"reasoning_gym/basic_arithmetic"}
+
+
+def test_arithmetic_rows_without_reasoning_gym_load(tmp_path: Path, smollm2_tokenizer: Any) -> None:
+    """The GPU tests' fallback rows (written without reasoning-gym) pass the dataset's row checks."""
+    from tests.tiny_runs import write_arithmetic_rows
+
+    write_arithmetic_rows(tmp_path, train_size=5, test_size=2, seed=0)
+    config = build_config(RLHFDataConfig, {"max_prompt_length": 64})
+    train = RLHFDataset(tmp_path / "train.parquet", smollm2_tokenizer, config)
+    assert len(train) == 5 and len(RLHFDataset(tmp_path / "test.parquet", smollm2_tokenizer, config)) == 2
+    item = train[3]
+    assert item["index"] == 3 and item["input_ids"].shape == (64,)
+    assert item["reward_model"]["ground_truth"].isdigit()
