@@ -109,7 +109,8 @@ def summarize(records: dict[int, dict]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--only", help="run only the settings whose name contains this text")
+    parser.add_argument("--only", action="append",
+                        help="run only the settings whose name contains this text (repeatable)")
     parser.add_argument("--model", help="model path or catalogue name (default: the demo config's)")
     parser.add_argument("--random-init", action="store_true",
                         help="random weights in the architecture of --model's config (an offline node's stand-in)")
@@ -137,25 +138,27 @@ def main() -> None:
         weights = "random weights" if args.random_init else "trained weights"
         print(f"{torch.cuda.get_device_name(0)} x {num_gpus}, torch {torch.__version__}, "
               f"model {args.model or 'of the demo config'} ({weights}), {args.steps} steps per setting")
-        rows = []
+        print_row("setting", [title for title, _ in COLUMNS])
+        print_row("---", ["---"] * len(COLUMNS))
         for name, overrides in settings(num_gpus).items():
-            if args.only and args.only not in name:
+            if args.only and not any(text in name for text in args.only):
                 continue
             with tempfile.TemporaryDirectory() as run_dir:
                 try:
-                    rows.append((name, summarize(run([*common, *overrides], args.steps, Path(run_dir), args.timeout))))
+                    values = summarize(run([*common, *overrides], args.steps, Path(run_dir), args.timeout))
                 except subprocess.CalledProcessError as err:
-                    rows.append((name, {"error": f"exit {err.returncode}"}))
+                    print_row(name, [f"failed: exit {err.returncode} (see the log above)"])
+                    continue
                 except subprocess.TimeoutExpired:
-                    rows.append((name, {"error": f"over {args.timeout:.0f} s"}))
-    print("| setting | " + " | ".join(title for title, _ in COLUMNS) + " |")
-    print("|---|" + "---|" * len(COLUMNS))
-    for name, values in rows:
-        if "error" in values:
-            print(f"| {name} | failed: {values['error']} (see the log above) |")
-            continue
-        cells = [f"{values[key]:.1%}" if key.startswith("perf/mfu") else f"{values[key]:.2f}" for _, key in COLUMNS]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+                    print_row(name, [f"failed: over {args.timeout:.0f} s"])
+                    continue
+            # each row as soon as its setting ends, so a node taken back mid-run keeps what was measured
+            print_row(name, [f"{values[key]:.1%}" if key.startswith("perf/mfu") else f"{values[key]:.2f}"
+                             for _, key in COLUMNS])
+
+
+def print_row(name: str, cells: list[str]) -> None:
+    print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def test_gradient_checkpointing_gives_the_same_step(tiny_llama_dir, batch):
     plain = build_fsdp_engine(tiny_llama_dir, CONFIG)
     config = dataclasses.replace(CONFIG, model=ModelConfig(enable_gradient_checkpointing=True))
     checkpointed = build_fsdp_engine(tiny_llama_dir, config)
-    assert checkpointed.module.is_activation_checkpointing
+    module = checkpointed.module  # the flag's name differs across transformers 5.x releases
+    assert getattr(module, "is_activation_checkpointing", None) or getattr(module, "is_gradient_checkpointing")
     a = plain.train_batch(batch, seq_mean_nll)
     b = checkpointed.train_batch(batch, seq_mean_nll)
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], abs=1e-6)

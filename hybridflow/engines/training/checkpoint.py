@@ -38,7 +38,16 @@ def load_shard(path: Path) -> Any:
             f"checkpoint file {path} is missing; was the checkpoint written with the same world size "
             f"({path.name.split('_rank_')[0]})?"
         )
-    return torch.load(path, weights_only=True, map_location="cpu")
+    with torch.serialization.safe_globals(_dtensor_placement_globals()):
+        return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def _dtensor_placement_globals() -> list[type]:
+    """DTensor placements that a 2-D (FSDP x TP) shard pickles and that torch < 2.13's weights-only loader does
+    not allow by default (`_StridedShard`)."""
+    from torch.distributed.tensor import placement_types
+
+    return [cls for cls in (getattr(placement_types, "_StridedShard", None),) if cls is not None]
 
 
 def get_rng_state() -> dict[str, Any]:

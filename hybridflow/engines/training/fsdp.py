@@ -182,7 +182,7 @@ class FSDPEngine:
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
         if config.model.enable_gradient_checkpointing:
-            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(module)
         layout = ParallelLayout(self.world_size, config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size)
         if layout.group_size > 1 and not self.is_sharded:
             raise RuntimeError(
@@ -789,3 +789,13 @@ def _in_row_order(values: torch.Tensor, order: list[int] | None) -> torch.Tensor
 
 def _num_rows(batch: Batch) -> int:
     return _get(batch, "input_ids").size(0)
+
+
+def enable_activation_checkpointing(module: nn.Module) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer, under either name transformers has given
+    the switch (`activation_checkpointing_enable` in 5.23; only `gradient_checkpointing_enable` in 5.17)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(module, "activation_checkpointing_enable"):
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

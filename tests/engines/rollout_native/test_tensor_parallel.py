@@ -4,6 +4,8 @@ and the CPU kernels), peers in lock-step when sampling, each rank holding only i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -152,6 +154,10 @@ def test_smollm2_tp3_greedy_equals_tp1():
 
 # ---------------------------------------------------------------------------- GPU
 def _gpu_generation(rank: int, world_size: int, model_dir: str) -> None:
+    # More ranks than GPUs (the gloo fallback): ranks share devices round-robin, as the workers do.
+    local_rank = rank % torch.cuda.device_count()
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    torch.cuda.set_device(local_rank)
     tokenizer = load_tokenizer(model_dir)
     mesh = _rollout_tp_mesh(world_size, "cuda")
     prompts = encode_prompts(tokenizer, PROMPTS)

@@ -77,7 +77,7 @@ class RolloutTensorParallel:
         logits = logits.contiguous()
         rows, width = logits.shape
         gathered = torch.empty((self.size * rows, width), dtype=logits.dtype, device=logits.device)
-        dist.all_gather_single(gathered, logits, group=self.group)  # rank r's slice in rows [r * rows, ...)
+        dist.all_gather_into_tensor(gathered, logits, group=self.group)  # rank r's slice in rows [r * rows, ...)
         return gathered.view(self.size, rows, width).permute(1, 0, 2).reshape(rows, self.size * width)
 
 
