@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU node: every gpu-marked test (1 GPU and, where present, 2+), then GRPO on SmolLM2 per setting with a
 # table of step time, tokens/s, MFU and peak memory. Run from the repository root after `make .venv/.installed-stamp`.
+# Arguments go to gpu_smoke.py; on an offline node without SmolLM2's weights or reasoning-gym, for example:
+#   bash benchmarks/gpu_smoke.sh --model DIR_WITH_CONFIG_AND_TOKENIZER --random-init --reward-fn benchmarks/answer_match_reward.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -9,7 +11,7 @@ export RAY_AUTH_MODE=disabled
 "$PY" -m pytest -m gpu -p no:cacheprovider -q tests/gpu tests/engines/test_gpu.py tests/engines/test_parallel_training.py \
   tests/engines/rollout_native/test_tensor_parallel.py tests/algorithms/test_device.py
 tests_rc=$?
-"$PY" benchmarks/gpu_smoke.py --steps "${STEPS:-4}"
+"$PY" benchmarks/gpu_smoke.py --steps "${STEPS:-4}" "$@"
 bench_rc=$?
 echo "gpu tests exit ${tests_rc}, benchmark exit ${bench_rc}"
 exit $(( tests_rc != 0 || bench_rc != 0 ))
