@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,8 @@ def main() -> None:
     parser.add_argument("--reward-fn", help="a custom reward file (custom_reward_function.path)")
     parser.add_argument("--data", type=Path, default=DATA, help="directory of train.parquet (default: the demo's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one setting may run")
+    parser.add_argument("--save-metrics", type=Path,
+                        help="copy each setting's metrics.jsonl here (every per-step metric, worker-side timings too)")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for every setting")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -145,7 +148,10 @@ def main() -> None:
                 continue
             with tempfile.TemporaryDirectory() as run_dir:
                 try:
-                    values = summarize(run([*common, *overrides], args.steps, Path(run_dir), args.timeout))
+                    records = run([*common, *overrides], args.steps, Path(run_dir), args.timeout)
+                    if args.save_metrics:
+                        save_metrics(Path(run_dir) / "metrics.jsonl", args.save_metrics, name)
+                    values = summarize(records)
                 except subprocess.CalledProcessError as err:
                     print_row(name, [f"failed: exit {err.returncode} (see the log above)"])
                     continue
@@ -155,6 +161,13 @@ def main() -> None:
             # each row as soon as its setting ends, so a node taken back mid-run keeps what was measured
             print_row(name, [f"{values[key]:.1%}" if key.startswith("perf/mfu") else f"{values[key]:.2f}"
                              for _, key in COLUMNS])
+
+
+def save_metrics(source: Path, directory: Path, setting: str) -> None:
+    """`directory/<setting as a file name>.jsonl`: a copy of one setting's per-step metrics."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = "".join(c if c.isalnum() else "_" for c in setting).strip("_")
+    shutil.copyfile(source, directory / f"{stem}.jsonl")
 
 
 def print_row(name: str, cells: list[str]) -> None:

@@ -27,3 +27,29 @@ def test_summary_skips_the_warm_up_step_and_computes_tokens_per_second():
     assert summary["timing_s/step"] == pytest.approx(10.0)
     assert summary["perf/throughput_step"] == pytest.approx(200.0)  # (100 + 300) / 2
     assert summary["perf/mfu/actor"] == pytest.approx(3.0)
+
+
+def test_random_init_copy_keeps_the_architecture_and_tokenizer(tmp_path):
+    """The offline node's stand-in: the config's architecture with new (seeded) weights, and the same tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from benchmarks.gpu_smoke import random_init_copy
+    from hybridflow.models import load_tokenizer, save_tiny_model
+
+    source = save_tiny_model(tmp_path / "source", num_layers=2, hidden=64, seed=1)  # random_init_copy draws seed 0
+    copy = random_init_copy(source, tmp_path / "copy")
+    assert AutoConfig.from_pretrained(copy).to_dict()["num_hidden_layers"] == 2
+    assert len(load_tokenizer(copy)) == len(load_tokenizer(source))
+    a = AutoModelForCausalLM.from_pretrained(source).model.layers[0].mlp.up_proj.weight
+    b = AutoModelForCausalLM.from_pretrained(copy).model.layers[0].mlp.up_proj.weight
+    assert b.dtype == torch.bfloat16 and a.shape == b.shape and not torch.equal(a.to(b.dtype), b)
+
+
+def test_saved_metrics_are_named_after_the_setting(tmp_path):
+    from benchmarks.gpu_smoke import save_metrics
+
+    source = tmp_path / "metrics.jsonl"
+    source.write_text('{"step": 1}\n')
+    save_metrics(source, tmp_path / "out", "hf + LoRA r=16, 1 GPU")
+    assert (tmp_path / "out" / "hf___LoRA_r_16__1_GPU.jsonl").read_text() == '{"step": 1}\n'
