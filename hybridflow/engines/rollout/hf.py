@@ -24,6 +24,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
+from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token_of, rollout_memory_budget
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.models.vision import multi_modal_model_inputs
@@ -76,6 +77,7 @@ class HFRollout(BaseRollout):
         val_sampling_params: SamplingParams | None = None,
         micro_batch_size: int | None = None,
         dtype: str | torch.dtype = "float32",
+        memory_utilization: float | None = None,
     ) -> None:
         """
         Args:
@@ -84,8 +86,17 @@ class HFRollout(BaseRollout):
             sampling_params: used for training rollouts.
             val_sampling_params: used when `prompts.meta_info['validate']` is true; default greedy.
             micro_batch_size: prompts per `generate` call (after repetition by n); None: all at once.
+            memory_utilization: share of this device's memory the weights and the calls' KV caches may take
+                (`rollout.gpu_memory_utilization`): calls then hold at most as many rows as fit; None: no limit.
         """
         self.model, self.device = place_rollout_model(model, dtype)
+        self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
+        config = self.model.config
+        dtype_now = next(self.model.parameters()).dtype
+        # KV cache of every position, plus the last position's logits (model dtype) and their fp32 copy
+        self._kv_bytes_per_token = kv_bytes_per_token_of(config, dtype_now)
+        vocab = config.get_text_config().vocab_size if hasattr(config, "get_text_config") else config.vocab_size
+        self._logits_bytes_per_row = vocab * (torch.empty((), dtype=dtype_now).element_size() + 4)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
@@ -99,10 +110,19 @@ class HFRollout(BaseRollout):
         params = self.resolve_sampling_params(prompts.meta_info)
         if params.n > 1:
             prompts = prompts.repeat(params.n, interleave=True)
-        chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]
+        rows = self._rows_per_call(prompts.batch["input_ids"].size(1) + params.max_new_tokens, len(prompts))
+        chunks = prompts.split(rows) if rows < len(prompts) else [prompts]
         parts = [self._generate(chunk, params) for chunk in chunks]
         responses, response_mask, log_probs = (torch.cat(columns) for columns in zip(*parts))
         return build_output_for_prompts(prompts, responses, response_mask, log_probs, self.tokenizer.pad_token_id)
+
+    def _rows_per_call(self, sequence_len: int, num_rows: int) -> int:
+        """Rows per `generate` call: `micro_batch_size`, and no more than the memory budget holds."""
+        rows = self.micro_batch_size or num_rows
+        if self.memory_budget is not None:
+            per_row = self._kv_bytes_per_token * sequence_len + self._logits_bytes_per_row
+            rows = min(rows, self.memory_budget.max_sequences(per_row))
+        return max(rows, 1)
 
     @torch.no_grad()
     def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -39,6 +39,15 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def serving_capacity_within(slots: int, prefix_reuse: bool) -> int:
+    """The most rows `serve` can decode when the cache may hold `slots` slots: its decode slots are padded to a
+    multiple of `_ROWS_MULTIPLE`, and prefix reuse parks as many finished sequences again. 0 if none fit."""
+    capacity = slots // 2 if prefix_reuse else slots
+    while capacity > 0 and _round_up(capacity, _ROWS_MULTIPLE) + (capacity if prefix_reuse else 0) > slots:
+        capacity -= 1
+    return capacity
+
+
 @dataclass
 class GenerationResult:
     """Generated tokens per output row, right-padded."""
@@ -220,23 +229,27 @@ class ContinuousBatcher:
         params: SamplingParams,
         stop_ids: list[int],
         pad_id: int,
+        max_seqs: int | None = None,
     ) -> GenerationResult:
         """Generate `params.n` responses per prompt.
 
         prompts, positions: per prompt, (prompt_len,) int64 token ids and rope positions (no padding).
+        max_seqs: cache slots this call may hold at most (a memory budget), below `max_num_seqs`; None: no limit.
         """
         n, max_new = params.n, params.max_new_tokens
-        if n > self.max_num_seqs:
+        limit = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
+        if n > limit:
             raise ValueError(
-                f"n={n} > max_num_seqs={self.max_num_seqs}: the n samples of a prompt share one prefill and need n "
-                "slots at once; raise max_num_seqs"
+                f"n={n} > {limit} cache slots: the n samples of a prompt share one prefill and need n slots at once; "
+                + ("raise max_num_seqs" if limit == self.max_num_seqs else "raise rollout.gpu_memory_utilization")
             )
         device = self.cache.device
         num_rows = len(prompts) * n
         max_prompt_len = max(p.numel() for p in prompts)
         max_position = max(int(pos[-1]) for pos in positions) + max_new + 1
-        capacity = min(self.max_num_seqs, num_rows)
-        self.cache.reserve(_round_up(capacity, _ROWS_MULTIPLE), max_prompt_len + max_new)
+        capacity = min(limit, num_rows)
+        padded = _round_up(capacity, _ROWS_MULTIPLE)
+        self.cache.reserve(padded if padded <= limit else capacity, max_prompt_len + max_new)
         self.forward.bind(max_position)
         run = _Run.create(
             prompts, positions, params, stop_ids, pad_id, capacity, num_rows, max_new, self.cache.num_slots, device

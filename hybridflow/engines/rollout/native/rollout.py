@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
-from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, RequestSource
+from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token, rollout_memory_budget
+from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, RequestSource, serving_capacity_within
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
@@ -58,6 +59,7 @@ class NativeRollout(BaseRollout):
         dtype: str | torch.dtype = "float32",
         kernels: str = "auto",
         tp_mesh=None,
+        memory_utilization: float | None = None,
     ) -> None:
         """
         Args:
@@ -75,6 +77,9 @@ class NativeRollout(BaseRollout):
                 parallelism). Every rank of it must make the same calls with the same arguments and the same
                 torch RNG state. The rollout then holds its own shard of `model` (sliced from it, or read slice by
                 slice from a checkpoint) and never shares the trainer's module.
+            memory_utilization: share of this device's memory the weights and the KV cache may take
+                (`rollout.gpu_memory_utilization`): a call then holds at most as many cache slots as fit; None: no
+                limit beyond `max_num_seqs`.
         """
         check_kernel_mode(kernels)
         if max_num_seqs < 1 or max_prefill_tokens < 1:
@@ -97,6 +102,10 @@ class NativeRollout(BaseRollout):
             self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device
         )
         self.batcher = ContinuousBatcher(self.forward, self.cache, max_num_seqs, max_prefill_tokens)
+        self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
+        self._kv_bytes_per_token = kv_bytes_per_token(
+            self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype
+        )
         self.last_stats: dict[str, float] = {}
         """Timings of the last `generate_sequences` call (see `GenerationResult.stats`)."""
 
@@ -127,6 +136,7 @@ class NativeRollout(BaseRollout):
                 params,
                 stop_ids,
                 self.tokenizer.pad_token_id,
+                max_seqs=self._slots_within_budget(int(keep.sum(1).max()) + params.max_new_tokens, params.n),
             )
         self.last_stats = result.stats
         return build_output_for_prompts(
@@ -150,8 +160,26 @@ class NativeRollout(BaseRollout):
             )
         stop_ids = self._stop_ids(params)
         pad_id = self.tokenizer.pad_token_id
+        budget = self._slots_within_budget(max_len, 1)
+        if budget is not None:
+            within = serving_capacity_within(budget, prefix_reuse)
+            if within < 1:
+                raise ValueError(
+                    f"rollout.gpu_memory_utilization={self.memory_budget.utilization} leaves room for {budget} cache "
+                    f"slot(s) of {max_len} tokens; the generation server needs one to decode and one to park "
+                    "(prefix reuse): raise gpu_memory_utilization or shorten the sequences"
+                )
+            max_seqs = min(max_seqs or self.batcher.max_num_seqs, within)
         with self._threads():
             return self.batcher.serve(params, stop_ids, pad_id, max_len, source, max_seqs, prefix_reuse)
+
+    def _slots_within_budget(self, sequence_len: int, n: int) -> int | None:
+        """Cache slots of `sequence_len` tokens that fit in the memory budget (None: no budget). A cache already
+        longer from an earlier call counts at its length, since it only grows."""
+        if self.memory_budget is None:
+            return None
+        per_slot = self._kv_bytes_per_token * max(sequence_len, self.cache.max_len)
+        return self.memory_budget.max_sequences(per_slot, needed=n)
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         """Token ids that end a response: eos, then the request's stop tokens (deduplicated)."""

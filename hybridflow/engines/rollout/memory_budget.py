@@ -1,0 +1,98 @@
+"""`rollout.gpu_memory_utilization` for the hf and native engines: the share of this device's memory (a GPU's, or
+the host's RAM on CPU, as vLLM's CPU backend reads the key) that the rollout's weights and KV cache may take. The
+engines decode at most as many sequences at once as fit in it: hf in `generate` calls of that many rows, native in
+that many cache slots. vLLM applies the key itself."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+GIB = 1024**3
+
+
+def format_bytes(num_bytes: float) -> str:
+    """'512 B', '12.3 KiB', '1.50 MiB', '2.00 GiB'."""
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(num_bytes) >= size:
+            return f"{num_bytes / size:.3g} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of `device`: a CUDA device's own, else the host's physical RAM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def module_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (each storage counted once: tied weights are one)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in (*module.parameters(), *module.buffers()):
+        key = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Keys and values of one token in every layer."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def kv_bytes_per_token_of(config, dtype: torch.dtype) -> int:
+    """`kv_bytes_per_token` from an HF text model config (grouped-query heads and an explicit head_dim honoured)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return kv_bytes_per_token(text.num_hidden_layers, kv_heads, head_dim, dtype)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What the rollout may hold on its device: `utilization` x `device_bytes`, of which `weight_bytes` are taken."""
+
+    utilization: float
+    device_bytes: int
+    weight_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.free_bytes <= 0:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization={self.utilization} gives the rollout "
+                f"{format_bytes(self.utilization * self.device_bytes)} of this device's "
+                f"{format_bytes(self.device_bytes)}, less than its weights ({format_bytes(self.weight_bytes)}); "
+                "raise gpu_memory_utilization"
+            )
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes left for the KV cache (and per-sequence buffers) after the weights."""
+        return int(self.utilization * self.device_bytes) - self.weight_bytes
+
+    def max_sequences(self, bytes_per_sequence: int, needed: int = 1) -> int:
+        """How many sequences of `bytes_per_sequence` fit; ValueError when fewer than `needed` (e.g. the n samples
+        of one prompt, which share one prefill) do."""
+        fits = self.free_bytes // max(bytes_per_sequence, 1)
+        if fits < needed:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization={self.utilization} leaves {format_bytes(self.free_bytes)} after the "
+                f"rollout's weights: room for {fits} sequence(s) of {format_bytes(bytes_per_sequence)} each, "
+                f"fewer than the {needed} decoded together; raise gpu_memory_utilization or shorten "
+                "prompt_length / response_length"
+            )
+        return fits
+
+
+def rollout_memory_budget(module: nn.Module, device: torch.device, utilization: float | None) -> MemoryBudget | None:
+    """The budget of a rollout holding `module` on `device`; None when `utilization` is None (no limit)."""
+    if utilization is None:
+        return None
+    return MemoryBudget(utilization, device_memory_bytes(device), module_bytes(module))
