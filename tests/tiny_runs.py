@@ -3,11 +3,13 @@ directory that starts from a copy of another run's checkpoint."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from hybridflow.trainer.checkpoint_dirs import LATEST_FILE, step_of
@@ -20,8 +22,26 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+_BUILT: dict[tuple[int, int, int, int], Path] = {}
+"""Workspaces built in this process, by (train_size, test_size, num_layers, hidden): later requests copy them."""
+
+
 def build_workspace(root: Path, train_size: int, test_size: int, num_layers: int = 2, hidden: int = 64) -> Path:
-    """`root/data/{train,test}.parquet` (smollm2_easy rows), `root/tiny` (seed 0) and `root/reward.py`."""
+    """`root/data/{train,test}.parquet` (smollm2_easy rows), `root/tiny` (seed 0) and `root/reward.py`.
+
+    The first request for a shape builds it (about 9 s: a preprocessing subprocess and a model save); later ones
+    in the same test process copy that build, which is identical, since both steps are seeded."""
+    key = (train_size, test_size, num_layers, hidden)
+    if key not in _BUILT:
+        source = Path(tempfile.mkdtemp(prefix="hybridflow_workspace_"))
+        atexit.register(shutil.rmtree, source, ignore_errors=True)
+        _build_workspace(source, *key)
+        _BUILT[key] = source
+    shutil.copytree(_BUILT[key], root, dirs_exist_ok=True)
+    return root
+
+
+def _build_workspace(root: Path, train_size: int, test_size: int, num_layers: int, hidden: int) -> None:
     if importlib.util.find_spec("reasoning_gym") is None:  # GPU nodes often lack the data extras
         write_arithmetic_rows(root / "data", train_size, test_size, seed=0)
     else:
@@ -35,7 +55,6 @@ def build_workspace(root: Path, train_size: int, test_size: int, num_layers: int
 
     save_tiny_model(root / "tiny", num_layers=num_layers, hidden=hidden, seed=0)
     (root / "reward.py").write_text(REWARD_FILE)
-    return root
 
 
 def write_arithmetic_rows(data_dir: Path, train_size: int, test_size: int, seed: int) -> None:
