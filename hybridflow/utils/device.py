@@ -50,6 +50,15 @@ def new_standalone_process_group(store, rank: int, world_size: int, timeout):
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of `device`: a CUDA device's own, else the host's physical RAM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def peak_memory_gb(device: torch.device) -> float:
     """This process's peak memory in GiB: CUDA's max_memory_allocated on a GPU; on CPU the peak resident set size
     (Linux reports ru_maxrss in KiB, macOS in bytes)."""

@@ -102,12 +102,21 @@ def model_flops_shape(module: nn.Module) -> ModelFlopsShape:
     matmul = sum(
         sub.weight.numel() for sub in module.modules() if isinstance(sub, nn.Linear) and sub.weight is not head_weight
     )
-    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    config = text_config(base.config)
     return ModelFlopsShape(
         matmul_params=int(matmul),
         head_params=int(head_weight.numel()) if head_weight is not None else 0,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
-        head_dim=head_dim,
+        head_dim=attention_head_dim(config),
     )
+
+
+def text_config(config):
+    """The language model's config of an HF config (a vision-language model's text part; else the config)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def attention_head_dim(config) -> int:
+    """Per-head width: `head_dim` when the config sets it, else hidden_size / num_attention_heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -10,7 +10,6 @@ from transformers import LlamaConfig
 from hybridflow.engines.rollout import HFRollout, SamplingParams
 from hybridflow.engines.rollout.memory_budget import (
     MemoryBudget,
-    device_memory_bytes,
     format_bytes,
     kv_bytes_per_token,
     kv_bytes_per_token_of,
@@ -18,6 +17,7 @@ from hybridflow.engines.rollout.memory_budget import (
 )
 from hybridflow.engines.rollout.native import NativeRollout
 from hybridflow.engines.rollout.native.batcher import serving_capacity_within
+from hybridflow.utils.device import device_memory_bytes
 from tests.engines.helpers import encode_prompts
 
 GREEDY = SamplingParams(max_new_tokens=6, do_sample=False)
@@ -85,11 +85,11 @@ def test_native_rollout_holds_no_more_slots_than_the_budget(tiny_llama_dir, tiny
     expected = NativeRollout(tiny_llama_dir, tiny_tokenizer, sampled).generate_sequences(prompts)
     probe = NativeRollout(tiny_llama_dir, tiny_tokenizer, sampled)
     longest = int(prompts.batch["attention_mask"].sum(1).max()) + 6
-    utilization = _utilization_for(module_bytes(probe.model), probe._kv_bytes_per_token * longest, 5.5)
+    utilization = _utilization_for(module_bytes(probe.model), probe.cache.bytes_per_token * longest, 5.5)
     rollout = NativeRollout(tiny_llama_dir, tiny_tokenizer, sampled, memory_utilization=utilization)
     out = rollout.generate_sequences(prompts)
     assert rollout.cache.num_slots == 5  # 12 rows through 5 slots (unpadded: 8 would not fit)
     assert torch.equal(out.batch["responses"], expected.batch["responses"])
     with pytest.raises(ValueError, match=r"room for 1 sequence\(s\) of [0-9.]+ KiB each, fewer than the 2 decoded"):
-        tight = _utilization_for(module_bytes(probe.model), probe._kv_bytes_per_token * longest, 1.5)
+        tight = _utilization_for(module_bytes(probe.model), probe.cache.bytes_per_token * longest, 1.5)
         NativeRollout(tiny_llama_dir, tiny_tokenizer, sampled, memory_utilization=tight).generate_sequences(prompts)

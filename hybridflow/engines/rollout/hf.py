@@ -29,6 +29,7 @@ from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.models.vision import multi_modal_model_inputs
 from hybridflow.protocol import DataProto
+from hybridflow.utils.flops import text_config
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +92,10 @@ class HFRollout(BaseRollout):
         """
         self.model, self.device = place_rollout_model(model, dtype)
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
-        config = self.model.config
-        dtype_now = next(self.model.parameters()).dtype
+        weights_dtype = next(self.model.parameters()).dtype
         # KV cache of every position, plus the last position's logits (model dtype) and their fp32 copy
-        self._kv_bytes_per_token = kv_bytes_per_token_of(config, dtype_now)
-        vocab = config.get_text_config().vocab_size if hasattr(config, "get_text_config") else config.vocab_size
-        self._logits_bytes_per_row = vocab * (torch.empty((), dtype=dtype_now).element_size() + 4)
+        self._kv_bytes_per_token = kv_bytes_per_token_of(self.model.config, weights_dtype)
+        self._logits_bytes_per_row = text_config(self.model.config).vocab_size * (weights_dtype.itemsize + 4)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()

@@ -5,11 +5,13 @@ that many cache slots. vLLM applies the key itself."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from hybridflow.utils.device import device_memory_bytes
+from hybridflow.utils.flops import attention_head_dim, text_config
 
 GIB = 1024**3
 
@@ -20,13 +22,6 @@ def format_bytes(num_bytes: float) -> str:
         if abs(num_bytes) >= size:
             return f"{num_bytes / size:.3g} {unit}"
     return f"{num_bytes:.0f} B"
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """Total memory of `device`: a CUDA device's own, else the host's physical RAM."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def module_bytes(module: nn.Module) -> int:
@@ -43,16 +38,14 @@ def module_bytes(module: nn.Module) -> int:
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Keys and values of one token in every layer."""
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
 def kv_bytes_per_token_of(config, dtype: torch.dtype) -> int:
     """`kv_bytes_per_token` from an HF text model config (grouped-query heads and an explicit head_dim honoured)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return kv_bytes_per_token(text.num_hidden_layers, kv_heads, head_dim, dtype)
+    text = text_config(config)
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return kv_bytes_per_token(text.num_hidden_layers, kv_heads, attention_head_dim(text), dtype)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import save_file
 
 from hybridflow.engines.rollout.base import SamplingParams
-from hybridflow.models.loader import resolve_dtype
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.rollout.native.batcher import GenerationResult
 from hybridflow.engines.rollout.vllm_versions import SUPPORTED_VLLM_VERSIONS
+from hybridflow.models.loader import resolve_dtype
 from hybridflow.engines.rollout.vllm_worker_extension import WORKER_EXTENSION_CLS
 
 VLLM_INSTALL_HINT = (

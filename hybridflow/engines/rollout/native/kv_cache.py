@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token
+
 
 class KVCache:
     """Per-layer key/value storage for `num_slots` sequences of up to `max_len` tokens."""
@@ -31,6 +33,11 @@ class KVCache:
     @property
     def allocated(self) -> bool:
         return bool(self.keys)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Keys and values of one token of one slot, over every layer."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
 
     @property
     def num_bytes(self) -> int:

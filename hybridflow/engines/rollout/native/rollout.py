@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
-from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token, rollout_memory_budget
+from hybridflow.engines.rollout.memory_budget import rollout_memory_budget
 from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, RequestSource, serving_capacity_within
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
@@ -103,9 +103,6 @@ class NativeRollout(BaseRollout):
         )
         self.batcher = ContinuousBatcher(self.forward, self.cache, max_num_seqs, max_prefill_tokens)
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
-        self._kv_bytes_per_token = kv_bytes_per_token(
-            self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype
-        )
         self.last_stats: dict[str, float] = {}
         """Timings of the last `generate_sequences` call (see `GenerationResult.stats`)."""
 
@@ -178,7 +175,7 @@ class NativeRollout(BaseRollout):
         longer from an earlier call counts at its length, since it only grows."""
         if self.memory_budget is None:
             return None
-        per_slot = self._kv_bytes_per_token * max(sequence_len, self.cache.max_len)
+        per_slot = self.cache.bytes_per_token * max(sequence_len, self.cache.max_len)
         return self.memory_budget.max_sequences(per_slot, needed=n)
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
