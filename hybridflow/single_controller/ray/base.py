@@ -329,6 +329,8 @@ class RayWorkerGroup(WorkerGroup):
         while pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+            if not ready and time.monotonic() < deadline:
+                continue  # ray.wait can return a few microseconds before its timeout: wait out the rest
             if not ready:
                 missing = sorted(ranks[position] for position in pending.values())
                 raise self._timeout_error(method, missing, ranks, timeout_s, setting)
