@@ -116,7 +116,9 @@ class WorkerProcesses:
         self.pool = pool or RayResourcePool(
             [run.n_gpus_per_node] * run.nnodes, use_gpu=use_accelerator(run), name_prefix=f"{name_prefix}_pool"
         )
-        self.group = RayWorkerGroup(self.pool, worker, name_prefix=name_prefix, rpc_timeout_s=run.rpc_timeout_s)
+        self.group = RayWorkerGroup(
+            self.pool, worker, name_prefix=name_prefix, rpc_timeout_s=run.rpc_timeout_s, stack_dump_dir=str(run_dir(run))
+        )
 
     def check_alive(self, timeout_s: float) -> int:
         """Ping every process (see `RayWorkerGroup.check_alive`); the number that answered."""

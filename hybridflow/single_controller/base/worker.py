@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from hybridflow import env
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
+from hybridflow.single_controller.base.stacks import install_stack_dump
 from hybridflow.utils import shared_path
 from hybridflow.utils.device import get_dist_backend, get_torch_device
 
@@ -69,6 +70,8 @@ class Worker:
         self._master_port = env.dist_master_port()
         self._local_mode = env.local_mode()
         self._dispatch_info: dict[str, tuple[int, int, bool]] = {}
+        if not self._local_mode:  # a hung call's timeout asks every worker process for its stacks
+            install_stack_dump()
 
     @property
     def rank(self) -> int:

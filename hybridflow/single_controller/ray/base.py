@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 try:  # Ray is needed only to start actors; local mode (LocalWorkerGroup) runs without it
@@ -22,6 +24,7 @@ else:
 from hybridflow.protocol import DataProtoFuture
 from hybridflow.single_controller.base.worker import ProcessInfo
 from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
+from hybridflow.single_controller.ray.hang_stacks import write_hang_report
 
 logger = logging.getLogger(__name__)
 
@@ -219,12 +222,15 @@ class RayWorkerGroup(WorkerGroup):
         rpc_timeout_s: float | None = None,
         name: str | None = None,
         process_info: list[ProcessInfo] | None = None,
+        stack_dump_dir: str | None = None,
     ) -> None:
         require_ray()
         if rpc_timeout_s is not None and not rpc_timeout_s > 0:
             raise ValueError(f"rpc_timeout_s must be > 0 seconds or None (no limit), got {rpc_timeout_s}")
         self.rpc_timeout_s = rpc_timeout_s
         self.name = name or name_prefix or "hybridflow"
+        # Where a timeout writes every rank's Python stacks (trainers: the run directory).
+        self.stack_dump_dir = Path(stack_dump_dir or tempfile.gettempdir())
         self._method_prefix = method_prefix
         self._process_info = list(process_info) if process_info else None
         if worker_handles is not None:
@@ -295,6 +301,7 @@ class RayWorkerGroup(WorkerGroup):
             role: RayWorkerGroup(
                 worker_handles=self._workers, method_prefix=f"{role}__", worker_cls=self._worker_cls,
                 rpc_timeout_s=self.rpc_timeout_s, name=role, process_info=self._process_info,
+                stack_dump_dir=str(self.stack_dump_dir),
             )
             for role in prefix_set
         }
@@ -388,9 +395,20 @@ class RayWorkerGroup(WorkerGroup):
             f"{'rank' if len(missing) == 1 else 'ranks'} {where} did not answer within {timeout_s:g} s "
             f"({f'ranks {answered} did' if answered else 'no rank answered'}). A hung rank (a deadlock, a "
             f"collective waiting on a hung or dead peer, a stopped process) stops the run here; if the call is "
-            f"only slow, raise {setting}. `py-spy dump --pid <pid>` on that node shows where a rank waits."
+            f"only slow, raise {setting}.{self._hang_stacks(method, missing)}"
         )
         return WorkerTimeoutError(method, missing, detail, self.name)
+
+    def _hang_stacks(self, method: str, missing: list[int]) -> str:
+        """Every rank's Python stacks written to a file; the part of the timeout's message that names it."""
+        if self._process_info is None:
+            return " `py-spy dump --pid <pid>` on that node shows where a rank waits."
+        try:
+            _, summary = write_hang_report(self.stack_dump_dir, self.name, method, self._process_info, missing)
+        except OSError as err:  # the timeout is the report; a stack file that cannot be written must not hide it
+            logger.warning("could not write the hung ranks' stacks to %s: %s", self.stack_dump_dir, err)
+            return f" Their stacks could not be written to {self.stack_dump_dir}: {err}"
+        return "\n" + summary
 
     def _describe_rank(self, rank: int) -> str:
         if self._process_info is None:
