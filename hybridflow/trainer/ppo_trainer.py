@@ -33,6 +33,7 @@ from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_source, uses_reference
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
+from hybridflow.trainer.guards import StepGuards
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, timer, total_steps, worker_metrics
 from hybridflow.trainer.tracking import Tracking
@@ -72,6 +73,7 @@ class RayPPOTrainer:
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
         self.global_steps = 0
+        self.guards = StepGuards(config.trainer.guards)
         self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
         self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
@@ -109,14 +111,29 @@ class RayPPOTrainer:
                 with timer("testing", timing):
                     val_metrics = self.validate()
                 metrics.update(val_metrics)
-            if due(trainer_cfg.save_freq, self.global_steps, is_last):
+            saved = due(trainer_cfg.save_freq, self.global_steps, is_last)
+            if saved:
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint()
             metrics.update(self._step_metrics(batch, timing))
+            stop = self.check_guards(batch, metrics, saved)
             self.tracking.log(metrics, step=self.global_steps)
             progress.update(1)
+            if stop is not None:  # raised after the step's checkpoint and metrics: the run resumes from this step
+                raise stop
         progress.close()
         return val_metrics
+
+    def check_guards(self, batch: DataProto, metrics: dict[str, float], saved: bool) -> RuntimeError | None:
+        """The guards after a step (`trainer.guards`): alarms on its metrics, the workers' memory. When one must stop
+        the run, this step's checkpoint is saved (if it was not already) and the error returned."""
+        spent: dict[str, float] = {}
+        with timer("guards", spent):
+            stop = self.guards.check(self.global_steps, batch, metrics, self.idle_processes())
+        metrics["timing_s/guards"] = spent["guards"]
+        if stop is not None and not saved:
+            self.save_checkpoint()
+        return stop
 
     def idle_processes(self) -> list:
         """The worker processes that run no call between steps (the heartbeat pings them)."""

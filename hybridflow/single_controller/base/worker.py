@@ -14,6 +14,7 @@ from hybridflow import env
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
 from hybridflow.single_controller.base.stacks import install_stack_dump
 from hybridflow.utils import shared_path
+from hybridflow.utils.process_memory import MemoryReport, read_memory_report
 from hybridflow.utils.device import get_dist_backend, get_torch_device
 
 
@@ -141,6 +142,12 @@ class Worker:
     def process_info(self) -> ProcessInfo:
         """Where this worker runs. A Ray group asks once at start, to log the placement and name hung ranks."""
         return ProcessInfo(get_node_ip(), os.getpid(), get_node_id())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def memory_report(self) -> MemoryReport:
+        """This process's RSS and peak RSS since its last report (and device peak): the driver's memory watch asks
+        after every step."""
+        return read_memory_report(get_node_ip())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_pid(self) -> int:

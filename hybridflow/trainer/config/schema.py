@@ -15,6 +15,7 @@ from hybridflow.algorithms.config import AlgorithmConfig
 from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
+from hybridflow.trainer.guards import GuardsConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
 
@@ -122,6 +123,8 @@ class PPOTrainerConfig(RunConfig):
     """Validation samples printed per validation."""
     balance_batch: bool = True
     """Reorder each step's samples so every data-parallel rank gets about the same number of tokens."""
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
+    """Checks after every step that make silent failures loud: alarms on the metrics, the memory budget."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
