@@ -44,12 +44,12 @@ CORRECTION = ("algorithm.rollout_correction.rollout_is=token",)
 MODES = {
     "sync colocated": ("hybridflow.trainer.main_ppo", ("trainer.n_gpus_per_node=2",)),
     "sync split": ("hybridflow.trainer.main_ppo", SPLIT),
-    "one-step off": ("hybridflow.trainer.main_one_step_off", SPLIT + CORRECTION),
-    "fully async": ("hybridflow.trainer.main_fully_async", SPLIT + CORRECTION + (
+    "one-step off": ("hybridflow.trainer.off_policy.main_one_step_off", SPLIT + CORRECTION),
+    "fully async": ("hybridflow.trainer.off_policy.main_fully_async", SPLIT + CORRECTION + (
         "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1")),
     # Without the correction the update takes its old log-probs from its own forward (no separate pass), and
     # nothing corrects for the one step of staleness: not run by default.
-    "one-step off without correction": ("hybridflow.trainer.main_one_step_off", SPLIT),
+    "one-step off without correction": ("hybridflow.trainer.off_policy.main_one_step_off", SPLIT),
 }
 DEFAULT_MODES = ("sync colocated", "sync split", "one-step off", "fully async")
 KEYS = {  # column -> metric

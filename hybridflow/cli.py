@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridflow.trainer.main_ppo:main", "run PPO/GRPO (Hydra overrides with verl's keys; --dry-run checks)"),
     "train-one-step-off": (
-        "hybridflow.trainer.main_one_step_off:main",
+        "hybridflow.trainer.off_policy.main_one_step_off:main",
         "one-step off-policy PPO/GRPO on split pools: the next batch generates while this one trains",
     ),
     "train-fully-async": (
-        "hybridflow.trainer.main_fully_async:main",
+        "hybridflow.trainer.off_policy.main_fully_async:main",
         "fully async PPO/GRPO on split pools: a rollouter streams samples under a staleness bound",
     ),
     "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),

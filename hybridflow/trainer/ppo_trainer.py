@@ -209,12 +209,16 @@ class RayPPOTrainer:
         return {"rm_scores": batch.batch["rm_scores"], "reward_dpo_coef": algo.reward_dpo_coef,
                 "reward_gt_coef": algo.reward_gt_coef}
 
-    def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> None:
-        """Split placement: send the actor's new weights to the rollout pool (`timing_s/sync_rollout_weights`).
-        Colocated, the rollout reads them in its own process before it generates."""
-        if self.workers.weight_sync is not None:
-            with timer("sync_rollout_weights", timing):
-                metrics.update(self.workers.sync_rollout_weights())
+    def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> int | None:
+        """Split placement: send the actor's new weights to the rollout pool (`timing_s/sync_rollout_weights`);
+        returns the policy version (actor updates) the rollout pool now holds. Colocated, the rollout reads them in
+        its own process before it generates: None."""
+        if self.workers.weight_sync is None:
+            return None
+        with timer("sync_rollout_weights", timing):
+            synced = self.workers.sync_rollout_weights()
+        metrics.update(synced)
+        return int(synced["sync_rollout_weights/policy_version"])
 
     # ------------------------------------------------------------------ experience: generate and score
     def sample(self, batches: Iterator[dict], metrics: dict[str, float], timing: dict[str, float]) -> DataProto:

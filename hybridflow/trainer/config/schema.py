@@ -235,7 +235,7 @@ class AsyncTrainingConfig:
     deterministic_schedule_seed: Optional[int] = None
     """Testing: None runs the rollouter as a thread beside the trainer (real asynchrony). A seed runs both in the
     driver's one thread, interleaving chunk generations and training steps in an order drawn from the seed
-    (`trainer/async_schedule.py`), so the same seed reproduces a run's staleness and partial rollouts exactly."""
+    (`trainer/off_policy/schedule.py`), so the same seed reproduces a run's staleness and partial rollouts exactly."""
 
     def __post_init__(self) -> None:
         check_at_least("staleness_threshold", self.staleness_threshold, 0)

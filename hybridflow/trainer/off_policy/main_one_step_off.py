@@ -1,6 +1,6 @@
-"""`hybridflow train-one-step-off` / `python -m hybridflow.trainer.main_one_step_off`: one-step off-policy PPO/GRPO
-on split pools (verl's `one_step_off_policy.main_ppo`): the rollout pool generates the next batch while the trainer
-pool trains on this one. The keys are `hybridflow train`'s, with `actor_rollout_ref.hybrid_engine=False`.
+"""`hybridflow train-one-step-off` / `python -m hybridflow.trainer.off_policy.main_one_step_off`: one-step off-policy
+PPO/GRPO on split pools (verl's `one_step_off_policy.main_ppo`): the rollout pool generates the next batch while the
+trainer pool trains on this one. The keys are `hybridflow train`'s, with `actor_rollout_ref.hybrid_engine=False`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from collections.abc import Sequence
 
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.main_ppo import check_async_training_unused, ppo_command
+from hybridflow.trainer.off_policy.checks import check_one_step_off_policy
 
 
 def _check(cfg) -> None:
-    from hybridflow.trainer.one_step_off_policy import check_one_step_off_policy
-
     check_one_step_off_policy(cfg)
     check_async_training_unused(cfg, "hybridflow train-one-step-off")
 
@@ -22,7 +21,7 @@ def _check(cfg) -> None:
 COMMAND = ppo_command(
     "hybridflow train-one-step-off",
     "One-step off-policy PPO/GRPO on split pools: generation of batch k+1 overlaps training on batch k.",
-    _check, "hybridflow.trainer.one_step_off_policy:OneStepOffPolicyTrainer",
+    _check, "hybridflow.trainer.off_policy.one_step_off_policy:OneStepOffPolicyTrainer",
 )
 
 

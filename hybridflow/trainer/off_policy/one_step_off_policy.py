@@ -18,55 +18,15 @@ flight; a resumed run generates that batch again with the restored weights (stal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hybridflow.protocol import DataProto, DataProtoFuture
-from hybridflow.trainer.config import PPOConfig
-from hybridflow.trainer.generation import build_prompts, join_responses
-from hybridflow.trainer.placement import is_split
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.generation import join_responses
+from hybridflow.trainer.off_policy.generation import Generation, draw_generation, tag_staleness
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 from hybridflow.trainer.scaffold import timer
-
-
-def check_off_policy_trainer(cfg: PPOConfig, trainer: str, extra: list[tuple[bool, str, str]] = ()) -> None:
-    """What an off-policy trainer (`trainer`, e.g. 'one-step off-policy') needs: split pools, one generation per
-    step, batch generation; `extra` adds (refused, key, reason) rows."""
-    if not is_split(cfg):
-        raise ValueError(
-            f"the {trainer} trainer generates on the rollout pool while the trainer pool trains: set "
-            "actor_rollout_ref.hybrid_engine=False (and rollout.nnodes / rollout.n_gpus_per_node)"
-        )
-    refusals = [
-        (cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable=True",
-         "dynamic sampling draws a variable number of generation batches per step"),
-        (cfg.algorithm.adv_estimator == "remax", "algorithm.adv_estimator='remax'",
-         "ReMax's greedy baseline is a second generation of the same batch"),
-        (cfg.actor_rollout_ref.rollout.mode == "async", "actor_rollout_ref.rollout.mode=async",
-         "agent loops cannot yet be left running across a weight sync"),
-        *extra,
-    ]
-    for refused, key, reason in refusals:
-        if refused:
-            raise ValueError(f"{key} is not supported by the {trainer} trainer: {reason}; use `hybridflow train`")
-
-
-def check_one_step_off_policy(cfg: PPOConfig) -> None:
-    """What the one-step off-policy trainer needs (`check_off_policy_trainer`)."""
-    check_off_policy_trainer(cfg, "one-step off-policy")
-
-
-@dataclass
-class _Generation:
-    """A generation in flight: the prompt rows, the rollout's future output and the weights' version."""
-
-    batch: DataProto
-    output: DataProtoFuture
-    policy_version: int
-    data_position: dict[str, Any]
-    """The sampler state before this batch was drawn (where a resumed run starts again)."""
 
 
 class OneStepOffPolicyTrainer(RayPPOTrainer):
@@ -75,44 +35,40 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_flight: _Generation | None = None
+        self._in_flight: Generation | None = None
         self._rollout_version = 0  # the version the rollout pool holds: the actor's at the last sync
 
     def sample(self, batches, metrics: dict[str, float], timing: dict[str, float]) -> DataProto:
         """This step's scored batch (generated while the previous step trained); starts the next generation."""
-        current = self._in_flight or self._launch(batches)
+        current = self._in_flight or self._launch(batches, self.global_steps)
         more = self.global_steps < self.total_training_steps
-        self._in_flight = self._launch(batches) if more else None
+        self._in_flight = self._launch(batches, self.global_steps + 1) if more else None
         with timer("gen", timing):  # only the part of the generation that training did not hide
-            output = current.output.get()
+            output = current.rollout.get()
         batch, gen_metrics = join_responses(current.batch, output)
         metrics.update(gen_metrics)
-        staleness = self._rollout_version - current.policy_version
-        batch.batch["rollout_policy_version"] = torch.full((len(batch),), current.policy_version, dtype=torch.int64)
-        batch.batch["staleness"] = torch.full((len(batch),), staleness, dtype=torch.int64)
-        values = batch.batch["staleness"].float()
-        metrics.update({
-            "rollout/staleness/mean": float(values.mean()),
-            "rollout/staleness/min": float(values.min()),
-            "rollout/staleness/max": float(values.max()),
-        })
+        size, version = len(batch), current.policy_version
+        metrics.update(tag_staleness(
+            batch, torch.full((size,), self._rollout_version - version, dtype=torch.int64),
+            {"rollout_policy_version": torch.full((size,), version, dtype=torch.int64)},
+        ))
         self.score_into(batch, metrics, timing)
         return batch
 
-    def _launch(self, batches) -> _Generation:
-        """Draw the next prompts and submit their generation to the rollout pool (returns at once)."""
-        position = self.train_dataloader.sampler.state_dict()
-        rollout = self.config.actor_rollout_ref.rollout
-        batch, prompts = build_prompts(next(batches), rollout.n, pass_rows=self.pass_rows, validate=False)
-        output = self.workers.rollout.generate_sequences_async(prompts)
-        return _Generation(batch, output, self._rollout_version, position)
+    def _launch(self, batches, step: int) -> Generation:
+        """Draw the prompts of `step` and submit their generation to the rollout pool (returns at once)."""
+        generation, prompts = draw_generation(
+            step, batches, self.train_dataloader.sampler, self.config.actor_rollout_ref.rollout.n,
+            pass_rows=self.pass_rows, policy_version=self._rollout_version,
+        )
+        generation.rollout = self.workers.rollout.generate_sequences_async(prompts)
+        return generation
 
-    def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> None:
+    def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> int | None:
         """The weight sync, remembering the version the rollout now holds."""
-        synced: dict[str, float] = {}
-        super().sync_rollout_weights(synced, timing)
-        metrics.update(synced)
-        self._rollout_version = int(synced["sync_rollout_weights/policy_version"])
+        version = super().sync_rollout_weights(metrics, timing)
+        self._rollout_version = version
+        return version
 
     def idle_processes(self) -> list:
         """Not the rollout pool while it generates the next batch: a ping would queue behind that call."""

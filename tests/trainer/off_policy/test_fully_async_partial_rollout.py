@@ -10,10 +10,11 @@ import math
 import pytest
 import torch
 
-from hybridflow.trainer.async_schedule import AsyncSchedule
+from hybridflow.trainer.off_policy.schedule import AsyncSchedule
 from hybridflow.trainer.config import load_config
-from hybridflow.trainer.fully_async_policy import FullyAsyncTrainer, check_fully_async
-from tests.trainer.test_fully_async_policy import ONE_PLUS_ONE
+from hybridflow.trainer.off_policy.checks import check_fully_async
+from hybridflow.trainer.off_policy.fully_async_policy import FullyAsyncTrainer
+from tests.trainer.off_policy.test_fully_async_policy import ONE_PLUS_ONE
 from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
 PARTIAL = ("async_training.partial_rollout=True", "async_training.partial_rollout_chunk_tokens=4",
@@ -34,9 +35,16 @@ class ScriptedTrainer(FullyAsyncTrainer):
         type(self).history = []
         return AsyncSchedule(seed=seed) if self.events is None else AsyncSchedule(events=self.events)
 
-    def _generate_chunk(self, generation):
-        type(self).chunks.append((generation.step, generation.rollout.num_chunks, self._param_version))
-        super()._generate_chunk(generation)
+    def build_rollouter(self, batches):
+        rollouter = super().build_rollouter(batches)
+        generate_chunk = rollouter.generate_chunk
+
+        def generate_recorded(generation):  # under the weights of the gate's current version
+            type(self).chunks.append((generation.step, generation.rollout.num_chunks, self.gate.param_version))
+            generate_chunk(generation)
+
+        rollouter.generate_chunk = generate_recorded
+        return rollouter
 
     def train_step(self, batches, metrics, timing):
         batch = super().train_step(batches, metrics, timing)
@@ -44,7 +52,7 @@ class ScriptedTrainer(FullyAsyncTrainer):
                 "response_mask", "old_log_probs", "rollout_log_probs", "rollout_is_weights")
         present = batch.batch.keys()
         type(self).trained[self.global_steps] = {key: batch.batch[key].clone() for key in keys if key in present}
-        type(self).history = list(self.schedule.history)
+        type(self).history = list(self.rollouter.schedule.history)
         return batch
 
 

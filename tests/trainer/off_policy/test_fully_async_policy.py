@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from hybridflow.trainer.config import load_config
-from hybridflow.trainer.fully_async_policy import FullyAsyncTrainer, check_fully_async, syncs_before
-from hybridflow.trainer.main_fully_async import main as fully_async_main
+from hybridflow.trainer.off_policy.checks import check_fully_async
+from hybridflow.trainer.off_policy.fully_async_policy import FullyAsyncTrainer
+from hybridflow.trainer.off_policy.rollouter import ThreadedRollouter, syncs_before
+from hybridflow.trainer.off_policy.main_fully_async import main as fully_async_main
 from hybridflow.trainer.main_ppo import main as train_main
 from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
@@ -89,10 +91,10 @@ def test_staleness_bound_versions_and_sync_schedule(workspace, ray_cluster):  # 
 
 def test_a_rollouter_error_ends_the_step():
     """The trainer thread raises what the rollouter thread hit, instead of waiting for samples forever."""
-    trainer = FullyAsyncTrainer.__new__(FullyAsyncTrainer)
-    trainer._error = ConnectionError("rollout rank 1 died")
+    rollouter = ThreadedRollouter(None, None, None, last_step=1, capacity=1)
+    rollouter.error = ConnectionError("rollout rank 1 died")
     with pytest.raises(RuntimeError, match="rollouter") as info:
-        trainer._take()
+        rollouter.take()
     assert isinstance(info.value.__cause__, ConnectionError)
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from hybridflow.trainer.checkpointing import load_driver_state
 from hybridflow.trainer.config import load_config
-from hybridflow.trainer.main_one_step_off import main as one_step_main
-from hybridflow.trainer.one_step_off_policy import OneStepOffPolicyTrainer, check_one_step_off_policy
+from hybridflow.trainer.off_policy.main_one_step_off import main as one_step_main
+from hybridflow.trainer.off_policy.checks import check_one_step_off_policy
+from hybridflow.trainer.off_policy.one_step_off_policy import OneStepOffPolicyTrainer
 from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
@@ -68,7 +69,6 @@ def test_the_heartbeat_skips_the_rollout_pool_while_it_generates():
     """A ping to a rollout worker busy with the next batch would queue behind the generation and time out."""
     from types import SimpleNamespace
 
-    from hybridflow.trainer.one_step_off_policy import OneStepOffPolicyTrainer
     from hybridflow.trainer.worker_setup import WorkerGroups
 
     trainer_pool, rollout_pool = SimpleNamespace(name="hybridflow_trainer_pool"), SimpleNamespace(name="hybridflow_rollout_pool")

@@ -14,7 +14,11 @@ from hybridflow.engines.rollout import HFRollout, NativeRollout, SamplingParams
 from hybridflow.models import build_tiny_model
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.partial_rollout import PartialRollout, compute_unfinished_rows, compute_version_metrics
+from hybridflow.trainer.off_policy.partial_rollout import (
+    PartialRollout,
+    compute_unfinished_rows,
+    compute_version_metrics,
+)
 from tests.engines.helpers import encode_prompts
 
 PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x", "def add(a, b):\n    return"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.trainer.async_schedule import AsyncSchedule
+from hybridflow.trainer.off_policy.schedule import AsyncSchedule
 
 
 def drive(schedule: AsyncSchedule, num_events: int) -> list[str]:
