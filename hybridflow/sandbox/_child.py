@@ -360,7 +360,8 @@ def _run_harness(libc: _Libc | None, job: dict, sources: dict, isolated: bool, r
         _set_rlimits(job["limits"], isolated)
         harness = type(sys)("_hybridflow_sandbox_harness")
         exec(compile(sources["harness"], "<sandbox-harness>", "exec"), harness.__dict__)
-        verdict = harness.run_tests(job["tests"], requests_fd, answers_fd, _MAX_ANSWER_BYTES)
+        verdict = harness.run_tests(job["tests"], requests_fd, answers_fd, _MAX_ANSWER_BYTES,
+                                    job.get("test_setup"), job.get("program_names"))
     except BaseException as err:  # the harness's own failure: the tests did not pass
         verdict = {"passed": False, "started": False, "detail": f"harness: {type(err).__name__}: {err}"[:500]}
     _report(tests=verdict)

@@ -6,14 +6,21 @@ Standard library only; its source is executed in two processes of one sandbox (n
   complex, str, bytes and tuples, lists, sets, dicts of them); any other object stays in P and travels as a
   reference that later requests can call or read from.
 - the harness process (H): forked by the sandbox's supervisor, never from P, not dumpable (P cannot open its
-  memory or fds), ignoring every signal but SIGKILL/SIGSTOP; `run_tests` executes the test code with globals
-  that fetch unknown names from P (so `check(candidate)` and helpers from the prompt resolve), compares plain
-  data in H and writes the verdict to the supervisor's report pipe, which P never holds.
+  memory or fds), ignoring every signal but SIGKILL/SIGSTOP; `run_tests` first runs the trusted setup (the
+  prompt's stub: its imports and helper functions) and then the test code, in globals that fetch from P only
+  the names the caller declared (`program_names`: the entry point and the stub's unimplemented functions;
+  any unknown name when none are declared). It compares plain data in H and writes the verdict to the
+  supervisor's report pipe, which P never holds.
 
 So the program never sees the test code or its expected values, cannot print or plant a pass marker (there is
-none), and an object whose `__eq__` always says True reaches H only as a reference, which equals nothing.
-Limits: arguments and results are copied (a test that checks an argument mutated in place fails), and
-functions passed from the tests to the program (callbacks) are refused.
+none), cannot replace a helper the tests call (HumanEval/32's `poly` comes from the setup, not from P), and
+an object whose `__eq__` always says True reaches H only as a reference, which has no truth value and cannot
+be compared. An exception from the program is raised in H as its built-in type only if it is an ordinary
+error (`ValueError`, `AssertionError`, ...); `StopIteration` (which `map`/`filter`/`iter` take as the end of
+their input), `StopAsyncIteration`, `SystemExit`, `KeyboardInterrupt`, `GeneratorExit` and the program's end
+become `ProgramRaised`/`ProgramEnded`, which are not `Exception`s: no `except Exception` and no iterator
+protocol in the tests can swallow them. Limits: arguments and results are copied (a test that checks an
+argument mutated in place fails), and functions passed from the tests to the program (callbacks) are refused.
 """
 
 from __future__ import annotations
@@ -126,8 +133,21 @@ def _answer(request: dict, namespace: dict, fetch):
 
 
 # ----------------------------------------------------------------------------- the harness's side
-class ProgramEnded(Exception):
-    """The program's process closed its side (it exited, crashed or was stopped) before answering."""
+class ProgramEnded(BaseException):
+    """The program's process closed its side (it exited, crashed or was stopped) before answering.
+
+    Not an `Exception`: a test's `except Exception` must not turn the program's end into a pass."""
+
+
+class ProgramRaised(BaseException):
+    """The program raised an exception that would steer the tests' control flow if raised as itself
+    (`StopIteration` ends a `map`, `SystemExit` ...): a failure of that call that no `except Exception` and no
+    iterator protocol catches."""
+
+
+# Ordinary errors a test may expect from the candidate (`with pytest.raises(ValueError)` style); everything
+# else from the program, StopIteration and StopAsyncIteration included, becomes `ProgramRaised`.
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
 
 
 class RemoteError(Exception):
@@ -158,6 +178,9 @@ class _Link:
         if "e" in answer and type(answer["e"]) is list and len(answer["e"]) == 2:
             name, text = (str(part) for part in answer["e"])
             error = getattr(builtins, name, None)
+            if isinstance(error, type) and issubclass(error, BaseException) and (
+                    not issubclass(error, Exception) or issubclass(error, _CONTROL_FLOW)):
+                raise ProgramRaised(f"the program raised {name}: {text}")
             if isinstance(error, type) and issubclass(error, Exception):
                 raise error(text)
             raise RemoteError(f"{name}: {text}")
@@ -186,26 +209,48 @@ class _Remote:
     def __repr__(self) -> str:
         return f"<object {self._ref} in the sandboxed program>"
 
+    def __bool__(self) -> bool:  # else every object would be truthy: `assert candidate(x)` would pass
+        raise TypeError(f"{self!r} has no truth value in the tests; return plain data")
+
+    def __eq__(self, other) -> bool:  # else `!=` would hold against every value
+        raise TypeError(f"{self!r} cannot be compared in the tests; return plain data")
+
+    __ne__ = __eq__
+    __hash__ = None  # type: ignore[assignment]
+
 
 class _TestGlobals(dict):
-    """The tests' globals: a name neither defined by the tests nor built in is fetched from the program."""
+    """The tests' globals: a name neither defined by the setup or the tests nor built in is fetched from the
+    program, if it is one of `program_names` (any name when that is None)."""
 
-    def __init__(self, link: _Link) -> None:
+    def __init__(self, link: _Link, program_names: frozenset[str] | None) -> None:
         super().__init__(__builtins__=builtins, __name__="__main__")
-        self.link = link
+        self.link, self.program_names = link, program_names
 
     def __missing__(self, name: str):
-        if hasattr(builtins, name):
-            raise KeyError(name)  # the interpreter then finds it in builtins
+        if hasattr(builtins, name) or (self.program_names is not None and name not in self.program_names):
+            raise KeyError(name)  # the interpreter then finds it in builtins, or raises NameError
         try:
             return self.link.request({"op": "get", "name": name})
         except NameError:
             raise KeyError(name) from None
 
 
-def run_tests(tests: str, requests_fd: int, answers_fd: int, max_line: int) -> dict:
-    """In the harness process: {'passed', 'started', 'detail'} for `tests` run against the program."""
+def run_tests(tests: str, requests_fd: int, answers_fd: int, max_line: int, setup: str | None = None,
+              program_names: list[str] | None = None) -> dict:
+    """In the harness process: {'passed', 'started', 'detail'} for `tests` run against the program, after the
+    trusted `setup` code ran in the same globals; `program_names` are then taken from the program (so the
+    stub's unimplemented entry point is the program's, every other name of the stub stays the stub's)."""
     link = _Link(requests_fd, answers_fd, max_line)
+    names = None if program_names is None else frozenset(program_names)
+    scope = _TestGlobals(link, names)
+    try:
+        if setup is not None:
+            exec(compile(setup, "<setup>", "exec"), scope)
+            for name in names or ():
+                scope.pop(name, None)
+    except BaseException as err:  # the row's own code failed: no answer can pass
+        return {"passed": False, "started": False, "detail": f"test setup: {type(err).__name__}: {err}"[:500]}
     try:
         started = link.receive() == {"ready": True}
     except (ProgramEnded, ValueError):
@@ -213,7 +258,7 @@ def run_tests(tests: str, requests_fd: int, answers_fd: int, max_line: int) -> d
     if not started:
         return {"passed": False, "started": False, "detail": "the program ended before the tests started"}
     try:
-        exec(compile(tests, "<tests>", "exec"), _TestGlobals(link))
+        exec(compile(tests, "<tests>", "exec"), scope)
     except BaseException as err:  # any failure of the test code is the verdict 'failed', with its reason
         return {"passed": False, "started": True, "detail": f"{type(err).__name__}: {err}"[:500]}
     return {"passed": True, "started": True, "detail": ""}

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -99,14 +99,22 @@ class _Report:
     tests: HarnessVerdict | None = None
 
 
-def _check_args(code: str, stdin: str, limits: SandboxLimits | None,
-                files: Mapping[str, str | bytes] | None, tests: str | None) -> SandboxLimits:
+def _check_args(code: str, stdin: str, limits: SandboxLimits | None, files: Mapping[str, str | bytes] | None,
+                tests: str | None, test_setup: str | None = None,
+                program_names: Collection[str] | None = None) -> SandboxLimits:
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     if not isinstance(stdin, str):
         raise TypeError(f"stdin must be a str, got {type(stdin).__name__}")
     if tests is not None and not isinstance(tests, str):
         raise TypeError(f"tests must be a str or None, got {type(tests).__name__}")
+    if tests is None and (test_setup is not None or program_names is not None):
+        raise ValueError("test_setup and program_names need tests")
+    if test_setup is not None and not isinstance(test_setup, str):
+        raise TypeError(f"test_setup must be a str or None, got {type(test_setup).__name__}")
+    if program_names is not None and (isinstance(program_names, str)
+                                      or not all(isinstance(n, str) and n.isidentifier() for n in program_names)):
+        raise TypeError(f"program_names must be a collection of identifiers, got {program_names!r}")
     if limits is not None and not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
     for name, content in (files or {}).items():
@@ -119,7 +127,8 @@ def _check_args(code: str, stdin: str, limits: SandboxLimits | None,
 
 
 def _prepare(code: str, limits: SandboxLimits, files: Mapping[str, str | bytes] | None,
-             tests: str | None) -> _Launch:
+             tests: str | None, test_setup: str | None = None,
+             program_names: Collection[str] | None = None) -> _Launch:
     python = os.path.realpath(sys.executable) if sys.executable else ""
     if not os.path.isfile(python):
         raise SandboxError(f"no Python interpreter to start (sys.executable={sys.executable!r})")
@@ -131,7 +140,8 @@ def _prepare(code: str, limits: SandboxLimits, files: Mapping[str, str | bytes] 
         cgroup = create_cgroup((limits.memory_mb + limits.disk_mb) << 20, limits.max_processes)
         encoded = {name: base64.b64encode(content.encode() if isinstance(content, str) else content).decode()
                    for name, content in (files or {}).items()}
-        job = {"code": code, "tests": tests, "files": encoded, "base_dir": base, "work_dir": work,
+        job = {"code": code, "tests": tests, "test_setup": test_setup,
+               "program_names": None if program_names is None else sorted(program_names), "files": encoded, "base_dir": base, "work_dir": work,
                "limits": asdict(limits), "isolation": limits.isolation, "sandbox_uid": _SANDBOX_UID,
                "cgroup": cgroup.path if cgroup else None}
         job_path = os.path.join(base, "job.json")
@@ -311,8 +321,9 @@ def _pump(proc: subprocess.Popen, data: bytes, limits: SandboxLimits, deadline: 
     return None
 
 
-def _run_sync(code: str, stdin: str, limits: SandboxLimits, files, tests: str | None) -> SandboxResult:
-    launch = _prepare(code, limits, files, tests)
+def _run_sync(code: str, stdin: str, limits: SandboxLimits, files, tests: str | None, test_setup: str | None,
+              program_names: Collection[str] | None) -> SandboxResult:
+    launch = _prepare(code, limits, files, tests, test_setup, program_names)
     proc = None
     try:
         start = time.monotonic()
@@ -365,7 +376,8 @@ def _clean_up(launch: _Launch) -> None:
 
 
 def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = None,
-               files: Mapping[str, str | bytes] | None = None, tests: str | None = None) -> SandboxResult:
+               files: Mapping[str, str | bytes] | None = None, tests: str | None = None,
+               test_setup: str | None = None, program_names: Collection[str] | None = None) -> SandboxResult:
     """Run the Python program `code` in a fresh sandbox and return how it ended.
 
     Waits for a free slot first (`set_max_concurrent_runs`).
@@ -379,6 +391,11 @@ def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = Non
             process the program cannot reach (see `_harness.py`): names the tests do not define (the entry
             point, helpers) are looked up in the program, calls and results cross as plain data. The verdict
             is `SandboxResult.tests`; nothing the program prints or does can forge it.
+        test_setup: trusted code the harness runs before `tests`, in the same globals (the prompt's stub:
+            its imports and helpers are then the referee's own, whatever the program defines).
+        program_names: the only names the tests may take from the program (the entry point and the stub's
+            functions the answer implements); they override the setup's definitions. None: any name that
+            neither the setup nor the tests define.
 
     Returns:
         A `SandboxResult`; a program's failure (exception, timeout, forbidden action) is a status, not an
@@ -389,9 +406,9 @@ def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = Non
             while `limits.isolation='namespaces'`; the message names the setting to change.
         TypeError, ValueError: invalid arguments.
     """
-    limits = _check_args(code, stdin, limits, files, tests)
+    limits = _check_args(code, stdin, limits, files, tests, test_setup, program_names)
     with _slots.SLOTS.hold():
-        return _run_sync(code, stdin, limits, files, tests)
+        return _run_sync(code, stdin, limits, files, tests, test_setup, program_names)
 
 
 async def _drain(stream: asyncio.StreamReader, buffer: bytearray, cap: int, stop) -> None:
@@ -413,8 +430,9 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.close()
 
 
-async def _run_async(code: str, stdin: str, limits: SandboxLimits, files, tests: str | None) -> SandboxResult:
-    launch = _prepare(code, limits, files, tests)
+async def _run_async(code: str, stdin: str, limits: SandboxLimits, files, tests: str | None,
+                     test_setup: str | None, program_names: Collection[str] | None) -> SandboxResult:
+    launch = _prepare(code, limits, files, tests, test_setup, program_names)
     proc = None
     try:
         start = time.monotonic()
@@ -465,10 +483,12 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run_python_async(code: str, *, stdin: str = "", limits: SandboxLimits | None = None,
-                           files: Mapping[str, str | bytes] | None = None, tests: str | None = None) -> SandboxResult:
+                           files: Mapping[str, str | bytes] | None = None, tests: str | None = None,
+                           test_setup: str | None = None,
+                           program_names: Collection[str] | None = None) -> SandboxResult:
     """`run_python` for asyncio callers (agent loops running many tools at once): the same sandbox and
     arguments, watched with `asyncio.create_subprocess_exec` so the event loop stays free; the wait for a
     slot does not block it either. Cancelling it (also while waiting) kills the sandbox and frees the slot."""
-    limits = _check_args(code, stdin, limits, files, tests)
+    limits = _check_args(code, stdin, limits, files, tests, test_setup, program_names)
     async with _slots.SLOTS.hold_async():
-        return await _run_async(code, stdin, limits, files, tests)
+        return await _run_async(code, stdin, limits, files, tests, test_setup, program_names)

@@ -132,3 +132,43 @@ def test_forged_verdicts_fail(case, limits):
     if case == "frames_and_getframe":  # the search works: a secret in the program's own process is found
         planted = run_python(f"HIDDEN = {SECRET!r}\n" + program, limits=limits)
         assert planted.stdout.startswith("FOUND"), planted
+
+
+def test_setup_helpers_are_the_referees_and_only_declared_names_come_from_the_program(limits):
+    setup = "def scale(x):\n    return 10 * x\ndef solve(x):\n    '''the stub'''\n"
+    tests = "assert solve(2) == scale(2)\n"
+    forged = "def scale(x):\n    return 0\ndef solve(x):\n    return 0\n"
+    result = run_python(forged, tests=tests, test_setup=setup, program_names=["solve"], limits=limits)
+    assert result.tests.started and not result.tests.passed, result  # the setup's scale(2) == 20
+    honest = run_python(setup + "def solve(x):\n    return 20\n", tests=tests, test_setup=setup,
+                        program_names=["solve"], limits=limits)
+    assert honest.tests == HarnessVerdict(True, True, ""), honest
+    hidden = run_python("def other():\n    return 1\n", tests="assert other() == 1", program_names=["solve"],
+                        limits=limits)
+    assert hidden.tests.detail == "NameError: name 'other' is not defined"
+    broken = run_python("x = 1", tests="pass", test_setup="def (", limits=limits)
+    assert not broken.tests.passed and broken.tests.detail.startswith("test setup: SyntaxError")
+
+
+@pytest.mark.parametrize("statement", ["raise StopIteration", "raise StopAsyncIteration", "raise SystemExit(0)",
+                                       "raise KeyboardInterrupt", "raise GeneratorExit", "__import__('os')._exit(0)"])
+def test_control_flow_exceptions_from_the_program_fail_the_call(statement):
+    """`map` takes a StopIteration as the end of its input and `except Exception` would swallow the rest, so
+    neither may reach the tests as itself; an ordinary error still does (the last check)."""
+    program = f"def f(x):\n    if x > 1:\n        {statement}\n    return x\n"
+    tests = ("assert all(map(lambda x: f(x) == x, [1, 2, 3]))\n"
+             "try:\n    f(5)\nexcept Exception:\n    pass\n")
+    result = run_python(program, tests=tests, limits=SandboxLimits(**LIMITS))
+    assert result.tests.started and not result.tests.passed, result
+    assert result.tests.detail.startswith(("ProgramRaised", "ProgramEnded")), result.tests.detail
+    assert run_python("def f(x):\n    return x\n", tests=tests, limits=SandboxLimits(**LIMITS)).tests.passed
+    caught = run_python("def f(x):\n    raise ValueError(x)\n", tests="try:\n    f(1)\nexcept ValueError:\n    pass\n",
+                        limits=SandboxLimits(**LIMITS))
+    assert caught.tests.passed, caught
+
+
+def test_program_objects_have_no_truth_value_and_no_comparison(limits):
+    program = "def f():\n    return object()\n"
+    for tests in ("assert f()", "assert f() != 1", "assert not (f() == 1)"):
+        result = run_python(program, tests=tests, limits=limits)
+        assert not result.tests.passed and result.tests.detail.startswith("TypeError"), (tests, result)

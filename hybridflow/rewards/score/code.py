@@ -7,7 +7,11 @@ data source works the same way):
   each run as a separate program, output compared token by token;
 - `extra_info['prompt_code']` (optional): the function stub given in the prompt. It goes before the response's
   code, so a whole-function answer keeps the stub's imports and helper functions, and a completion-style
-  answer (the function body only, no `def <entry_point>`) continues the stub.
+  answer (the function body only, no `def <entry_point>`) continues the stub. The harness also runs the stub
+  itself before the tests, so the helpers the tests call (HumanEval/32's `poly`) are the stub's, never a
+  redefinition in the answer;
+- `extra_info['entry_point']` (optional): the function under test. With it, the tests reach only the entry
+  point and the stub's unimplemented functions (a body of a docstring, `pass` or `...`) in the program.
 
 The program is the last ```python (or ```py) block of the response, else the last ``` block, else the whole
 response. It runs in `hybridflow.sandbox` with `DEFAULT_LIMITS` (or `reward_model.scoring.sandbox`), never in
@@ -16,8 +20,10 @@ program's module code runs first, then the tests call its functions across a pip
 copied as plain data (`hybridflow.sandbox._harness`). The score is 1.0 only if the harness reports that the
 tests ran to their end and the program exited cleanly. So nothing the program prints, no early
 `sys.exit(0)`/`os._exit(0)`, no frame or gc introspection (the test code and its expected values are not in
-its process) and no result object whose `__eq__` always says True (it reaches the tests as a reference that
-equals nothing) can earn the score.
+its process), no patched builtin or module (they live in the program's process), no redefined helper, no
+`StopIteration` ending a test's `map` early and no result object whose `__eq__` always says True (it reaches
+the tests as a reference that cannot be compared) can earn the score; `tests/rewards/test_reward_hacking.py`
+tries each.
 
 Limits of the harness: a test that checks an argument the function mutated in place fails (arguments are
 copies), and so does a test that passes a function (a callback) to the program.
@@ -25,6 +31,7 @@ copies), and so does a test that passes a function (a callback) to the program.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -34,7 +41,7 @@ from typing import Any
 
 from hybridflow.sandbox import SandboxLimits, SandboxResult, run_python
 
-__all__ = ["DEFAULT_LIMITS", "compute_score", "extract_program"]
+__all__ = ["DEFAULT_LIMITS", "compute_score", "extract_program", "stub_functions"]
 
 DEFAULT_LIMITS = SandboxLimits(cpu_time_s=4.0, wall_time_s=6.0, memory_mb=1024, output_bytes=16384)
 """6 s of wall time in all per response (all stdin/stdout cases together): below the reward pool's default
@@ -77,8 +84,33 @@ def _io_cases(ground_truth: Any) -> tuple[list[str], list[str]] | None:
     return None
 
 
-def _run_tests(program: str, tests: str, limits: SandboxLimits) -> tuple[bool, SandboxResult]:
-    result = run_python(program, tests=tests, limits=limits)
+def stub_functions(prompt_code: str) -> list[str]:
+    """Names of the top-level functions of `prompt_code` that the answer must implement: those whose body is
+    only a docstring, `pass` or `...` (the stub's other functions are given helpers). A ValueError if the
+    stub does not parse (the harness could not run it either)."""
+    try:
+        tree = ast.parse(prompt_code)
+    except SyntaxError as err:
+        raise ValueError(f"extra_info['prompt_code'] is not valid Python (line {err.lineno}: {err.msg}); "
+                         f"the harness runs it before the tests") from err
+
+    def empty(statement: ast.stmt) -> bool:
+        return isinstance(statement, ast.Pass) or (isinstance(statement, ast.Expr)
+                                                   and isinstance(statement.value, ast.Constant)
+                                                   and (statement.value.value is Ellipsis
+                                                        or isinstance(statement.value.value, str)))
+
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and all(empty(statement) for statement in node.body)]
+
+
+def _run_tests(program: str, tests: str, limits: SandboxLimits, prompt_code: str | None,
+               entry_point: str | None) -> tuple[bool, SandboxResult]:
+    names = set(stub_functions(prompt_code)) if prompt_code else set()
+    if entry_point:
+        names.add(entry_point)
+    result = run_python(program, tests=tests, limits=limits, test_setup=prompt_code or None,
+                        program_names=names or None)
     return result.ok and result.tests is not None and result.tests.passed, result
 
 
@@ -122,7 +154,8 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
     if cases is not None:
         passed, result = _run_io_cases(program, *cases, limits)
     elif isinstance(ground_truth, str):
-        passed, result = _run_tests(program, ground_truth, limits)
+        passed, result = _run_tests(program, ground_truth, limits, extra_info.get("prompt_code"),
+                                    extra_info.get("entry_point"))
     else:
         raise ValueError(f"code ground truth must be test code (str) or {{'inputs', 'outputs'}}, "
                          f"got {type(ground_truth).__name__}")
