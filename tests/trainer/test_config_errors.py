@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.main_ppo import main as train_main
+from tests.helpers import nothing_started, write_rows
 
-
-def write_rows(path, data_sources, **columns) -> str:
-    """A parquet file with a `data_source` column (what config validation reads) and optional other columns."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.table({"data_source": list(data_sources), **columns}), path)
-    return str(path)
 
 
 @pytest.fixture()
@@ -93,10 +85,8 @@ CASES = [
 @pytest.mark.parametrize(("override", "words"), CASES, ids=[case[0] for case in CASES])
 def test_bad_value_is_named_in_the_error(train_file, override, words):
     overrides = good(train_file) + override.split(" ")
-    start = time.perf_counter()
-    with pytest.raises(ValueError) as info:
+    with nothing_started(), pytest.raises(ValueError) as info:
         check(overrides)
-    assert time.perf_counter() - start < 1.0, "config errors must come in under a second"
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 

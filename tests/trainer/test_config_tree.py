@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,10 @@ from hybridflow.trainer.config.help import config_reference, format_help
 from hybridflow.trainer.main_ppo import main as train_main
 from hybridflow.trainer.sft.main import main as sft_main
 from hybridflow.utils.config import describe_fields
+from tests.helpers import nothing_started, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def write_rows(path: Path, data_sources: list[str], **columns) -> str:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.table({"data_source": data_sources, **columns}), path)
-    return str(path)
 
 
 @pytest.fixture()
@@ -269,10 +262,8 @@ INVALID = [
 def test_invalid_values_fail_in_under_a_second_naming_the_key(files, override, words):
     override = override.replace("WEIGHTLESS", files["weightless"])
     overrides = verl_lines(files)["dapo_knobs"][:3] + [f"data.train_files={files['train']}"] + override.split(" ")
-    start = time.perf_counter()
-    with pytest.raises(ValueError) as info:
+    with nothing_started(), pytest.raises(ValueError) as info:
         validate_config(load_config(overrides))
-    assert time.perf_counter() - start < 1.0
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 try:  # Ray is needed only to start actors; local mode (LocalWorkerGroup) runs without it
     import ray
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 # How long a placement group may wait for resources that exist but are held by other jobs.
 PLACEMENT_TIMEOUT_S = 60.0
+# How long a query of Ray's control store (GCS: the node table, free resources) may take. Ray's Python calls for them
+# have no timeout, and a C call cannot be interrupted by pytest-timeout or Ctrl-C: a lost GCS would hang the driver.
+GCS_TIMEOUT_S = 60.0
 # How long an actor may take to come up (Ray starts a process, imports torch): generous, but bounded.
 ACTOR_START_TIMEOUT_S = 300.0
 # What to raise when a call or the start of the workers times out (the trainer's key in parentheses).
@@ -43,6 +47,36 @@ def require_ray() -> None:
         raise ImportError(
             "this needs Ray (pip install ray==2.60.0); to run without Ray use trainer.local_mode=True"
         ) from _RAY_ERROR
+
+
+_T = TypeVar("_T")
+
+
+def ask_gcs(what: str, query: Callable[[], _T], timeout_s: float = GCS_TIMEOUT_S) -> _T:
+    """`query()` (a call to Ray's GCS) in a daemon thread; a `TimeoutError` naming `what` after `timeout_s`.
+
+    The thread of a query that never returns is left behind (it cannot be stopped), and as a daemon it does not keep
+    the process alive."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, query()))
+        except BaseException as error:  # handed to the caller below, which raises it again  # noqa: BLE001
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name=f"gcs query: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise TimeoutError(
+            f"Ray's GCS did not answer {what} within {timeout_s:g} s: the cluster's head node is down or overloaded "
+            "(check `ray status`, and RAY_ADDRESS if you joined a cluster)"
+        )
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 _PEER_GRACE_S = 2.0
@@ -107,7 +141,8 @@ class RayResourcePool:
                 remove_placement_group(group)  # a pending group would take its CPUs as soon as they free up
                 raise RuntimeError(
                     f"{self._request()}; it was not placed within {PLACEMENT_TIMEOUT_S:g} s, as other jobs hold "
-                    f"resources: free now {_wanted(ray.available_resources())}. The cluster has {describe_cluster()}"
+                    f"resources: free now {_wanted(ask_gcs('the free resources', ray.available_resources))}. The "
+                    f"cluster has {describe_cluster()}"
                 )
             self._placement_group = group
         return self._placement_group
@@ -115,7 +150,8 @@ class RayResourcePool:
     def _check_enough_nodes(self) -> None:
         """Fail fast when fewer alive nodes than the pool's nodes could hold even its smallest node bundle."""
         smallest = min(self.node_bundles(), key=lambda bundle: bundle["CPU"])
-        hosts = [node for node in ray.nodes() if node["Alive"] and _fits(smallest, node["Resources"])]
+        nodes = ask_gcs("the node table (to check the cluster can hold the pool)", ray.nodes)
+        hosts = [node for node in nodes if node["Alive"] and _fits(smallest, node["Resources"])]
         if len(hosts) < len(self.process_on_nodes):
             raise RuntimeError(
                 f"{self._request()}, but only {len(hosts)} node(s) of the cluster have that much. The cluster has "
@@ -156,7 +192,7 @@ def _wanted(resources: dict[str, float]) -> dict[str, float]:
 
 def describe_cluster() -> str:
     """The connected cluster's alive nodes with their total CPUs and GPUs (the run log, placement errors)."""
-    nodes = [node for node in ray.nodes() if node["Alive"]]
+    nodes = [node for node in ask_gcs("the node table", ray.nodes) if node["Alive"]]
     listed = ", ".join(
         f"node {node['NodeID'][:12]} ({node['NodeManagerAddress']}) {_wanted(node['Resources'])}" for node in nodes
     )
