@@ -35,6 +35,7 @@ from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, mean_metrics, run_update
+from hybridflow.workers.weight_check import WeightDeliveryCheck
 from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe_tensors, digest_tensors
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class ActorRolloutRefWorker(Worker):
         self._weight_sync: WeightSyncGroup | None = None
         self._weight_sync_info: WeightInfo = []
         self._policy_version = 0
+        # Each hand-over to a rollout with its own copy of the weights is verified (`workers.weight_check`).
+        self._weight_check: WeightDeliveryCheck | None = None
+        self._weight_check_metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -179,6 +183,8 @@ class ActorRolloutRefWorker(Worker):
             **extra,
         )
         self.rollout.shares_training_weights = shares
+        if not shares:
+            self._weight_check = WeightDeliveryCheck(self.rollout, self.rank)
 
     def _rollout_copy(self, model_path: str) -> torch.nn.Module:
         """The rollout's own full copy of the model, in rollout.dtype on this rank's device.
@@ -217,6 +223,7 @@ class ActorRolloutRefWorker(Worker):
         output.meta_info["metrics"] = {
             "timing_s/update_weights": update_weights_s,
             "timing_s/generate_sequences": time.perf_counter() - start,
+            **self._weight_check_metrics,
         }
         return output
 
@@ -246,9 +253,16 @@ class ActorRolloutRefWorker(Worker):
         if not self._rollout_weights_stale:
             return 0.0
         start = time.perf_counter()
-        self.rollout.update_weights(self.actor_engine.named_full_params())
+        self._hand_over(self.actor_engine.named_full_params(), self._actor_version())
         self._rollout_weights_stale = False
         return time.perf_counter() - start
+
+    def _hand_over(self, named_tensors, version: int) -> None:
+        """Load `named_tensors` into the rollout engine, then check that it serves them (`workers.weight_check`)."""
+        check = self._weight_check
+        self.rollout.update_weights(named_tensors if check is None else check.record(named_tensors))
+        if check is not None:
+            self._weight_check_metrics = check.verify(version)
 
     # ------------------------------------------------------------------ server mode (agent loops)
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -334,7 +348,7 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"receive_rollout_weights needs a rollout-only worker in a sync group (role {self.role!r})")
         start = time.perf_counter()
         self._policy_version = self._weight_sync.receive_version()
-        self.rollout.update_weights(self._weight_sync.receive(self._weight_sync_info))
+        self._hand_over(self._weight_sync.receive(self._weight_sync_info), self._policy_version)
         return {"seconds": time.perf_counter() - start, "policy_version": float(self._policy_version)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

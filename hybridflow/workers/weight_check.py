@@ -1,0 +1,95 @@
+"""Weight delivery verified, not assumed (issue 31): after every hand-over to a rollout engine, a cheap fingerprint of
+what was handed over is compared with what the engine now serves.
+
+The fingerprint is the float64 sum of a fixed sample of tensors (`SAMPLE_SIZE`, spread evenly over the engine's
+parameter names), each cast to the engine's dtype first so that equal weights give equal sums. The sending side's
+sums are taken as the tensors stream past (no second copy of the model); the serving side's from
+`rollout.named_weights()` after the update. A rollout that skipped or half-applied an update (stale weights)
+differs and the hand-over raises `WeightDeliveryError` naming the tensor, the rank and the policy version.
+Tensors the engine holds in another shape (a tensor-parallel shard) are not sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_SIZE = 8
+RTOL = 1e-6
+"""Relative tolerance of a sum (the same values summed on another device may round differently)."""
+
+
+class WeightDeliveryError(RuntimeError):
+    """The rollout engine does not serve the weights it was handed."""
+
+
+def compute_tensor_fingerprint(tensor: torch.Tensor, dtype: torch.dtype) -> float:
+    """Sum of `tensor` cast to `dtype` (the serving side's), in float64."""
+    return float(tensor.detach().to(dtype).double().sum())
+
+
+def pick_sample(names: list[str], size: int = SAMPLE_SIZE) -> list[str]:
+    """`size` names spread evenly over `names` (all of them when fewer), always the first and the last."""
+    if len(names) <= size:
+        return list(names)
+    step = (len(names) - 1) / (size - 1)
+    return [names[round(index * step)] for index in range(size)]
+
+
+class WeightDeliveryCheck:
+    """One rollout engine's check: which tensors to fingerprint, and the sums of the current hand-over."""
+
+    def __init__(self, rollout: Any, rank: int) -> None:
+        self.rollout, self.rank = rollout, rank
+        try:
+            weights = dict(rollout.named_weights())
+        except NotImplementedError:
+            logger.warning("%s does not expose its weights: weight hand-overs to it are not verified",
+                           type(rollout).__name__)
+            weights = {}
+        sample = pick_sample(sorted(weights))
+        self.expected_shapes = {name: (tuple(weights[name].shape), weights[name].dtype) for name in sample}
+        self.sent: dict[str, float] = {}
+        self.arrived = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.expected_shapes)
+
+    def record(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Pass `named_tensors` through, fingerprinting the sampled ones (in the serving dtype) on the way."""
+        self.sent, self.arrived = {}, 0
+        for name, tensor in named_tensors:
+            expected = self.expected_shapes.get(name)
+            if expected is not None:
+                self.arrived += 1
+                if tuple(tensor.shape) == expected[0]:  # else the engine holds a shard of it: not compared
+                    self.sent[name] = compute_tensor_fingerprint(tensor, expected[1])
+            yield name, tensor
+
+    def verify(self, version: int) -> dict[str, float]:
+        """Compare the engine's sampled tensors with what `record` saw; raise on a mismatch. Metrics of the check."""
+        if not self.enabled:
+            return {}
+        if not self.arrived:
+            raise WeightDeliveryError(
+                f"rank {self.rank}: the hand-over of policy version {version} carried none of the rollout's sampled "
+                f"tensors ({sorted(self.expected_shapes)}): its names do not match the engine's, so the engine keeps "
+                "its old weights"
+            )
+        served = {name: tensor for name, tensor in self.rollout.named_weights() if name in self.sent}
+        for name, sent in self.sent.items():
+            found = compute_tensor_fingerprint(served[name], served[name].dtype)
+            if abs(found - sent) > RTOL * max(abs(sent), abs(found), 1.0):
+                raise WeightDeliveryError(
+                    f"rank {self.rank}: the rollout ({type(self.rollout).__name__}) does not serve the weights of policy "
+                    f"version {version} it was handed: tensor {name!r} sums to {found!r} in the engine but "
+                    f"{sent!r} in the hand-over (it kept stale weights or loaded them only in part). Check the "
+                    "rollout's update_weights (names, LoRA merge, tensor-parallel slicing)"
+                )
+        return {"rollout/weights_checked": float(len(self.sent)), "rollout/weights_version": float(version)}
