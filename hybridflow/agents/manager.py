@@ -139,7 +139,8 @@ def _pad_responses(
 
 
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
-    """num_turns/{mean,max,min}, tool_calls/{mean,max}, tool/error_rate, tool/latency_s, agent/truncated."""
+    """num_turns/{mean,max,min}, tool_calls/{mean,max}, tool/error_rate, tool/timeouts (calls stopped at their
+    tool's timeout_s, summed over the batch), tool/latency_s, agent/truncated."""
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
     calls = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.float64)
     errors = float(sum(o.metrics.get("tool_errors", 0) for o in outputs))
@@ -155,6 +156,7 @@ def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     if calls.sum() > 0:
         metrics["tool/error_rate"] = errors / float(calls.sum())
         metrics["tool/latency_s"] = latency / float(calls.sum())
+        metrics["tool/timeouts"] = float(sum(o.metrics.get("tool_timeouts", 0) for o in outputs))
     per_tool: dict[str, list[float]] = {}
     for out in outputs:
         for key, value in out.metrics.items():

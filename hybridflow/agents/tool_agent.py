@@ -1,8 +1,8 @@
 """`tool_agent`: multi-turn generation with tool calls and an optional interaction (simulated user).
 
 Each round: generate a model turn (mask 1) -> parse tool calls (hermes format by default) -> run them
-concurrently -> append the tool messages (mask 0) -> generate again. Malformed calls and tool failures go back
-to the model as tool messages; they never end the run. Without tool calls the interaction, if the row names
+concurrently -> append the tool messages (mask 0) -> generate again. Malformed calls, tool failures and calls
+past the tool's `timeout_s` go back to the model as tool messages; they never end the run. Without tool calls the interaction, if the row names
 one, answers (mask 0) or ends the trajectory. Limits: `multi_turn.max_assistant_turns`, `max_user_turns`,
 `max_parallel_calls`, `max_tokens_per_turn`, and the response budget over all turns (the last segment is cut and `truncated` set).
 """
@@ -45,7 +45,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.encoder: ChatEncoder = self.context.encoder(with_tools=bool(self.context.tools))
         self.parser = TOOL_PARSERS.get(cfg.format)()
         self.messages = list(messages)
-        self.metrics: dict[str, float] = {"tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
+        self.metrics: dict[str, float] = {"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0, "tool_latency_s": 0.0}
         self.tool_instances = await self._create_tools(kwargs.get("tools_kwargs") or {})
         interaction, interaction_id = await self._start_interaction(kwargs.get("interaction_kwargs") or {})
         prompt_ids = self.encoder.encode_prompt(self.messages)
@@ -135,6 +135,8 @@ class ToolAgentLoop(AgentLoopBase):
         self.metrics[f"tool_calls/{call.name}"] = self.metrics.get(f"tool_calls/{call.name}", 0) + 1
         if tool_metrics.get("error"):
             self.metrics["tool_errors"] += 1
+        if tool_metrics.get("timeout"):  # the tool's config.timeout_s; the model got an error message
+            self.metrics["tool_timeouts"] += 1
         return response.text
 
     # ------------------------------------------------------------------ interaction and clean-up

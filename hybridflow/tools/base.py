@@ -4,12 +4,23 @@ the helpers every tool shares: per-trajectory instance state, argument validatio
 A tool implements `invoke(instance, parameters)`; `execute` validates the model's arguments against the
 tool's schema first, times the call and turns model mistakes (bad arguments, or a `ToolError` raised by
 `invoke`) into an error `ToolResponse` with `metrics["error"] = True`, so the agent loop never sees an
-exception for something the model did. Every `execute` returns metrics with `latency_s` and `error`.
+exception for something the model did. Every `execute` returns metrics with `latency_s`, `error` and
+`timeout`.
+
+Every call is bounded: after the tool's `timeout_s` (a key of every tool's YAML `config:`, default
+`DEFAULT_TIMEOUT_S`) `execute` stops waiting, cancels `invoke` and returns an error response with
+`metrics["timeout"] = True`; the agent loop counts it (`tool/timeouts`) and goes on. The timeout can only
+interrupt an `await`: `invoke` must never block the event loop (CPU work goes through `asyncio.to_thread`, as
+the calculator does; a thread that outlives its timeout is abandoned, not killed, so the tool must also bound
+its own work), and the code interpreter's sandbox is killed when its call is cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -19,7 +30,8 @@ from typing import Any, TypeVar
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse, validate_arguments
 from hybridflow.utils.registry import Registry
 
-__all__ = ["TOOLS", "BaseTool", "ToolError", "ToolInstance", "build_tool_config"]
+__all__ = ["DEFAULT_TIMEOUT_S", "TOOLS", "BaseTool", "ToolError", "ToolInstance", "build_tool_config",
+           "read_timeout_s"]
 
 TOOLS: Registry[type[BaseTool]] = Registry("tool")
 """Tool name -> `BaseTool` subclass, for `name:` entries of a tools YAML file."""
@@ -31,6 +43,22 @@ TOOLS.register_lazy("code_interpreter", "hybridflow.tools.code_interpreter:CodeI
 TOOLS.register_lazy("search", "hybridflow.tools.search:SearchTool")
 
 ConfigT = TypeVar("ConfigT")
+
+DEFAULT_TIMEOUT_S = 30.0
+"""Seconds one tool call may take unless the tool's `config.timeout_s` says otherwise (verl's SandboxFusion
+tool also defaults to 30 s)."""
+
+_BASE_KEYS = ("type", "timeout_s")  # config keys every tool takes; `BaseTool` reads them, not the tool's dataclass
+_ABANDONED: set[asyncio.Future] = set()  # timed-out calls finishing their clean-up; kept so they are not collected
+
+logger = logging.getLogger(__name__)
+
+
+def _forget(task: asyncio.Future) -> None:
+    """Done callback of a timed-out call: drop it, logging an error its clean-up raised (else unretrieved)."""
+    _ABANDONED.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("a timed-out tool call failed while stopping: %r", task.exception())
 
 
 class ToolError(ValueError):
@@ -63,21 +91,30 @@ class ToolInstance:
 def build_tool_config(config_cls: type[ConfigT], config: Mapping[str, Any] | None, tool_name: str) -> ConfigT:
     """Build a tool's typed config dataclass from the YAML `config:` mapping.
 
-    The mapping may carry verl's `type: native`; any other `type`, or a key that is not a field of
-    `config_cls`, is a ValueError naming the key and the tool.
+    The mapping may carry verl's `type: native` and `timeout_s` (read by `BaseTool`); any other `type`, or a
+    key that is not a field of `config_cls`, is a ValueError naming the key and the tool.
     """
-    values = dict(config or {})
-    kind = values.pop("type", "native")
+    values = {key: value for key, value in (config or {}).items() if key not in _BASE_KEYS}
+    kind = (config or {}).get("type", "native")
     if kind != "native":
         raise ValueError(f"tool {tool_name!r}: config.type={kind!r} is not supported; use 'native'")
     fields = {f.name for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise ValueError(f"tool {tool_name!r}: unknown config keys {unknown}; known keys: {sorted(fields)}")
+        raise ValueError(f"tool {tool_name!r}: unknown config keys {unknown}; known keys: "
+                         f"{sorted(fields | set(_BASE_KEYS))}")
     try:
         return config_cls(**values)
     except (TypeError, ValueError) as err:
         raise ValueError(f"tool {tool_name!r}: invalid config {values}: {err}") from err
+
+
+def read_timeout_s(config: Mapping[str, Any] | None, tool_name: str) -> float:
+    """`config.timeout_s` (seconds, > 0), or `DEFAULT_TIMEOUT_S` when the key is absent."""
+    value = (config or {}).get("timeout_s", DEFAULT_TIMEOUT_S)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"tool {tool_name!r}: config.timeout_s must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 class BaseTool:
@@ -101,6 +138,8 @@ class BaseTool:
             tool_schema = OpenAIFunctionToolSchema.from_dict(tool_schema)
         self.config: Any = dict(config or {})
         self.tool_schema: OpenAIFunctionToolSchema = tool_schema
+        self.timeout_s: float = read_timeout_s(config, self.name)
+        """Seconds one `execute` may take (`config.timeout_s`); past it the call returns an error."""
         self._instances: dict[str, ToolInstance] = {}
 
     @classmethod
@@ -143,7 +182,8 @@ class BaseTool:
 
         Returns:
             (response for the model, step reward, metrics). Metrics always hold `latency_s` (float,
-            seconds) and `error` (bool: bad arguments, a `ToolError`, or a failure the tool reported).
+            seconds), `error` (bool: bad arguments, a `ToolError`, a timeout, or a failure the tool reported)
+            and `timeout` (bool: the call ran past `timeout_s` and was stopped).
         """
         instance = self.instance(instance_id)
         start = time.perf_counter()
@@ -154,12 +194,32 @@ class BaseTool:
             metrics["error"] = True
         else:
             try:
-                response, reward, metrics = await self.invoke(instance, parameters, **kwargs)
+                response, reward, metrics = await self._invoke_bounded(instance, parameters, **kwargs)
             except ToolError as err:
                 response, reward, metrics = self._error_response(str(err)), 0.0, {"error": True}
-        metrics = {**metrics, "latency_s": time.perf_counter() - start, "error": bool(metrics.get("error", False))}
+        metrics = {**metrics, "latency_s": time.perf_counter() - start, "error": bool(metrics.get("error", False)),
+                   "timeout": bool(metrics.get("timeout", False))}
         instance.num_errors += int(metrics["error"])
         return response, reward, metrics
+
+    async def _invoke_bounded(self, instance: ToolInstance, parameters: dict[str, Any],
+                              **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """`invoke` in a task that is cancelled after `timeout_s` (a task, not `wait_for`, so that a
+        TimeoutError raised by the tool itself is not taken for ours, and so that the caller need not wait
+        for the cancelled call's clean-up)."""
+        task = asyncio.ensure_future(self.invoke(instance, parameters, **kwargs))
+        try:
+            done, _ = await asyncio.wait([task], timeout=self.timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        task.cancel()
+        _ABANDONED.add(task)
+        task.add_done_callback(_forget)
+        message = f"the call took longer than {self.timeout_s:g} s and was stopped; try a smaller input"
+        return self._error_response(message), 0.0, {"error": True, "timeout": True}
 
     async def invoke(self, instance: ToolInstance, parameters: dict[str, Any],
                      **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:

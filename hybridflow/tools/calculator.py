@@ -1,13 +1,16 @@
 """The `calculator` tool: arithmetic expressions evaluated by a whitelisting AST walker (never eval/exec).
 
 Allowed: int and float literals, + - * / // % **, unary + and -, parentheses, the constants `pi` and `e`,
-and the functions in `_FUNCTIONS`. Caps on the expression length, the exponent and the size of every
-intermediate integer keep a call cheap: `9**9**9` is refused before any work is done.
+and the functions in `_FUNCTIONS`. Caps on the expression length, the exponent, `round`'s digits and the size
+of every intermediate integer keep a call cheap: `9**9**9` and `round(1, -999999999)` (which computes
+10**999999999) are refused before any work is done. The tool evaluates in a worker thread, off the event loop,
+under the tool's `timeout_s` (`hybridflow.tools.base`).
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import math
 import operator
 from collections.abc import Callable
@@ -95,8 +98,13 @@ class _Evaluator:
         if node.keywords:
             raise ToolError(f"{node.func.id}() takes positional arguments only")
         args = [self.visit(arg) for arg in node.args]
-        if node.func.id == "round" and len(args) == 2 and not isinstance(args[1], int):
-            raise ToolError("round(x, n) needs an integer n")
+        if node.func.id == "round" and len(args) == 2:
+            if not isinstance(args[1], int):
+                raise ToolError("round(x, n) needs an integer n")
+            # round(int, -n) computes 10**n: bound n by the digits of the largest integer allowed
+            max_digits = int(self.config.max_int_bits * math.log10(2))
+            if abs(args[1]) > max_digits:
+                raise ToolError(f"round(x, {args[1]}): n is limited to +-{max_digits} digits")
         try:
             return self._checked(_FUNCTIONS[node.func.id](*args))
         except TypeError as err:
@@ -174,6 +182,6 @@ class CalculatorTool(BaseTool):
     async def invoke(self, instance: ToolInstance, parameters: dict[str, Any],
                      **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
         """Evaluate `parameters["expression"]`; the last result is kept in `instance.state["result"]`."""
-        value = evaluate_expression(parameters["expression"], self.config)
+        value = await asyncio.to_thread(evaluate_expression, parameters["expression"], self.config)
         instance.state["result"] = value
         return ToolResponse(text=format_number(value, self.config.significant_digits)), 0.0, {}

@@ -20,6 +20,7 @@ from hybridflow.engines.rollout.base import SamplingParams
 from hybridflow.engines.rollout.config import MultiTurnConfig, RolloutConfig, SamplingConfig
 from hybridflow.engines.rollout.server import TokenOutput
 from hybridflow.protocol import DataProto
+from hybridflow.tools import BaseTool, OpenAIFunctionToolSchema
 from hybridflow.tools.calculator import CalculatorTool
 
 PARAMS = SamplingParams(max_new_tokens=512)
@@ -136,6 +137,39 @@ def test_parallel_call_limit(chat_tokenizer):
     tool_text = chat_tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
     assert "\n1<|im_end|>" in tool_text and "\n2<|im_end|>" in tool_text and "at most 2 tool calls" in tool_text
     assert out.metrics["tool_calls"] == 3 and out.metrics["tool_errors"] == 1  # the third was refused
+
+
+class HangingTool(BaseTool):
+    """A tool whose call never finishes (a stalled service); its config sets a short timeout_s."""
+
+    @classmethod
+    def default_tool_schema(cls) -> OpenAIFunctionToolSchema:
+        return OpenAIFunctionToolSchema.from_dict({"type": "function", "function": {
+            "name": "hang", "description": "Never answers.", "parameters": {"type": "object", "properties": {}}}})
+
+    async def invoke(self, instance, parameters, **kwargs):
+        await asyncio.Event().wait()
+
+
+def test_a_stalled_tool_call_times_out_and_the_other_loops_keep_running(chat_tokenizer):
+    tools = {"hang": HangingTool({"timeout_s": 0.3}), "calculator": CalculatorTool()}
+    stalled = ScriptedServer(chat_tokenizer, [call("hang"), "Sorry."])
+    busy = ScriptedServer(chat_tokenizer, [call("calculator", expression=f"{i} + 1") for i in range(4)] + ["done"])
+
+    async def both():
+        start = asyncio.get_running_loop().time()
+        outs = await asyncio.gather(
+            ToolAgentLoop(context(chat_tokenizer, stalled, tools=tools)).run(list(QUESTION), PARAMS, request_id="a"),
+            ToolAgentLoop(context(chat_tokenizer, busy, tools=tools)).run(list(QUESTION), PARAMS, request_id="b"))
+        return outs, asyncio.get_running_loop().time() - start
+
+    (hung, other), elapsed = asyncio.run(both())
+    assert hung.metrics["tool_timeouts"] == hung.metrics["tool_errors"] == 1 and len(stalled.outputs) == 2
+    tool_text = chat_tokenizer.decode([t for t, m in zip(hung.response_ids, hung.response_mask) if m == 0])
+    assert "took longer than 0.3 s and was stopped" in tool_text, tool_text
+    assert other.metrics["tool_calls"] == 4 and other.metrics["tool_timeouts"] == 0 and len(busy.outputs) == 5
+    assert elapsed < 0.3 + 10.0, elapsed  # the stalled call ends at its timeout, not never
+    assert agent_metrics([hung, other])["tool/timeouts"] == 1.0
 
 
 def test_interaction_gives_feedback_until_correct(chat_tokenizer, tmp_path):

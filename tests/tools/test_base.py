@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from hybridflow.tools import TOOLS, BaseTool, OpenAIFunctionToolSchema, ToolError, ToolInstance, ToolResponse
+from hybridflow.tools.base import DEFAULT_TIMEOUT_S
 from tests.tools.helpers import run
 
 ECHO_SCHEMA = {
@@ -107,3 +110,67 @@ def test_registry_lists_builtins_and_needs_a_schema():
     with pytest.raises(ValueError, match="CountingEchoTool has no default tool_schema; pass one"):
         CountingEchoTool({})
     assert CountingEchoTool({}, ECHO_SCHEMA).get_openai_tool_schema().to_dict() == ECHO_SCHEMA
+
+
+class StallingTool(BaseTool):
+    """`word='stall'` blocks a worker thread for 30 s (off the event loop, as tools must); other words echo."""
+
+    async def invoke(self, instance: ToolInstance, parameters: dict[str, Any],
+                     **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
+        if parameters["word"] == "stall":
+            await asyncio.to_thread(self.unstall.wait, 30.0)
+        if parameters["word"] == "own_timeout":
+            raise TimeoutError("the tool's own timeout, not the call's")
+        return ToolResponse(text=parameters["word"]), 0.0, {}
+
+    def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any]) -> None:
+        super().__init__(config, tool_schema)
+        self.unstall = threading.Event()
+
+
+def test_a_call_past_its_timeout_returns_an_error_and_the_loop_keeps_running():
+    tool = StallingTool({"timeout_s": 0.5}, ECHO_SCHEMA)
+    assert tool.timeout_s == 0.5 and CountingEchoTool({}, ECHO_SCHEMA).timeout_s == DEFAULT_TIMEOUT_S
+
+    async def scenario():
+        instance_id = await tool.create()
+        ticks, echoes = [], []
+
+        async def other_loop():  # another trajectory's tool calls, while one call stalls
+            while len(ticks) < 100:
+                response, _, metrics = await tool.execute(instance_id, {"word": "hi"})
+                echoes.append((response.text, metrics["timeout"]))
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        other = asyncio.create_task(other_loop())
+        start = time.monotonic()
+        stalled = await tool.execute(instance_id, {"word": "stall"})
+        elapsed = time.monotonic() - start
+        tool.unstall.set()  # release the abandoned worker thread (asyncio.run waits for it when it closes the loop)
+        ticks_during = [t for t in ticks if t < start + elapsed]
+        other.cancel()
+        return stalled, elapsed, ticks_during, echoes
+
+    (response, reward, metrics), elapsed, ticks_during, echoes = run(scenario())
+    assert response.text == ("Error from tool 'echo': the call took longer than 0.5 s and was stopped; "
+                             "try a smaller input")
+    assert metrics["timeout"] is True and metrics["error"] is True and reward == 0.0
+    assert 0.5 <= elapsed < 0.5 + 2.0, elapsed  # generous margin for a loaded 2-core host
+    assert len(ticks_during) >= 5 and all(echo == ("hi", False) for echo in echoes)  # the others went on
+
+
+def test_a_timeout_error_raised_by_the_tool_is_not_a_call_timeout():
+    tool = StallingTool({"timeout_s": 5}, ECHO_SCHEMA)
+
+    async def call():
+        return await tool.execute(await tool.create(), {"word": "own_timeout"})
+
+    with pytest.raises(TimeoutError, match="the tool's own timeout"):
+        run(call())
+
+
+@pytest.mark.parametrize("bad", [0, -1, "10", float("nan"), True])
+def test_timeout_s_is_checked(bad):
+    with pytest.raises(ValueError, match="config.timeout_s must be a number of seconds > 0"):
+        StallingTool({"timeout_s": bad}, ECHO_SCHEMA)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hybridflow.tools import ToolError
@@ -44,6 +46,8 @@ def test_results(expression, expected):
     ("[1, 2]", "unsupported syntax '[1, 2]'"),
     ("1 +", "could not parse '1 +'"),
     ("1" * 501, "expression has 501 characters; the limit is 500"),
+    ("round(1, -999999999)", "round(x, -999999999): n is limited to +-1233 digits"),  # would compute 10**999999999
+    ("round(1.5, 10 ** 9)", "n is limited to +-1233 digits"),
 ])
 def test_refusals(expression, message):
     with pytest.raises(ToolError) as info:
@@ -73,3 +77,21 @@ def test_config_errors_name_the_key():
         CalculatorTool({"type": "mcp"})
     with pytest.raises(ValueError, match="max_int_bits must be <= 14000"):
         CalculatorConfig(max_int_bits=100_000)
+
+
+def test_costly_calls_are_refused_up_front_and_the_event_loop_stays_free():
+    """`round(1, -999999999)` ran for more than 30 s on the driver's event loop; now it is refused at once, the
+    evaluation runs in a worker thread, and the largest allowed round() is cheap."""
+    tool = CalculatorTool({"timeout_s": 5})
+
+    async def calls():
+        instance_id = await tool.create()
+        start = time.monotonic()
+        refused = await tool.execute(instance_id, {"expression": "round(1, -999999999)"})
+        largest = await tool.execute(instance_id, {"expression": "round(10 ** 1233, -1233)"})
+        return refused, largest, time.monotonic() - start
+
+    (refused, _, metrics), (largest, _, _), elapsed = run(calls())
+    assert refused.text.startswith("Error from tool 'calculator': round(x, -999999999)") and metrics["error"]
+    assert metrics["timeout"] is False and largest.text == str(10 ** 1233)
+    assert elapsed < 2.0, elapsed  # milliseconds when idle; the bound only catches a real stall
