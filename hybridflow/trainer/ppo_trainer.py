@@ -24,9 +24,7 @@ from hybridflow.algorithms import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
-from hybridflow.algorithms.prime import implicit_token_rewards, prime_dpo_accuracy, prime_normalize
 from hybridflow.protocol import DataProto
-from hybridflow.rewards.combine import combine_rewards
 from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
@@ -34,6 +32,7 @@ from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_so
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.guards import StepGuards
+from hybridflow.trainer.reward_stage import RewardStage, build_reward_stage
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, timer, total_steps, worker_metrics
 from hybridflow.trainer.tracking import Tracking
@@ -77,6 +76,7 @@ class RayPPOTrainer:
         self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
         self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
+        self.rewards: RewardStage | None = None  # outcome scores (and PRIME's implicit PRM), with the workers
         # Agent loops read every row field of the prompts they are sent.
         self.pass_rows = config.actor_rollout_ref.rollout.mode == "async"
 
@@ -85,6 +85,7 @@ class RayPPOTrainer:
         logger.info("old log-probs: %s", _OLD_LOG_PROB_SOURCES[self.old_log_probs])
         self.workers = build_worker_groups(self.config, self.total_training_steps)
         self.generator = build_generator(self.config, self.workers.generation, self.reward_fn.tokenizer)
+        self.rewards = build_reward_stage(self.config, self.reward_fn, self.workers.reward_model)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -164,10 +165,7 @@ class RayPPOTrainer:
         if self.use_critic:
             with timer("values", timing):
                 batch = batch.union(self._collect(critic.compute_values(batch), metrics))
-        extra_inputs = None
-        if self.prime:
-            with timer("prime_rm", timing):
-                extra_inputs = self.implicit_process_rewards(batch, metrics)
+        extra_inputs = self.rewards.process_rewards(batch, metrics, timing)  # PRIME: the implicit PRM's rewards
         with timer("adv", timing):
             if algo.use_kl_in_reward:
                 metrics.update(apply_kl_in_reward(batch, self.kl_ctrl, algo.kl_penalty))
@@ -184,30 +182,6 @@ class RayPPOTrainer:
                 self._collect(actor_rollout.update_actor(batch), metrics)
             self.sync_rollout_weights(metrics, timing)
         return batch
-
-    @property
-    def prime(self) -> bool:
-        """Whether this run is PRIME (its reward model is an implicit PRM trained online)."""
-        return self.config.algorithm.adv_estimator == "prime"
-
-    def implicit_process_rewards(self, batch: DataProto, metrics: dict[str, float]) -> dict[str, Any]:
-        """PRIME: train the implicit PRM on this batch's outcomes (before or after it scores the batch, as
-        `reward_model.model.update` says), turn its log-ratios into dense token rewards (`rm_scores`), and return
-        the advantage's extra inputs."""
-        prm, section, algo = self.workers.reward_model, self.config.reward_model, self.config.algorithm
-        batch = batch.union(self._collect(prm.compute_ref_log_prob(batch), metrics))  # once, for both calls
-        if section.model.update == "before":
-            self._collect(prm.update_rm(batch), metrics)
-        q = self._collect(prm.compute_rm_score(batch), metrics).batch["prime_q"]
-        if section.model.update == "after":
-            self._collect(prm.update_rm(batch), metrics)
-        mask = batch.batch["response_mask"]
-        scores = implicit_token_rewards(q, mask, section.model.beta_train, section.prime_granularity)
-        batch.batch["rm_scores"] = prime_normalize(scores, section.prime_norm)
-        metrics["reward_model/dpo_acc"] = prime_dpo_accuracy(q, batch.batch["acc"], mask, batch.non_tensor_batch["uid"])
-        metrics["reward_model/implicit_reward/mean"] = float((q * mask).sum(-1).mean()) * section.model.beta_train
-        return {"rm_scores": batch.batch["rm_scores"], "reward_dpo_coef": algo.reward_dpo_coef,
-                "reward_gt_coef": algo.reward_gt_coef}
 
     def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> int | None:
         """Split placement: send the actor's new weights to the rollout pool (`timing_s/sync_rollout_weights`);
@@ -259,37 +233,14 @@ class RayPPOTrainer:
                     self.generator, batch_dict, 1, pass_rows=self.pass_rows, validate=False,
                     overrides={"do_sample": False},
                 )
-            baseline = self.score(greedy, {}, timing).reward_tensor.sum(dim=-1)
+            baseline = self.rewards.score(greedy, {}, timing).reward_tensor.sum(dim=-1)
             batch.batch["reward_baselines"] = baseline.repeat_interleave(rollout.n)
         reward = self.score_into(batch, metrics, timing)
         return batch, reward.extra_info
 
     def score_into(self, batch: DataProto, metrics: dict[str, float], timing: dict[str, float]) -> RewardResult:
-        """Score `batch` and store its `token_level_scores` (and, for PRIME, each sample's outcome label `acc`)."""
-        reward = self.score(batch, metrics, timing)
-        batch.batch["token_level_scores"] = reward.reward_tensor
-        if self.prime:  # the implicit PRM learns from each sample's outcome label
-            batch.batch["acc"] = torch.tensor(reward.extra_info["acc"], dtype=torch.float32).clamp(0.0, 1.0)
-        return reward
-
-    def score(self, batch: DataProto, metrics: dict[str, float], timing: dict[str, float]) -> RewardResult:
-        """Rewards of `batch`: the reward model's score (`rm`), the rule-based reward manager's (`reward`), or
-        both weighted by `reward_model.rule_reward_coef`."""
-        reward_model = self.workers.reward_model
-        if reward_model is None or self.prime:  # PRIME's outcome rewards are the rule rewards
-            with timer("reward", timing):
-                reward = self.reward_fn(batch)
-            metrics.update(reward.metrics)
-            return reward
-        with timer("rm", timing):
-            rm_scores = reward_model.compute_rm_score(batch).batch["rm_scores"]
-        rule = None
-        if self.config.reward_model.rule_reward_coef != 0:
-            with timer("reward", timing):
-                rule = self.reward_fn(batch)
-        reward = combine_rewards(rm_scores, rule, self.config.reward_model.rule_reward_coef)
-        metrics.update(reward.metrics)
-        return reward
+        """Score `batch` and store its `token_level_scores` (the run's `RewardStage`)."""
+        return self.rewards.score_into(batch, metrics, timing)
 
     def _balance(self, batch: DataProto) -> dict[str, float]:
         """Reorder `batch` in place so each data-parallel group's chunk holds about the same number of tokens (the
@@ -345,8 +296,7 @@ class RayPPOTrainer:
             self.workers.actor_rollout.save_checkpoint(str(staging / "actor"), hf_path)
             if self.workers.critic is not None:
                 self.workers.critic.save_checkpoint(str(staging / "critic"))
-            if self.prime:
-                self.workers.reward_model.save_checkpoint(str(staging / "reward"))
+            self.rewards.save_checkpoint(staging)
 
         state = {"sampler": self.data_position(), "kl_coef": float(self.kl_ctrl.value)}
         return checkpointing.save_checkpoint(
@@ -371,8 +321,7 @@ class RayPPOTrainer:
         self.sync_rollout_weights({}, {})
         if self.workers.critic is not None:
             self.workers.critic.load_checkpoint(str(path / "critic"))
-        if self.prime:
-            self.workers.reward_model.load_checkpoint(str(path / "reward"))
+        self.rewards.load_checkpoint(path)
         self.train_dataloader.sampler.load_state_dict(state["sampler"])
         self.kl_ctrl.value = state["kl_coef"]
         return int(state["global_steps"])
