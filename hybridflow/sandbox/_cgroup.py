@@ -196,7 +196,7 @@ def create_cgroup(memory_bytes: int, max_processes: int) -> Cgroup | None:
         return None
     cgroup = Cgroup(path, parent.version)
     try:
-        _configure(path, parent.version, memory_bytes, max_processes + 2)  # + the sandbox's own processes
+        _configure(path, parent.version, memory_bytes, max_processes + 2)  # + P0 and R, as RLIMIT_NPROC in _child
     except OSError as err:
         cgroup.remove()
         _disable(f"cannot set limits in {path}: {err}")

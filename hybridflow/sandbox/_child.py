@@ -5,29 +5,31 @@ runs the program and writes one JSON report line per event to REPORT_FD (a pipe 
 the program never holds).
 
 Process tree with namespaces (`isolation='namespaces'`, the default; required):
-    trainer -> P0 (new user, mount, net, ipc, uts namespaces) -> R (pid 1 of a new pid namespace) -> U [, H]
+    trainer -> P0 (new user, mount, net, ipc, uts, cgroup namespaces) -> R (pid 1 of a new pid namespace) -> U [, H]
 - P0 first joins the sandbox's memory cgroup when the trainer made one (`_cgroup.py`), then unshares, maps
   ids and waits for R. When the trainer runs as root, a short-lived helper forked before the unshare maps the
   namespace to uid/gid `job["sandbox_uid"]` (nobody) in the parent namespace, so the program holds no
   root-owned file rights and RLIMIT_NPROC applies (the kernel exempts real root from it); otherwise the
   trainer's own uid is mapped. If the kernel refuses the namespaces, P0 reports a setup error (the trainer
   raises `SandboxError` naming the setting) and nothing runs: there is no fallback.
-- R ignores every signal (so the program cannot stop or confuse its pid 1) and builds a new root on a tmpfs:
+- R ignores every signal (so the program cannot stop or confuse its pid 1), sets the namespace's
+  user.max_user_namespaces to 0 (no nested user namespace, so no capabilities for the program anywhere) and
+  builds a new root on a tmpfs:
   read-only bind mounts of /usr, /etc, /bin, /sbin, /lib* and the Python installation, the working directory
   as a private tmpfs of `disk_mb` holding the job's files, a minimal /dev (null, zero, full, random,
   urandom, a small /dev/shm), a fresh read-only /proc that shows only the sandbox's processes; it
   pivot_roots into it and detaches the old root. Everything else (home directories, /run, /var, other
   sandboxes' directories, unix sockets of host services) is absent. R then supervises U; when U exits, R
   exits and the kernel kills every process left in the pid namespace (daemonised grandchildren included).
-- U drops all capabilities, sets no_new_privs and the rlimits, execs a fresh interpreter that installs the
-  audit hook (`_runtime.py`), tells R it is ready on the start pipe, waits for R's go, then runs the program
-  as `__main__` with filename `<sandbox>`. Its parent pid is 1 (R), which it cannot signal.
+- U drops all capabilities, sets no_new_privs, the seccomp filter (`_SECCOMP`) and the rlimits, execs a
+  fresh interpreter that installs the audit hook (`_runtime.py`), tells R it is ready on the start pipe,
+  waits for R's go, then runs the program as `__main__` with filename `<sandbox>`. Its parent pid is 1 (R), which it cannot signal.
 - H (only for a run with tests) is forked by R before U and runs the test code against the program over two
   pipes (`_harness.py`); it reports the verdict on the report pipe, which U never holds.
 The net namespace has only a down loopback device: no network at all.
 
-Without namespaces (`isolation='none'`): trainer -> P0 -> U [, H], same rlimits, exec, handshake and audit
-hook; P0 is the supervisor (not dumpable, ignoring signals), the working directory is on the trainer's disk,
+Without namespaces (`isolation='none'`): trainer -> P0 -> U [, H], same rlimits, seccomp filter, exec, handshake
+and audit hook; P0 is the supervisor (not dumpable, ignoring signals), the working directory is on the trainer's disk,
 and the hook also refuses `os.fork` (no kernel process cap) and signals to other processes.
 """
 
@@ -44,7 +46,8 @@ import sys
 SETUP_EXIT = 3
 READY, GO = b"R", b"G"  # the start handshake with `_runtime.main` (the same bytes there)
 _MAX_ANSWER_BYTES = 1 << 24  # the longest answer from the program the test harness reads
-_CLONE_FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000  # NS UTS IPC USER PID NET
+# NS UTS IPC USER PID NET CGROUP (the cgroup namespace last joined: /proc/self/cgroup shows '/', no host path)
+_CLONE_FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x02000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_STRICTATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 24
 _MNT_DETACH = 2
@@ -52,6 +55,11 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1,
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
+# A seccomp filter in U, the program's process (machine -> audit arch, syscalls refused with EPERM): memfd_create
+# (its pages escape RLIMIT_AS), shmget and msgget (System V memory, the same), unshare and setns. Other
+# architectures' syscalls (x32, i386 on x86_64) are refused too. Memory the program holds is then its address
+# space, its files (the working directory's tmpfs, /dev/shm) and kernel buffers; see SandboxLimits.
+_SECCOMP = {"x86_64": (0xC000003E, (319, 29, 68, 272, 308)), "aarch64": (0xC00000B7, (279, 194, 186, 97, 268))}
 
 
 class _Libc:
@@ -75,6 +83,24 @@ class _Libc:
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
         self("mount", source, target, fstype, self._ctypes.c_ulong(flags), data)
+
+    def install_seccomp(self, machine: str) -> None:
+        """The `_SECCOMP` filter for `machine` (classic BPF over seccomp_data: nr at offset 0, arch at 4)."""
+        ct, (arch, denied) = self._ctypes, _SECCOMP[machine]
+        checks = [(0x35, 0x40000000)] * (machine == "x86_64") + [(0x15, nr) for nr in denied]  # JGE (x32), JEQ
+        deny = 3 + len(checks) + 1
+        program = [(0x20, 0, 0, 4), (0x15, 0, deny - 2, arch), (0x20, 0, 0, 0)]  # LD arch, JEQ or deny, LD nr
+        program += [(code, deny - (3 + i + 1), 0, k) for i, (code, k) in enumerate(checks)]
+        program += [(0x06, 0, 0, 0x7FFF0000), (0x06, 0, 0, 0x00050000 | 1)]  # RET ALLOW, RET ERRNO(EPERM)
+
+        class Instruction(ct.Structure):
+            _fields_ = [("code", ct.c_ushort), ("jt", ct.c_ubyte), ("jf", ct.c_ubyte), ("k", ct.c_uint32)]
+
+        class Program(ct.Structure):
+            _fields_ = [("len", ct.c_ushort), ("filter", ct.POINTER(Instruction))]
+
+        instructions = (Instruction * len(program))(*[Instruction(*ins) for ins in program])
+        self("prctl", 22, 2, ct.byref(Program(len(program), instructions)), 0, 0)  # PR_SET_SECCOMP, MODE_FILTER
 
     def drop_capabilities(self) -> None:
         """Empty the bounding set (so no exec can regain capabilities) and the current sets."""
@@ -253,7 +279,14 @@ def _build_root(libc: _Libc, job: dict, sources: dict[str, tuple[str, int]]) -> 
     os.mkdir("./dev/shm")
     libc.mount("tmpfs", "./dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                f"mode=1777,size={job['limits']['file_size_mb']}m")
-    layers = ["user_ns", "net_ns", "pid_ns", "ipc_ns", "uts_ns", "mount_ns", "readonly_root", "workdir_tmpfs"]
+    layers = ["user_ns", "net_ns", "pid_ns", "ipc_ns", "uts_ns", "mount_ns", "cgroup_ns", "readonly_root",
+              "workdir_tmpfs"]
+    try:  # no user namespaces of the program's own: in one it would hold every capability (mount a tmpfs past
+        # disk_mb, ...). The limit is per user namespace, and R holds CAP_SYS_RESOURCE in the sandbox's.
+        _write_file("/proc/sys/user/max_user_namespaces", "0")
+        layers.append("no_nested_userns")
+    except OSError:
+        pass  # e.g. a container with a read-only /proc/sys: the layer is absent from the result's `isolation`
     os.mkdir("./proc")
     try:
         libc.mount("proc", "./proc", "proc", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
@@ -270,7 +303,7 @@ def _build_root(libc: _Libc, job: dict, sources: dict[str, tuple[str, int]]) -> 
     return layers
 
 
-def _set_rlimits(limits: dict, isolated: bool) -> None:
+def _set_rlimits(limits: dict, isolated: bool, harness: bool) -> None:
     def lower(which: int, value: int, hard: int | None = None) -> None:
         _, current_hard = resource.getrlimit(which)
         hard = value if hard is None else hard
@@ -284,8 +317,9 @@ def _set_rlimits(limits: dict, isolated: bool) -> None:
     lower(resource.RLIMIT_FSIZE, limits["file_size_mb"] << 20)
     lower(resource.RLIMIT_CORE, 0)
     lower(resource.RLIMIT_NOFILE, 256)
-    if isolated:  # counted per user namespace; +3 for P0, R and H, which share the namespace's uid
-        lower(resource.RLIMIT_NPROC, limits["max_processes"] + 3)
+    if isolated:  # counted per user namespace; + P0, R (and H), which share the namespace's uid: the program
+        # gets exactly max_processes, as under the pids cgroup (`runner._prepare`)
+        lower(resource.RLIMIT_NPROC, limits["max_processes"] + 2 + harness)
 
 
 def _set_signals(handler) -> None:
@@ -331,10 +365,12 @@ def _exec_program(libc: _Libc | None, job: dict, sources: dict, isolated: bool, 
             libc("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         os.chdir(job["work_dir"])
         memfd = _job_memfd(job, sources, isolated, fds)
+        if libc is not None and os.uname().machine in _SECCOMP:  # after the job's memfd, under no_new_privs
+            libc.install_seccomp(os.uname().machine)
         for fd in fds.values():
             os.set_inheritable(fd, True)
         os.set_inheritable(_report_fd(), False)  # the program never holds the report pipe
-        _set_rlimits(job["limits"], isolated)
+        _set_rlimits(job["limits"], isolated, job.get("tests") is not None)
         python = os.path.realpath(sys.executable)
         os.execv(python, [python, "-I", "-S", "-B", "-X", "utf8", "-c", _STAGE2, str(memfd)])
     except BaseException as err:
@@ -357,7 +393,7 @@ def _run_harness(libc: _Libc | None, job: dict, sources: dict, isolated: bool, r
                 libc.drop_capabilities()
             libc("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         os.chdir("/")
-        _set_rlimits(job["limits"], isolated)
+        _set_rlimits(job["limits"], isolated, True)
         harness = type(sys)("_hybridflow_sandbox_harness")
         exec(compile(sources["harness"], "<sandbox-harness>", "exec"), harness.__dict__)
         verdict = harness.run_tests(job["tests"], requests_fd, answers_fd, _MAX_ANSWER_BYTES,
@@ -449,7 +485,12 @@ def _init_process(libc: _Libc, job: dict, sources: dict, binds: dict) -> None:
         _write_files(job)
     except BaseException as err:
         _fail_setup(f"namespace setup: {type(err).__name__}: {err}")
-    _supervise(libc, job, sources, True, layers=layers + ["rlimits", "nproc", "audit_hook"])
+    _supervise(libc, job, sources, True, layers=layers + ["rlimits", "nproc", "audit_hook"] + _seccomp_layer(libc))
+
+
+def _seccomp_layer(libc: _Libc | None) -> list[str]:
+    """['seccomp'] where U installs the filter (it fails its start rather than run without it)."""
+    return ["seccomp"] if libc is not None and os.uname().machine in _SECCOMP else []
 
 
 def _fail_setup(message: str, **facts) -> None:
@@ -500,7 +541,7 @@ def main() -> None:
         libc("prctl", _PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program may not open /proc/<P0>/fd or its memory
     _set_signals(signal.SIG_IGN)
     _write_files(job)
-    _supervise(libc, job, sources, False, layers=["rlimits", "audit_hook"])
+    _supervise(libc, job, sources, False, layers=["rlimits", "audit_hook"] + _seccomp_layer(libc))
 
 
 if __name__ == "__main__":

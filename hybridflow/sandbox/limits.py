@@ -26,7 +26,13 @@ class SandboxLimits:
     hierarchy), the whole sandbox's resident memory, its in-memory files included, is also capped at
     `memory_mb + disk_mb` (status 'memory' when the kernel's OOM killer stops it). Without one, the bound on
     the whole sandbox is `memory_mb * max_processes + disk_mb + file_size_mb` (address space of every
-    process, plus the working directory and /dev/shm tmpfs files).
+    process, plus the working directory and /dev/shm tmpfs files). It holds because memory outside the
+    address space is refused by a seccomp filter (x86_64 and aarch64: memfd_create, System V shmget and
+    msgget); kernel buffers of pipes and sockets are not counted (the kernel caps pipes per user at
+    fs.pipe-user-pages-soft, 64 MiB by default, and each socket at net.core.wmem_max).
+
+    CPU: `cpu_time_s` is per process; the whole sandbox is stopped at `wall_time_s`, so together its
+    processes use at most `wall_time_s` x the cores they can run on.
     """
 
     cpu_time_s: float = 5.0
@@ -45,7 +51,8 @@ class SandboxLimits:
 
     max_processes: int = 16
     """Processes and threads the program may have at once, itself included (RLIMIT_NPROC in its private
-    user namespace; the kernel counts per namespace and uid). With isolation='none' the program may not fork."""
+    user namespace, where the kernel counts per namespace and uid, and the pids cgroup where there is one;
+    both leave room for the sandbox's own processes). With isolation='none' the program may not fork."""
 
     file_size_mb: int = 16
     """Largest file the program may write (RLIMIT_FSIZE), in MiB; also the size of its private /dev/shm."""
@@ -56,10 +63,11 @@ class SandboxLimits:
     directory is on the trainer's disk and only `file_size_mb` (per file) applies."""
 
     isolation: IsolationMode = "namespaces"
-    """'namespaces' (required by default): private user, pid, net, mount, ipc and uts namespaces, a read-only
-    minimal root, the working directory on a size-limited tmpfs; a machine without unprivileged user
-    namespaces makes every run raise `SandboxError` naming this setting. 'none': rlimits and an audit hook
-    only (no kernel boundary for files, network or other processes): only for code you would run anyway."""
+    """'namespaces' (required by default): private user, pid, net, mount, ipc, uts and cgroup namespaces (no
+    nested user namespaces), a read-only minimal root, the working directory on a size-limited tmpfs; a
+    machine without unprivileged user namespaces makes every run raise `SandboxError` naming this setting.
+    'none': rlimits, the seccomp filter and an audit hook only (no kernel boundary for files, network or other
+    processes): only for code you would run anyway."""
 
     def __post_init__(self) -> None:
         for name in ("cpu_time_s", "wall_time_s"):

@@ -137,7 +137,8 @@ def _prepare(code: str, limits: SandboxLimits, files: Mapping[str, str | bytes] 
     try:
         work = os.path.join(base, "work")
         os.mkdir(work, 0o700)
-        cgroup = create_cgroup((limits.memory_mb + limits.disk_mb) << 20, limits.max_processes)
+        # the harness (runs with tests) takes a task of its own, as in _child's RLIMIT_NPROC
+        cgroup = create_cgroup((limits.memory_mb + limits.disk_mb) << 20, limits.max_processes + (tests is not None))
         encoded = {name: base64.b64encode(content.encode() if isinstance(content, str) else content).decode()
                    for name, content in (files or {}).items()}
         job = {"code": code, "tests": tests, "test_setup": test_setup,

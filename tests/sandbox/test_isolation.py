@@ -217,6 +217,94 @@ def test_whole_sandbox_memory_is_capped(namespaces, sandbox_root):
     assert alone.ok, alone  # one such process alone fits: the cap is on the sandbox, not per process
 
 
-def test_documented_memory_bound_without_a_cgroup():
-    limits = SandboxLimits(memory_mb=100, max_processes=4, disk_mb=10, file_size_mb=2)
-    assert limits.memory_bound_mb == 100 * 4 + 10 + 2
+# Holds as much memory as it can at once, in every way the standard library offers without a hook bypass:
+# its heap (RLIMIT_AS), files in the working directory (a tmpfs of disk_mb), memfd files (not in RLIMIT_AS:
+# refused by the seccomp filter). Prints MiB held per kind.
+GRAB_MEMORY = """import errno, json, os, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE a write then fails with EFBIG
+MiB = 1 << 20
+chunk = b'x' * MiB
+blocks = []
+try:
+    while True:
+        blocks.append(bytearray(chunk))
+except MemoryError:
+    del blocks[-4:]  # room for the rest of the program
+held = {'heap': len(blocks) * MiB}
+names = iter(range(1 << 20))
+def fill(make):
+    total = 0
+    while True:
+        try:
+            fd = make()
+        except OSError:
+            return total
+        while True:
+            try:
+                total += os.write(fd, chunk)
+            except OSError as err:
+                if err.errno == errno.EFBIG:
+                    break
+                return total
+held['workdir'] = fill(lambda: os.open(f'f{next(names)}', os.O_WRONLY | os.O_CREAT, 0o600))
+held['memfd'] = fill(lambda: os.memfd_create('m'))
+try:
+    os.memfd_create('m')
+except OSError as err:
+    held['memfd_error'] = err.strerror
+print(json.dumps(held))
+"""
+
+
+def test_memory_bound_without_a_cgroup_holds_for_a_real_program(namespaces, sandbox_root, monkeypatch):
+    """The bound `memory_bound_mb` (no memory cgroup) against a program holding all it can: heap up to
+    RLIMIT_AS, the working directory's tmpfs full, and memfd files, which RLIMIT_AS does not count (about 250
+    x file_size_mb per process before the seccomp filter refused memfd_create)."""
+    monkeypatch.setattr(runner, "create_cgroup", lambda *args: None)
+    limits = SandboxLimits(cpu_time_s=10.0, wall_time_s=20.0, memory_mb=128, max_processes=1, disk_mb=8,
+                           file_size_mb=2)
+    result = run_python(GRAB_MEMORY, limits=limits)
+    assert result.ok and "cgroup_memory" not in result.isolation, result
+    held = json.loads(result.stdout)
+    total_mb = (held["heap"] + held["workdir"] + held["memfd"]) / (1 << 20)
+    assert held["memfd"] == 0 and held["memfd_error"] == "Operation not permitted", held
+    assert held["workdir"] == limits.disk_mb << 20, held  # the program really filled what it may
+    assert limits.memory_mb / 2 < total_mb <= limits.memory_bound_mb, (total_mb, held)
+
+
+def test_kernel_refuses_memfd_nested_user_namespaces_and_shows_no_host_cgroup(namespaces, sandbox_root):
+    program = ("import os\ntry:\n    os.memfd_create('m')\nexcept OSError as err:\n    print(err.strerror)\n"
+               "print(open('/proc/sys/user/max_user_namespaces').read().strip())\n"
+               "print(sorted({line.rsplit(':', 1)[1].strip() for line in open('/proc/self/cgroup')}))\n"
+               "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])\n")
+    result = run_python(program, limits=SandboxLimits(**FAST))
+    assert result.stdout.split("\n")[:4] == ["Operation not permitted", "0", "['/']", "2"], result
+    assert {"seccomp", "no_nested_userns", "cgroup_ns"} <= set(result.isolation), result.isolation
+    unconfined = run_python("print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])",
+                            limits=SandboxLimits(isolation="none", **FAST))
+    assert unconfined.stdout == "2\n" and "seccomp" in unconfined.isolation  # the filter holds without namespaces
+
+
+FORK_ALL = """import os, time
+count = 1
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(4)
+            os._exit(0)
+        count += 1
+except OSError:
+    print(count)
+"""
+
+
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "rlimit_only"])
+@pytest.mark.parametrize("tests", [None, "pass"], ids=["no_tests", "with_tests"])
+def test_the_program_gets_exactly_max_processes(namespaces, sandbox_root, monkeypatch, cgroup, tests):
+    """RLIMIT_NPROC and the pids cgroup both count the sandbox's own processes (P0, R, and H with tests):
+    the program gets max_processes, itself included, whichever binds (they differed by one)."""
+    if not cgroup:
+        monkeypatch.setattr(runner, "create_cgroup", lambda *args: None)
+    result = run_python(FORK_ALL, tests=tests, limits=SandboxLimits(cpu_time_s=2.0, wall_time_s=8.0,
+                                                                    memory_mb=256, max_processes=4))
+    assert result.stdout == "4\n", result
