@@ -1,10 +1,11 @@
-# The two commands of the README: `make demo` runs the main job, `make test` runs the test suite.
+# The commands of the README: `make demo` runs the main job, `make test` the default test suite, `make test-all` the
+# default suite and the slow tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test
+.PHONY: demo test test-all
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,3 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The slow tests too (long end-to-end runs; GPU tests still need a GPU): `-m` replaces the default marker filter.
+test-all: $(STAMP)
+	$(PY) -m pytest -m 'not gpu'
