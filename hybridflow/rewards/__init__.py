@@ -1,6 +1,6 @@
 """Rewards: rule scorers dispatched on `data_source`, reward managers, custom reward functions from files.
 
-The trainer builds a manager with `get_reward_manager_cls(name)(tokenizer, num_examine, compute_score, ...)`
+The trainer builds a manager with `get_reward_manager_cls(name).from_config(tokenizer, compute_score, reward, data)`
 and calls `manager(batch)`, which returns a `RewardResult`: `reward_tensor` (bs, response_len) with each
 sample's reward on its last valid token, per-sample `extra_info` columns and batch `metrics`.
 """

@@ -49,12 +49,7 @@ def build_reward_manager(
 ) -> Any:
     """The reward manager named by `reward_model.reward_manager`, with the custom function if one is set."""
     compute_score = load_custom_reward_fn(custom.path, custom.name) if custom.path else None
-    kwargs: dict[str, Any] = {"scoring": reward.scoring}
-    if reward.reward_manager == "dapo":
-        kwargs["max_resp_len"] = data.max_response_length
-        kwargs["overlong_buffer_cfg"] = reward.overlong_buffer
-    manager_cls = get_reward_manager_cls(reward.reward_manager)
-    return manager_cls(tokenizer, 0, compute_score, data.reward_fn_key, **kwargs)
+    return get_reward_manager_cls(reward.reward_manager).from_config(tokenizer, compute_score, reward, data)
 
 
 def run_ppo(
@@ -92,14 +87,27 @@ def run_ppo(
 
 
 def summarize_validation(before: dict[str, float], after: dict[str, float]) -> str:
-    """A small table of the core validation metrics before and after training."""
+    """A small table of the core validation metrics before and after training, with 95% intervals where known.
+
+    A mean's interval is read from its `val-aux/.../ci95_low|high` keys (`validation_intervals`), so the reader
+    sees whether the change is larger than the grain of the validation set.
+    """
     keys = sorted(key for key in {*before, *after} if key.startswith("val-core/"))
     if not keys:
         return "no validation metrics (set data.val_files)"
-    width = max(len(key) for key in keys)
-    lines = [f"{'validation metric':<{width}}  before   after"]
-    for key in keys:
-        old = f"{before[key]:.4f}" if key in before else "   -  "
-        new = f"{after[key]:.4f}" if key in after else "   -  "
-        lines.append(f"{key:<{width}}  {old}  {new}")
-    return "\n".join(lines)
+    cells = [(key, _with_interval(before, key), _with_interval(after, key)) for key in keys]
+    widths = [max(len(row[column]) for row in [("validation metric", "before", "after"), *cells]) for column in range(3)]
+    lines = [f"{'validation metric':<{widths[0]}}  {'before':<{widths[1]}}  after"]
+    lines += [f"{key:<{widths[0]}}  {old:<{widths[1]}}  {new}" for key, old, new in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _with_interval(metrics: dict[str, float], core_key: str) -> str:
+    if core_key not in metrics:
+        return "-"
+    text = f"{metrics[core_key]:.4f}"
+    aux_key = "val-aux/" + core_key.removeprefix("val-core/")
+    low, high = metrics.get(f"{aux_key}/ci95_low"), metrics.get(f"{aux_key}/ci95_high")
+    if low is not None and high is not None:
+        text += f" [{low:.3f}, {high:.3f}]"
+    return text

@@ -207,3 +207,17 @@ def test_registry() -> None:
     assert get_reward_manager_cls("dapo") is DAPORewardManager
     with pytest.raises(KeyError, match=r"unknown reward manager 'prime'; known: \['batch', 'dapo', 'naive'\]"):
         get_reward_manager_cls("prime")
+
+
+@pytest.mark.parametrize("name", ["naive", "batch", "dapo"])
+def test_from_config_reads_the_sections(name: str, managers: list) -> None:
+    """Each manager takes what it needs from the reward_model and data sections (dapo: the overlong buffer)."""
+    overlong = OverlongBufferConfig(enable=True, len=2, penalty_factor=1.0)
+    reward = type("RewardSection", (), {"scoring": FAST, "overlong_buffer": overlong})()
+    data = type("DataSection", (), {"reward_fn_key": "source", "max_response_length": RESPONSE_LEN})()
+    manager = get_reward_manager_cls(name).from_config(CharTokenizer(), None, reward, data)
+    managers.append(manager)
+    assert type(manager) is get_reward_manager_cls(name)
+    assert manager.reward_fn_key == "source" and manager.pool.config is FAST and manager.num_examine == 0
+    if name == "dapo":
+        assert manager.overlong is overlong and manager.max_resp_len == RESPONSE_LEN

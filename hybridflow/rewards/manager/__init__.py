@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridflow.rewards.manager.base import REWARD_MANAGERS, RewardResult, get_reward_manager_cls
+from hybridflow.rewards.manager.base import REWARD_MANAGERS, RewardManager, RewardResult, get_reward_manager_cls
 from hybridflow.rewards.manager.batch import BatchRewardManager
 from hybridflow.rewards.manager.dapo import DAPORewardManager, OverlongBufferConfig, compute_overlong_penalty
 from hybridflow.rewards.manager.naive import NaiveRewardManager
@@ -13,6 +13,7 @@ __all__ = [
     "DAPORewardManager",
     "NaiveRewardManager",
     "OverlongBufferConfig",
+    "RewardManager",
     "RewardResult",
     "compute_overlong_penalty",
     "get_reward_manager_cls",

@@ -1,4 +1,5 @@
-"""What every reward manager shares: the `REWARD_MANAGERS` registry, the `RewardResult` every manager's
+"""What every reward manager shares: the `REWARD_MANAGERS` registry, the `RewardManager` base (its constructor,
+`from_config`, the precomputed-score and decoding half of `__call__`, `close`), the `RewardResult` every manager's
 `__call__(data)` returns, decoding responses, and turning scorer outcomes into a `(bs, response_len)` reward
 tensor, per-sample extra-info lists and error/timeout counts."""
 
@@ -14,13 +15,14 @@ from typing import Any
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.rewards.pool import ScoreOutcome
+from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
 from hybridflow.rewards.score import resolve_scorer, scorer_kwargs
 from hybridflow.sandbox import SandboxLimits
 from hybridflow.utils.registry import Registry
 
-__all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardResult", "ScoredBatch", "bind_scorers", "build_reward_result",
-           "decode_batch", "get_reward_manager_cls", "log_examples", "precomputed_reward", "unpack_outcomes"]
+__all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardManager", "RewardResult", "ScoredBatch", "bind_scorers",
+           "build_reward_result", "decode_batch", "get_reward_manager_cls", "log_examples", "precomputed_reward",
+           "unpack_outcomes"]
 
 logger = logging.getLogger(__name__)
 
@@ -215,3 +217,49 @@ def log_examples(decoded: DecodedBatch, scores: Sequence[float], num_examine: in
         shown[data_source] = shown.get(data_source, 0) + 1
         logger.info("[%s] [prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", data_source,
                     decoded.prompt_strs[i], decoded.response_strs[i], decoded.ground_truths[i], scores[i])
+
+
+class RewardManager:
+    """A reward manager: a generated `DataProto` in, a `RewardResult` out. Subclasses score a decoded batch
+    (`score_decoded`); precomputed `rm_scores` in data.batch are returned as they are (`precomputed_reward`).
+
+    Args:
+        tokenizer: decodes the response tokens.
+        num_examine: samples per data source to log at INFO on each call.
+        compute_score: a custom `fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`
+            (e.g. from `load_custom_reward_fn`); None uses the scorer registered for each data source.
+        reward_fn_key: the non-tensor column naming the data source.
+        format_score: for the registered scorers, the score of a well-formed but wrong answer.
+        scoring: worker count, per-call timeout and process start method.
+    """
+
+    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
+                 reward_fn_key: str = "data_source", *, format_score: float = 0.0,
+                 scoring: ScoringConfig = ScoringConfig()) -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score
+        self.reward_fn_key = reward_fn_key
+        self.format_score = format_score
+        self.pool = ScorerPool(scoring)
+
+    @classmethod
+    def from_config(cls, tokenizer: Any, compute_score: Callable[..., Any] | None, reward: Any, data: Any):
+        """The manager of a run: `reward` is the `reward_model` section (`scoring`, and what a subclass reads),
+        `data` the `data` section (`reward_fn_key`, ...)."""
+        return cls(tokenizer, 0, compute_score, data.reward_fn_key, scoring=reward.scoring)
+
+    def __call__(self, data: DataProto) -> RewardResult:
+        """data: see `decode_batch`. Returns the rewards, extra info and metrics (see `build_reward_result`);
+        precomputed `rm_scores` in data.batch are returned as they are (`precomputed_reward`)."""
+        if (precomputed := precomputed_reward(data)) is not None:
+            return precomputed
+        return self.score_decoded(data, decode_batch(data, self.tokenizer, self.reward_fn_key))
+
+    def score_decoded(self, data: DataProto, decoded: DecodedBatch) -> RewardResult:
+        """The rewards of `data`, whose samples `decoded` holds as text."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop the scorer processes."""
+        self.pool.close()

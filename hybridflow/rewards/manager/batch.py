@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, RewardResult, build_reward_result, check_error_fraction, decode_batch, log_examples,
-    precomputed_reward, unpack_outcomes)
-from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
+    REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
+    log_examples, unpack_outcomes)
+from hybridflow.rewards.pool import ScoreOutcome
 from hybridflow.rewards.score import default_compute_score_batched, resolve_scorer
 
 __all__ = ["BatchRewardManager"]
@@ -20,29 +18,15 @@ logger = logging.getLogger(__name__)
 
 
 @REWARD_MANAGERS.register("batch")
-class BatchRewardManager:
+class BatchRewardManager(RewardManager):
     """Rewards from one `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` call
     returning one float or dict per sample. The call runs in a scorer process with `scoring.timeout_s` for
     the whole batch; if it raises or times out, every sample scores 0 and is counted.
 
-    Args: as `NaiveRewardManager`; `compute_score` None uses the registered scorers sample by sample.
+    Args: see `RewardManager`; `compute_score` None uses the registered scorers sample by sample.
     """
 
-    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
-                 reward_fn_key: str = "data_source", *, format_score: float = 0.0,
-                 scoring: ScoringConfig = ScoringConfig()) -> None:
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score
-        self.reward_fn_key = reward_fn_key
-        self.format_score = format_score
-        self.pool = ScorerPool(scoring)
-
-    def __call__(self, data: DataProto) -> RewardResult:
-        """Same input and output as `NaiveRewardManager.__call__`."""
-        if (precomputed := precomputed_reward(data)) is not None:
-            return precomputed
-        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+    def score_decoded(self, data: DataProto, decoded: DecodedBatch) -> RewardResult:
         fn = self.compute_score
         if fn is None:
             for data_source in set(decoded.data_sources):
@@ -57,10 +41,6 @@ class BatchRewardManager:
         check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         log_examples(decoded, scored.scores, self.num_examine)
         return build_reward_result(data, decoded, scored, scored.scores)
-
-    def close(self) -> None:
-        """Stop the scorer processes."""
-        self.pool.close()
 
 
 def _split(outcome: ScoreOutcome, batch_size: int) -> list[ScoreOutcome]:

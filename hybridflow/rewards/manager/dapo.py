@@ -14,10 +14,10 @@ from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, RewardResult, build_reward_result, check_error_fraction, decode_batch, log_examples,
-    precomputed_reward)
+    REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
+    log_examples)
 from hybridflow.rewards.manager.naive import score_each
-from hybridflow.rewards.pool import ScorerPool, ScoringConfig
+from hybridflow.rewards.pool import ScoringConfig
 
 __all__ = ["DAPORewardManager", "OverlongBufferConfig", "compute_overlong_penalty"]
 
@@ -47,10 +47,10 @@ def compute_overlong_penalty(response_lengths: Sequence[int], max_resp_len: int,
 
 
 @REWARD_MANAGERS.register("dapo")
-class DAPORewardManager:
+class DAPORewardManager(RewardManager):
     """`NaiveRewardManager` scoring plus the overlong penalty.
 
-    Args: as `NaiveRewardManager`, plus
+    Args: as `RewardManager`, plus
         max_resp_len: the rollout's maximum response length in tokens (needed when the buffer is enabled).
         overlong_buffer_cfg: `OverlongBufferConfig`; None disables the penalty.
 
@@ -70,20 +70,18 @@ class DAPORewardManager:
             if not 0 < self.overlong.len < max_resp_len:
                 raise ValueError(f"reward_model.overlong_buffer.len={self.overlong.len} must be in 1..max_resp_len-1 "
                                  f"(max_resp_len={max_resp_len})")
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score
-        self.reward_fn_key = reward_fn_key
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, format_score=format_score,
+                         scoring=scoring)
         self.max_resp_len = max_resp_len
-        self.format_score = format_score
-        self.pool = ScorerPool(scoring)
 
-    def __call__(self, data: DataProto) -> RewardResult:
-        """Same input and output as `NaiveRewardManager.__call__`; the reward is score + penalty, while
-        extra_info['score'] keeps the scorer's score."""
-        if (precomputed := precomputed_reward(data)) is not None:
-            return precomputed
-        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+    @classmethod
+    def from_config(cls, tokenizer: Any, compute_score: Callable[..., Any] | None, reward: Any, data: Any):
+        """As `RewardManager.from_config`, with `data.max_response_length` and `reward.overlong_buffer`."""
+        return cls(tokenizer, 0, compute_score, data.reward_fn_key, max_resp_len=data.max_response_length,
+                   overlong_buffer_cfg=reward.overlong_buffer, scoring=reward.scoring)
+
+    def score_decoded(self, data: DataProto, decoded: DecodedBatch) -> RewardResult:
+        """The reward is score + penalty, while extra_info['score'] keeps the scorer's score."""
         scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
         check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         rewards = list(scored.scores)
@@ -96,7 +94,3 @@ class DAPORewardManager:
                 extra = {"overlong_reward": penalties, "overlong": [p < 0 for p in penalties]}
         log_examples(decoded, rewards, self.num_examine)
         return build_reward_result(data, decoded, scored, rewards, extra)
-
-    def close(self) -> None:
-        """Stop the scorer processes."""
-        self.pool.close()

@@ -7,9 +7,9 @@ from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, RewardResult, bind_scorers, build_reward_result, check_error_fraction, decode_batch,
-    log_examples, precomputed_reward, unpack_outcomes)
-from hybridflow.rewards.pool import ScorerPool, ScoringConfig
+    REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, bind_scorers, build_reward_result,
+    check_error_fraction, log_examples, unpack_outcomes)
+from hybridflow.rewards.pool import ScorerPool
 
 __all__ = ["NaiveRewardManager", "score_each"]
 
@@ -26,40 +26,12 @@ def score_each(pool: ScorerPool, decoded: Any, compute_score: Callable[..., Any]
 
 
 @REWARD_MANAGERS.register("naive")
-class NaiveRewardManager:
-    """Rule-based rewards, one scorer call per sample, in worker processes with a timeout.
+class NaiveRewardManager(RewardManager):
+    """Rule-based rewards, one scorer call per sample, in worker processes with a timeout (arguments: see
+    `RewardManager`)."""
 
-    Args:
-        tokenizer: decodes the response tokens.
-        num_examine: samples per data source to log at INFO on each call.
-        compute_score: a custom `fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`
-            (e.g. from `load_custom_reward_fn`); None uses the scorer registered for each data source.
-        reward_fn_key: the non-tensor column naming the data source.
-        format_score: for the registered scorers, the score of a well-formed but wrong answer.
-        scoring: worker count, per-call timeout and process start method.
-    """
-
-    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
-                 reward_fn_key: str = "data_source", *, format_score: float = 0.0,
-                 scoring: ScoringConfig = ScoringConfig()) -> None:
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score
-        self.reward_fn_key = reward_fn_key
-        self.format_score = format_score
-        self.pool = ScorerPool(scoring)
-
-    def __call__(self, data: DataProto) -> RewardResult:
-        """data: see `decode_batch`. Returns the rewards, extra info and metrics (see `build_reward_result`);
-        precomputed `rm_scores` in data.batch are returned as they are (`precomputed_reward`)."""
-        if (precomputed := precomputed_reward(data)) is not None:
-            return precomputed
-        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+    def score_decoded(self, data: DataProto, decoded: DecodedBatch) -> RewardResult:
         scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
         check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         log_examples(decoded, scored.scores, self.num_examine)
         return build_reward_result(data, decoded, scored, scored.scores)
-
-    def close(self) -> None:
-        """Stop the scorer processes."""
-        self.pool.close()
