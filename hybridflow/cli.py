@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "fully async PPO/GRPO on split pools: a rollouter streams samples under a staleness bound",
     ),
     "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),
-    "merge": ("hybridflow.trainer.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
+    "merge": ("hybridflow.engines.training.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
     "plot": ("hybridflow.trainer.plot:main", "write PNG plots of a run's metrics (RUN_DIR/metrics.jsonl)"),
     "doctor": ("hybridflow.doctor:main", "print versions, devices, Ray status and whether the demo model is installed"),
 }

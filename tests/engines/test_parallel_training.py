@@ -121,7 +121,7 @@ def reference(tiny_llama_dir):
 
 
 def test_tensor_parallel_checkpoint_resumes_exports_and_refuses_another_layout(parallel_results, tmp_path):
-    from hybridflow.trainer.merge import load_full_state_dict
+    from hybridflow.engines.training.merge import load_full_state_dict
 
     got = parallel_results["tp2_packed"]
     assert got["resumed_exact"]

@@ -245,7 +245,7 @@ def test_lora_rl_worker_on_two_ranks_hands_over_merged_weights(ray_cluster, mode
 def test_lora_grpo_end_to_end_and_export(ray_cluster, tmp_path):
     """GRPO through `run_ppo` with actor_rollout_ref.model.lora_rank=8 on 2 Ray workers, then `hybridflow merge`."""
     from hybridflow.trainer.config import load_config, validate_config
-    from hybridflow.trainer.merge import merge_checkpoint
+    from hybridflow.engines.training.merge import merge_checkpoint
     from hybridflow.trainer.run import run_ppo
     from tests.tiny_runs import build_workspace
     from tests.trainer.test_e2e import GRPO, by_step, overrides

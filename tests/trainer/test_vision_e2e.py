@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from hybridflow.data.preprocess import color_square
+from hybridflow.engines.training.merge import merge_checkpoint
 from hybridflow.models import build_causal_lm
 from hybridflow.models.tiny_vlm import save_tiny_vlm
 from hybridflow.models.vision import load_processor
 from hybridflow.trainer.config import load_config, validate_config
-from hybridflow.trainer.merge import merge_checkpoint
 from hybridflow.workers.weight_sync import digest_tensors
 from tests.tiny_runs import REWARD_FILE, build_workspace
 from tests.trainer.test_placement import overrides, train

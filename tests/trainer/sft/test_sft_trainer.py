@@ -11,8 +11,8 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
+from hybridflow.engines.training.merge import merge_checkpoint
 from hybridflow.trainer.checkpoint_dirs import LATEST_FILE, list_steps
-from hybridflow.trainer.merge import merge_checkpoint
 from hybridflow.trainer.sft import run_sft, validate_sft_config
 from hybridflow.trainer.config import SFT_TREE, load_config
 from tests.trainer.sft.conftest import sft_overrides

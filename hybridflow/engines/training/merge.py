@@ -1,4 +1,5 @@
-"""`hybridflow merge` / `python -m hybridflow.trainer.merge`: a sharded training checkpoint -> a plain HF directory.
+"""`hybridflow merge` / `python -m hybridflow.engines.training.merge`: a sharded training checkpoint -> a plain HF
+directory (it reads the shard format that `checkpoint.py` beside it writes).
 
 Reads what `FSDPEngine.save_checkpoint` wrote (RL actor `global_step_N/actor`, critic-free; or an SFT
 `global_step_N`): the per-rank model shards `model_world_size_{W}_rank_{r}.pt` (DTensor shards along dim 0,
@@ -8,7 +9,7 @@ that `transformers.AutoModelForCausalLM.from_pretrained(target_dir)` loads. Opti
 
     hybridflow merge --local_dir checkpoints/run/global_step_100/actor --target_dir exported/step100
 
-verl's spelling `python -m hybridflow.trainer.merge merge --backend fsdp --local_dir ... --target_dir ...`
+verl's spelling `python -m hybridflow.engines.training.merge merge --backend fsdp --local_dir ... --target_dir ...`
 works as well.
 """
 

@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybridflow.cli import main as cli_main
 from hybridflow.engines.rollout import HFRollout, SamplingParams
 from hybridflow.engines.training import FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
-from hybridflow.models.config import ModelConfig
+from hybridflow.engines.training.merge import merge_checkpoint
 from hybridflow.models import build_causal_lm, build_local_tokenizer, build_tiny_model, load_tokenizer, save_tiny_model
-from hybridflow.trainer.merge import merge_checkpoint
+from hybridflow.models.config import ModelConfig
 from tests.engines.helpers import make_batch, run_distributed, seq_mean_nll
 
 FULL = FSDPEngineConfig(micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2))
