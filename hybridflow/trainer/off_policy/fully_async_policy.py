@@ -18,13 +18,12 @@ order every call.
   and the batch in flight resumes under the new weights (its KV cache recomputed by the chunk's prefill).
 - `gate` (a `VersionGate`, `rollouter.py`) holds the policy version (`param_version`, verl's name: syncs done in
   this run) and the data positions of the drawn but untrained batches. Before drawing the batch of step s, the
-  rollouter waits
-  until `syncs_before(s) - param_version <= staleness_threshold`, where `syncs_before(s)` is the number of syncs
-  the trainer will have made when it trains step s. Every token of the batch is sampled at that version or later,
-  so a sample's staleness, counted from its OLDEST token (versions between the weights that sampled its first
-  token and the rollout's weights when it is trained on), is at most the threshold; with 0 the run is synchronous
-  (each batch is generated after the previous step's sync: the same samples and metrics as `hybridflow train` on
-  the same split pools with trigger_parameter_sync_step=1).
+  rollouter waits until `syncs_before(s) - param_version <= staleness_threshold`, where `syncs_before(s)` is the
+  number of syncs the trainer will have made when it trains step s. Every token of the batch is sampled at that
+  version or later, so a sample's staleness, counted from its OLDEST token (versions between the weights that
+  sampled its first token and the rollout's weights when it is trained on), is at most the threshold; with 0 the
+  run is synchronous (each batch is generated after the previous step's sync: the same samples and metrics as
+  `hybridflow train` on the same split pools with trigger_parameter_sync_step=1).
 
 Nothing is dropped: the gate holds the bound, so no sample is ever too stale (`fully_async/num_dropped_samples`
 is logged and stays 0; a sample over the bound would be an internal error). Per token the batch holds
@@ -39,9 +38,8 @@ trainer waiting for samples), `fully_async/rollout_gen_s` (the batch's generatio
 
 The rollouter is a `ThreadedRollouter`; `async_training.deterministic_schedule_seed` replaces it by a
 `ScheduledRollouter` that runs an `AsyncSchedule` in the driver's thread (for tests: the interleaving of chunks,
-trains and syncs is fixed by the seed). Agent loops (rollout.mode=async) are refused. A
-checkpoint records the data position before the oldest drawn but untrained batch; a resumed run generates those
-batches again.
+trains and syncs is fixed by the seed). Agent loops (rollout.mode=async) are refused. A checkpoint records the
+data position before the oldest drawn but untrained batch; a resumed run generates those batches again.
 """
 
 from __future__ import annotations
