@@ -15,6 +15,7 @@ A verl user porting a custom estimator or loss changes the import to this packag
 from hybridflow.algorithms.advantages import (
     ADV_ESTIMATORS,
     AdvantageEstimator,
+    EstimatorSpec,
     compute_advantage_by_name,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
@@ -25,10 +26,10 @@ from hybridflow.algorithms.advantages import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    estimator_spec,
     get_adv_estimator_fn,
     register_adv_est,
 )
-from hybridflow.algorithms import prime as _prime  # noqa: F401  (registers the `prime` estimator)
 from hybridflow.algorithms.entropy import compute_entropy_loss, entropy_from_logits, entropy_from_logits_with_chunking
 from hybridflow.algorithms.kl import (
     KL_PENALTY_TYPES,
@@ -98,6 +99,8 @@ __all__ = [
     # advantages
     "ADV_ESTIMATORS",
     "AdvantageEstimator",
+    "EstimatorSpec",
+    "estimator_spec",
     "register_adv_est",
     "get_adv_estimator_fn",
     "compute_advantage_by_name",

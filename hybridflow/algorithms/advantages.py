@@ -2,7 +2,9 @@
 
 Every estimator is a pure function returning `(advantages, returns)`, both (bs, response_len) and zero
 where `response_mask` is 0. Names, argument names and numbers follow verl's `core_algos`; a custom
-estimator written for verl registers here with `@register_adv_est("my_est")` unchanged.
+estimator written for verl registers here with `@register_adv_est("my_est")` unchanged. The registry
+and each estimator's spec (what it needs from the run) live in `estimator_registry`, which registers
+the functions below by name without importing torch.
 
 Group-based estimators take `index`, a numpy object array of group ids (the `uid` column: all
 responses to the same prompt share one id). Groups are formed by equality of ids, in any order.
@@ -12,18 +14,27 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from enum import Enum, StrEnum
 from typing import Any
 
 import numpy as np
 import torch
 
+from hybridflow.algorithms.estimator_registry import (
+    ADV_ESTIMATORS,
+    AdvantageEstimator,
+    EstimatorSpec,
+    estimator_name,
+    estimator_spec,
+    get_adv_estimator_fn,
+    register_adv_est,
+)
 from hybridflow.algorithms.masked import masked_whiten
-from hybridflow.utils.registry import Registry
 
 __all__ = [
     "AdvantageEstimator",
     "ADV_ESTIMATORS",
+    "EstimatorSpec",
+    "estimator_spec",
     "register_adv_est",
     "get_adv_estimator_fn",
     "compute_advantage_by_name",
@@ -37,37 +48,6 @@ __all__ = [
     "compute_remax_outcome_advantage",
     "compute_gpg_outcome_advantage",
 ]
-
-
-class AdvantageEstimator(StrEnum):
-    """Names of the built-in estimators; each member equals its string (`AdvantageEstimator.GAE == "gae"`)."""
-
-    GAE = "gae"
-    GRPO = "grpo"
-    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
-    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
-    REMAX = "remax"
-    RLOO = "rloo"
-    OPO = "opo"
-    GRPO_PASSK = "grpo_passk"
-    GPG = "gpg"
-
-
-ADV_ESTIMATORS: Registry[Callable[..., tuple[torch.Tensor, torch.Tensor]]] = Registry("advantage estimator")
-
-
-def _name_of(name_or_enum: str | Enum) -> str:
-    return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
-
-
-def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
-    """Decorator registering an estimator under a name; registering a taken name raises `ValueError`."""
-    return ADV_ESTIMATORS.register(_name_of(name_or_enum))
-
-
-def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The estimator registered under a name; an unknown name raises `KeyError` listing the known ones."""
-    return ADV_ESTIMATORS.get(_name_of(name_or_enum))
 
 
 def compute_advantage_by_name(
@@ -129,7 +109,7 @@ def compute_advantage_by_name(
         and name not in kwargs
     ]
     if missing:
-        raise TypeError(f"advantage estimator {_name_of(adv_estimator)!r} needs {missing}, which were not given")
+        raise TypeError(f"advantage estimator {estimator_name(adv_estimator)!r} needs {missing}, which were not given")
     return fn(**kwargs)
 
 
@@ -163,7 +143,6 @@ def _group_stats(scores: torch.Tensor, gid: torch.Tensor, num_groups: int) -> tu
 # estimators
 
 
-@register_adv_est(AdvantageEstimator.GAE)
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -207,7 +186,6 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
-@register_adv_est(AdvantageEstimator.GRPO)
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -242,7 +220,6 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.GRPO_PASSK)
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -287,7 +264,6 @@ def compute_grpo_passk_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est(AdvantageEstimator.RLOO)
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -312,7 +288,6 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.OPO)
 def compute_opo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -341,7 +316,6 @@ def compute_opo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -373,7 +347,6 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -397,7 +370,6 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.REMAX)
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,
@@ -422,7 +394,6 @@ def compute_remax_outcome_advantage(
     return advantages, returns * response_mask
 
 
-@register_adv_est(AdvantageEstimator.GPG)
 def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from hybridflow.algorithms.advantages import _group_ids, register_adv_est
+from hybridflow.algorithms.advantages import _group_ids
 from hybridflow.algorithms.masked import masked_whiten
 
 __all__ = [
@@ -102,7 +102,6 @@ def _masked_rloo(rewards: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor, n
     return torch.where(mask.bool(), torch.where(n > 1, loo, rewards), 0.0)
 
 
-@register_adv_est("prime")
 def compute_prime_advantage_return(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -38,9 +38,8 @@ def is_split(cfg: PPOConfig) -> bool:
 
 def run_roles(cfg: PPOConfig) -> list[str]:
     """The roles this run has: actor and rollout always, the others when the config uses them."""
-    from hybridflow.trainer.config.validate import critic_enabled, uses_reference
 
-    used = {"ref": uses_reference(cfg), "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable}
+    used = {"ref": cfg.uses_reference, "critic": cfg.critic_enabled, "reward_model": cfg.reward_model.enable}
     return ["actor", "rollout", *(role for role in TRAINER_ROLES[1:] if used[role])]
 
 

@@ -28,7 +28,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
-from hybridflow.trainer.config import PPOConfig, critic_enabled, old_log_prob_source, uses_reference
+from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.guards import StepGuards
@@ -66,9 +66,9 @@ class RayPPOTrainer:
         self.train_dataloader, self.val_dataloader = train_dataloader, val_dataloader
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.tracking = tracking
-        self.use_critic = critic_enabled(config)
-        self.use_reference = uses_reference(config)
-        self.old_log_probs = old_log_prob_source(config)
+        self.use_critic = config.critic_enabled
+        self.use_reference = config.uses_reference
+        self.old_log_probs = config.old_log_prob_source
         self.kl_ctrl = build_kl_controller(**vars(config.algorithm.kl_ctrl))
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
         self.global_steps = 0

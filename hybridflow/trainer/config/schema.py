@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from hybridflow.algorithms.config import AlgorithmConfig
+from hybridflow.algorithms.estimator_registry import EstimatorSpec, estimator_spec
 from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
 from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
@@ -21,6 +22,7 @@ from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, Rewar
 
 __all__ = [
     "AsyncTrainingConfig",
+    "OldLogProbSource",
     "PPOConfig",
     "PPO_DERIVED",
     "PPOTrainerConfig",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 Logger = Literal["console", "file", "tensorboard", "wandb", "mlflow"]
+OldLogProbSource = Literal["recompute", "update", "rollout"]
 
 
 # ----------------------------------------------------------------------------- a run
@@ -264,6 +267,54 @@ class PPOConfig:
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+
+    @property
+    def estimator(self) -> EstimatorSpec:
+        """What `algorithm.adv_estimator` needs from the run (a critic, groups, a greedy baseline, an implicit PRM)."""
+        return estimator_spec(self.algorithm.adv_estimator)
+
+    @property
+    def critic_enabled(self) -> bool:
+        """Whether a critic is trained: explicit `critic.enable`, else exactly when the estimator needs values."""
+        if self.critic.enable is None:
+            return self.estimator.needs_critic
+        return self.critic.enable
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether reference log-probs are needed (KL loss or KL-in-reward)."""
+        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def uses_prime(self) -> bool:
+        """Whether the run is PRIME: its reward model is an implicit process reward model trained online."""
+        return self.estimator.implicit_prm
+
+    @property
+    def reward_model_only(self) -> bool:
+        """Whether training rewards come from a reward model alone (no rule scorer runs on training batches)."""
+        return self.reward_model.enable and self.reward_model.rule_reward_coef == 0 and not self.uses_prime
+
+    @property
+    def old_log_prob_source(self) -> OldLogProbSource:
+        """Where a step's old log-probs come from.
+
+        - `rollout`: `algorithm.rollout_correction.bypass_mode`, the rollout engine's own log-probs;
+        - `recompute`: a separate forward of the actor before the update (verl's default dataflow); always with
+          rollout correction (`rollout_is` / `rollout_rs`), whose weights and rejections need the trainer's old
+          log-probs on the driver before the update;
+        - `update`: otherwise, when the update is exactly on-policy (one epoch, one mini-batch per step, no
+          KL-in-reward, which needs them before the update), the old log-probs equal the update's first forward,
+          detached: no separate pass.
+        """
+        correction = self.algorithm.rollout_correction
+        if correction.bypass_mode:
+            return "rollout"
+        if correction.enabled:
+            return "recompute"
+        actor = self.actor_rollout_ref.actor
+        one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
+        return "update" if one_step and not self.algorithm.use_kl_in_reward else "recompute"
 
 
 _ACTOR = "actor_rollout_ref.actor"

@@ -10,7 +10,6 @@ import importlib.util
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
 from pathlib import Path
 
 from hybridflow.data.config import DataFilesConfig, expand_path
@@ -20,10 +19,6 @@ from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 from hybridflow.trainer.config.vision import check_vision_language
 
-# Estimators that compare samples within a prompt's group: one sample per prompt gives them nothing.
-GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg", "prime")
-# Estimators this trainer cannot feed (none today; the table names the reason when one is added).
-UNSUPPORTED_BY_TRAINER: dict[str, str] = {}
 # Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
 REWARD_MODEL_HEADS = ("ForSequenceClassification", "ForTokenClassification")
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -129,45 +124,11 @@ def _largest_divisor_at_most(number: int, limit: int) -> int:
     return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)
 
 
-def critic_enabled(cfg: PPOConfig) -> bool:
-    """Whether a critic is trained: explicit `critic.enable`, else exactly when the estimator is gae."""
-    if cfg.critic.enable is None:
-        return cfg.algorithm.adv_estimator == "gae"
-    return cfg.critic.enable
-
-
-def uses_reference(cfg: PPOConfig) -> bool:
-    """Whether reference log-probs are needed (KL loss or KL-in-reward)."""
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
-OldLogProbSource = Literal["recompute", "update", "rollout"]
 BYPASS_ENGINES = ("native",)
 """Rollout engines whose sampled log-probs match the training engine's (to about 1e-4): bypass mode may use them."""
 LOG_PROB_ENGINES = ("hf", "native", "vllm")
 """Rollout engines that return `rollout_log_probs` (the agent-loop servers run these too): rollout correction
 (`rollout_is`, `rollout_rs`) compares them with the trainer's."""
-
-
-def old_log_prob_source(cfg: PPOConfig) -> OldLogProbSource:
-    """Where a step's old log-probs come from.
-
-    - `rollout`: `algorithm.rollout_correction.bypass_mode`, the rollout engine's own log-probs;
-    - `recompute`: a separate forward of the actor before the update (verl's default dataflow); always with
-      rollout correction (`rollout_is` / `rollout_rs`), whose weights and rejections need the trainer's old
-      log-probs on the driver before the update;
-    - `update`: otherwise, when the update is exactly on-policy (one epoch, one mini-batch per step, no
-      KL-in-reward, which needs them before the update), the old log-probs equal the update's first forward,
-      detached: no separate pass.
-    """
-    correction = cfg.algorithm.rollout_correction
-    if correction.bypass_mode:
-        return "rollout"
-    if correction.enabled:
-        return "recompute"
-    actor = cfg.actor_rollout_ref.actor
-    one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == cfg.data.train_batch_size
-    return "update" if one_step and not cfg.algorithm.use_kl_in_reward else "recompute"
 
 
 def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
@@ -194,7 +155,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
             actor.ppo_epochs, actor.update_token_budget, layouts["actor"].group_size,
         )
     }
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         critic = cfg.critic
         sizes["critic"] = derive_batch_sizes(
             cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
@@ -209,7 +170,7 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
     arr, world = cfg.actor_rollout_ref, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     models = {"actor": ("actor_rollout_ref.actor", arr.actor.fsdp_config, arr.actor.ulysses_sequence_parallel_size,
                         arr.model, arr.actor.use_prefix_grouper)}
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         models["critic"] = ("critic", cfg.critic.model.fsdp_config, cfg.critic.ulysses_sequence_parallel_size,
                             cfg.critic.model, cfg.critic.use_prefix_grouper)
     if cfg.reward_model.enable:
@@ -241,7 +202,7 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         check_tp_layout(model_config, tp, tp_key)
         check_sp_layout(model_config, sp, sp_key)
     ref = arr.ref
-    if uses_reference(cfg):
+    if cfg.uses_reference:
         actor_layout = layouts["actor"]
         ref_sizes = (ref.fsdp_config.tensor_parallel_size, ref.ulysses_sequence_parallel_size)
         if ref_sizes != (actor_layout.tp, actor_layout.sp):
@@ -288,9 +249,9 @@ def _check_token_budgets(cfg: PPOConfig) -> None:
     budgets = [
         ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.update_token_budget),
         ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_token_budget),
-        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_token_budget if uses_reference(cfg) else None),
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_token_budget if cfg.uses_reference else None),
     ]
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         budgets += [
             ("critic.ppo_max_token_len_per_gpu", cfg.critic.update_token_budget),
             ("critic.forward_max_token_len_per_gpu", cfg.critic.forward_token_budget),
@@ -335,17 +296,15 @@ def _check_names(cfg: PPOConfig) -> None:
 
 def _check_algorithm(cfg: PPOConfig) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if estimator in UNSUPPORTED_BY_TRAINER:
-        raise ValueError(f"algorithm.adv_estimator={estimator!r} is not supported by the trainer: {UNSUPPORTED_BY_TRAINER[estimator]}")
-    if estimator in GROUP_ESTIMATORS and n < 2:
+    if cfg.estimator.group_based and n < 2:
         raise ValueError(
             f"algorithm.adv_estimator={estimator!r} needs actor_rollout_ref.rollout.n >= 2 (it compares samples "
             f"of the same prompt), got {n}; set actor_rollout_ref.rollout.n=4 or more"
         )
-    if cfg.trainer.critic_warmup > 0 and not critic_enabled(cfg):
+    if cfg.trainer.critic_warmup > 0 and not cfg.critic_enabled:
         raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic (algorithm.adv_estimator=gae)")
-    if estimator == "gae" and cfg.critic.enable is False:
-        raise ValueError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False; enable it or use grpo")
+    if cfg.estimator.needs_critic and cfg.critic.enable is False:
+        raise ValueError(f"algorithm.adv_estimator={estimator!r} needs a critic, but critic.enable=False; enable it or use grpo")
     rollout = cfg.actor_rollout_ref.rollout
     if cfg.algorithm.rollout_correction.bypass_mode and rollout.name not in BYPASS_ENGINES:
         raise ValueError(
@@ -379,7 +338,7 @@ def _check_filter_groups(cfg: PPOConfig) -> None:
             "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the KL penalty needs "
             "reference log-probs, computed after groups are filtered; use metric=seq_reward"
         )
-    if reward_model_only(cfg) and metric not in ("seq_reward", "seq_final_reward", "rm_score"):
+    if cfg.reward_model_only and metric not in ("seq_reward", "seq_final_reward", "rm_score"):
         raise ValueError(
             f"algorithm.filter_groups.metric={metric!r}: with a reward model alone (reward_model.enable=True, "
             "rule_reward_coef=0) no rule scorer runs in training; use seq_reward or rm_score"
@@ -419,10 +378,10 @@ def _check_files(cfg: PPOConfig) -> None:
     check_model_location("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
     check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path, weights=False)
     _check_teacher(cfg)
-    if critic_enabled(cfg):
+    if cfg.critic_enabled:
         check_model_location("critic.model.path", cfg.critic.model.path)
         check_model_location("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path, weights=False)
-    if uses_prime(cfg):
+    if cfg.uses_prime:
         _check_prime(cfg)
     elif cfg.reward_model.enable:
         _check_reward_model(cfg)
@@ -438,21 +397,11 @@ def _check_teacher(cfg: PPOConfig) -> None:
         return
     check_model_location("actor_rollout_ref.ref.model.path", ref_model.path)
     check_model_location("actor_rollout_ref.ref.model.tokenizer_path", ref_model.tokenizer_path, weights=False)
-    if not uses_reference(cfg):
+    if not cfg.uses_reference:
         raise ValueError(
             f"actor_rollout_ref.ref.model.path={ref_model.path!r} sets a teacher, but no KL term uses the reference: "
             "set actor_rollout_ref.actor.use_kl_loss=True (KL loss) or algorithm.use_kl_in_reward=True (KL reward)"
         )
-
-
-def uses_prime(cfg: PPOConfig) -> bool:
-    """Whether the run is PRIME: its reward model is an implicit process reward model trained online."""
-    return cfg.algorithm.adv_estimator == "prime"
-
-
-def reward_model_only(cfg: PPOConfig) -> bool:
-    """Whether training rewards come from a reward model alone (no rule scorer runs on training batches)."""
-    return cfg.reward_model.enable and cfg.reward_model.rule_reward_coef == 0 and not uses_prime(cfg)
 
 
 def _check_prime(cfg: PPOConfig) -> None:
@@ -502,7 +451,7 @@ _PRIME_DEFAULTS = {
 
 def _check_prime_keys_unused(cfg: PPOConfig) -> None:
     """PRIME's settings configure nothing in other runs: a changed one is refused, not ignored."""
-    if uses_prime(cfg):
+    if cfg.uses_prime:
         return
     values = {
         "reward_model.model.update": cfg.reward_model.model.update,
@@ -618,7 +567,7 @@ def _check_rows(cfg: PPOConfig) -> None:
                 raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
             table = pq.read_table(expand_path(path), columns=[c for c in (key, "agent_name") if c in columns])
             num_train_rows += table.num_rows if name == "data.train_files" else 0
-            if cfg.custom_reward_function.path is None and not (reward_model_only(cfg) and name == "data.train_files"):
+            if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
                 _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
             if "agent_name" in columns:
                 _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)

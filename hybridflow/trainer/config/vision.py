@@ -28,7 +28,6 @@ def check_vision_language(cfg: PPOConfig) -> None:
         _check_no_images(cfg)
         return
     from hybridflow.models.vision import check_vision_language_support
-    from hybridflow.trainer.config.validate import critic_enabled
 
     check_vision_language_support(config, _MODEL_KEY)
     arr = cfg.actor_rollout_ref
@@ -53,7 +52,7 @@ def check_vision_language(cfg: PPOConfig) -> None:
         (arr.ref.model.path not in (None, path),
          "actor_rollout_ref.ref.model.path: a distillation teacher for a vision-language actor is not supported; "
          "leave it unset"),
-        (critic_enabled(cfg),
+        (cfg.critic_enabled,
          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} (critic.enable): a critic (value model) of a "
          "vision-language checkpoint is not supported; use a critic-free estimator such as grpo"),
         (cfg.reward_model.enable,
