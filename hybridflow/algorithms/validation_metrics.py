@@ -17,7 +17,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bootstrap_metric", "calc_maj_val", "process_validation_metrics", "flatten_validation_metrics"]
+__all__ = [
+    "bootstrap_metric",
+    "calc_maj_val",
+    "compute_mean_interval",
+    "process_validation_metrics",
+    "flatten_validation_metrics",
+    "validation_intervals",
+]
+
+Z_95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
 
 
 def bootstrap_metric(
@@ -166,4 +175,72 @@ def flatten_validation_metrics(
                 )
                 section = "val-core" if is_core else "val-aux"
                 flat[f"{section}/{data_source}/{var_name}/{metric_name}"] = metric_val
+    return flat
+
+
+def compute_mean_interval(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
+    """Two-sided interval (95% by default) for the mean of `values`, one value per prompt.
+
+    Prompts are the independent draws, so samples of one prompt are averaged before this. When every value is
+    0 or 1 (greedy accuracy) the Wilson score interval is used: unlike mean +- z*se it stays inside [0, 1] and is
+    not empty at 0% or 100%. Otherwise the normal interval mean +- z * s / sqrt(k), with the sample std s,
+    clipped to [0, 1] when every value lies there (mean@N accuracies).
+
+    Args:
+        values: (k,) per-prompt scores, k >= 1.
+        z: the normal quantile of the interval's level.
+
+    Returns:
+        `(low, high)`.
+    """
+    scores = np.asarray(values, dtype=np.float64)
+    k = scores.size
+    if k == 0:
+        raise ValueError("compute_mean_interval needs at least one value")
+    mean = float(scores.mean())
+    if np.isin(scores, (0.0, 1.0)).all():
+        centre = (mean + z * z / (2 * k)) / (1 + z * z / k)
+        half = z / (1 + z * z / k) * float(np.sqrt(mean * (1 - mean) / k + z * z / (4 * k * k)))
+        return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+    if k == 1:
+        return mean, mean
+    half = z * float(scores.std(ddof=1)) / float(np.sqrt(k))
+    if ((scores >= 0.0) & (scores <= 1.0)).all():
+        return max(0.0, mean - half), min(1.0, mean + half)
+    return mean - half, mean + half
+
+
+def validation_intervals(
+    data_sources: Sequence[str], sample_uids: Sequence[Any], infos_dict: Mapping[str, Sequence[Any]]
+) -> dict[str, float]:
+    """95% intervals of each data source's core validation mean, with the number of prompts behind it.
+
+    The core variable is `acc` when present, else `reward` (as `flatten_validation_metrics`). Per prompt its N
+    samples are averaged (`None` values left out), then `compute_mean_interval` runs over prompts.
+
+    Returns:
+        `{f"val-aux/{data_source}/{var}/mean@{N}/ci95_low": ..., ".../ci95_high": ...,
+        f"val-aux/{data_source}/{var}/num_prompts": k}`.
+    """
+    core_var = "acc" if "acc" in infos_dict else "reward"
+    if core_var not in infos_dict:
+        return {}
+    per_prompt: dict[str, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for data_source, uid, value in zip(data_sources, sample_uids, infos_dict[core_var], strict=True):
+        per_prompt[data_source][uid].append(value)
+    flat: dict[str, float] = {}
+    for data_source, uid2values in per_prompt.items():
+        prompt_means, num_samples = [], 0
+        for values in uid2values.values():
+            kept = [float(value) for value in values if value is not None]
+            if kept:
+                prompt_means.append(float(np.mean(kept)))
+                num_samples = max(num_samples, len(values))
+        if not prompt_means:
+            continue
+        low, high = compute_mean_interval(prompt_means)
+        prefix = f"val-aux/{data_source}/{core_var}"
+        flat[f"{prefix}/mean@{num_samples}/ci95_low"] = low
+        flat[f"{prefix}/mean@{num_samples}/ci95_high"] = high
+        flat[f"{prefix}/num_prompts"] = float(len(prompt_means))
     return flat

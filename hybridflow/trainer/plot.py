@@ -1,7 +1,9 @@
 """PNG plots of a run's metrics (reward, response length, KL, entropy, validation accuracy) against steps.
 
 `hybridflow plot RUN_DIR` reads `RUN_DIR/metrics.jsonl` (the `file` tracking backend) and writes
-`RUN_DIR/plots/*.png`; the trainer calls the same function at the end of a run.
+`RUN_DIR/plots/*.png`; the trainer calls the same function at the end of a run. Per-step training metrics are
+noisy at RL batch sizes, so each is drawn as its raw points with an exponential moving average over them; a
+validation mean is drawn with its 95% interval (`val-aux/.../ci95_low|high`) as a band.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.trainer.tracking import METRICS_FILE
+
+SMOOTHING = 0.6  # weight of the running average: each point moves it by 40% of the gap
 
 PANELS = {
     "reward": ["critic/score/mean", "critic/rewards/mean"],
@@ -28,6 +32,14 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; run with trainer.logger including 'file'")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compute_ema(values: Sequence[float], smoothing: float = SMOOTHING) -> list[float]:
+    """Exponential moving average of `values`, started at the first value: (n,) -> (n,)."""
+    smoothed: list[float] = []
+    for value in values:
+        smoothed.append(value if not smoothed else smoothing * smoothed[-1] + (1 - smoothing) * value)
+    return smoothed
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
@@ -53,7 +65,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         figure, axis = plt.subplots(figsize=(6, 3.5))
         for key, points in series.items():
             steps, values = zip(*points)
-            axis.plot(steps, values, marker="o", markersize=3, label=key)
+            if panel == "validation":
+                _plot_with_interval(axis, records, key, steps, values)
+            else:
+                line = axis.plot(steps, compute_ema(values), label=f"{key} (EMA {SMOOTHING})")[0]
+                axis.plot(steps, values, "o", markersize=3, alpha=0.35, color=line.get_color())
         axis.set_xlabel("step")
         axis.set_title(panel)
         axis.grid(alpha=0.3)
@@ -64,6 +80,19 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         plt.close(figure)
         written.append(path)
     return written
+
+
+def _plot_with_interval(axis, records: list[dict], key: str, steps: Sequence[int], values: Sequence[float]) -> None:
+    line = axis.plot(steps, values, marker="o", markersize=3, label=key)[0]
+    aux_key = "val-aux/" + key.removeprefix("val-core/")
+    bands = [
+        (r["step"], r[f"{aux_key}/ci95_low"], r[f"{aux_key}/ci95_high"])
+        for r in records
+        if r.get(f"{aux_key}/ci95_low") is not None and r.get(f"{aux_key}/ci95_high") is not None
+    ]
+    if bands:
+        band_steps, lows, highs = zip(*bands)
+        axis.fill_between(band_steps, lows, highs, alpha=0.2, color=line.get_color(), label=f"{key} 95% interval")
 
 
 def main(argv: Sequence[str] = ()) -> int:

@@ -10,7 +10,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from hybridflow.algorithms import flatten_validation_metrics, process_validation_metrics
+from hybridflow.algorithms.validation_metrics import (
+    flatten_validation_metrics,
+    process_validation_metrics,
+    validation_intervals,
+)
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.generation import generate_batch
 
@@ -44,7 +48,8 @@ def run_validation(
     for text, score in examples[:num_examples]:
         logger.info("validation sample (score %.2f): %s", score, text)
     infos = {key: values for key, values in infos.items() if len(values) == len(uids)}
-    return flatten_validation_metrics(process_validation_metrics(data_sources, uids, infos))
+    metrics = flatten_validation_metrics(process_validation_metrics(data_sources, uids, infos))
+    return {**metrics, **validation_intervals(data_sources, uids, infos)}
 
 
 def _decode_examples(tokenizer: Any, batch: DataProto, scores: list[float], limit: int) -> list[tuple[str, float]]:

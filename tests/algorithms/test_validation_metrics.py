@@ -75,3 +75,39 @@ def test_flatten_splits_core_and_aux_as_verl():
     # without acc, reward is the core variable
     flat2 = flatten_validation_metrics(process_validation_metrics(["code"] * 2, ["q"] * 2, {"reward": [0.0, 1.0]}))
     assert flat2["val-core/code/reward/mean@2"] == 0.5
+
+
+def test_wilson_interval_of_a_binary_accuracy_matches_the_formula():
+    from hybridflow.algorithms.validation_metrics import compute_mean_interval
+
+    low, high = compute_mean_interval([1.0] * 10 + [0.0] * 54)  # 10/64, the demo's base accuracy
+    assert (round(low, 4), round(high, 4)) == (0.0871, 0.2643)  # Wilson score interval, z = 1.96
+    low, high = compute_mean_interval([0.0] * 64)
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(0.0566, abs=1e-4)  # not empty at 0%
+
+
+def test_interval_of_graded_scores_is_the_normal_interval_of_prompt_means():
+    from hybridflow.algorithms.validation_metrics import compute_mean_interval
+
+    scores = [2.0, -1.0, 0.5, 3.0]
+    mean, sd = np.mean(scores), np.std(scores, ddof=1)
+    low, high = compute_mean_interval(scores)
+    assert low == pytest.approx(mean - 1.959964 * sd / 2) and high == pytest.approx(mean + 1.959964 * sd / 2)
+    assert compute_mean_interval([0.5, 1.0])[1] == 1.0  # 0.75 + 0.49 > 1: mean@N accuracies are clipped to [0, 1]
+    with pytest.raises(ValueError, match="at least one value"):
+        compute_mean_interval([])
+
+
+def test_validation_intervals_average_samples_per_prompt_then_count_prompts():
+    from hybridflow.algorithms.validation_metrics import compute_mean_interval, validation_intervals
+
+    flat = validation_intervals(
+        ["a", "a", "a", "a", "b"], [0, 0, 1, 1, 2], {"acc": [1.0, 0.0, 1.0, None, 0.0], "reward": [9] * 5}
+    )
+    low, high = compute_mean_interval([0.5, 1.0])  # prompt 0: mean of 1 and 0; prompt 1: its one kept sample
+    assert flat["val-aux/a/acc/mean@2/ci95_low"] == pytest.approx(low)
+    assert flat["val-aux/a/acc/mean@2/ci95_high"] == pytest.approx(high)
+    assert flat["val-aux/a/acc/num_prompts"] == 2 and flat["val-aux/b/acc/num_prompts"] == 1
+    assert set(validation_intervals(["a"], [0], {"reward": [0.5]})) == {
+        "val-aux/a/reward/mean@1/ci95_low", "val-aux/a/reward/mean@1/ci95_high", "val-aux/a/reward/num_prompts"
+    }

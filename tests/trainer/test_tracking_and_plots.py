@@ -61,5 +61,40 @@ def test_plots_are_written_for_panels_with_data(tmp_path):
 
 def test_validation_summary_table():
     table = summarize_validation({"val-core/a/acc/mean@1": 0.2}, {"val-core/a/acc/mean@1": 0.35, "val-aux/z": 1.0})
-    assert table.splitlines() == ["validation metric      before   after", "val-core/a/acc/mean@1  0.2000  0.3500"]
+    assert table.splitlines() == ["validation metric      before  after", "val-core/a/acc/mean@1  0.2000  0.3500"]
     assert summarize_validation({}, {}).startswith("no validation metrics")
+
+
+def test_validation_summary_shows_each_mean_with_its_interval():
+    interval = {"val-aux/a/acc/mean@1/ci95_low": 0.087, "val-aux/a/acc/mean@1/ci95_high": 0.264}
+    table = summarize_validation({"val-core/a/acc/mean@1": 0.15625, **interval}, {"val-core/b/acc/mean@1": 0.5})
+    assert table.splitlines() == [
+        "validation metric      before                 after",
+        "val-core/a/acc/mean@1  0.1562 [0.087, 0.264]  -",
+        "val-core/b/acc/mean@1  -                      0.5000",
+    ]
+
+
+def test_ema_starts_at_the_first_point_and_follows_the_rest():
+    from hybridflow.trainer.plot import compute_ema
+
+    assert compute_ema([1.0, 0.0, 0.0], smoothing=0.5) == [1.0, 0.5, 0.25]
+    assert compute_ema([]) == []
+
+
+def test_validation_plot_draws_the_interval_band(tmp_path):
+    import matplotlib.pyplot as plt
+
+    tracking = Tracking(["file"], tmp_path, "p", "e", {})
+    for step, (mean, low, high) in enumerate([(0.2, 0.1, 0.3), (0.4, 0.3, 0.5)]):
+        aux = {"val-aux/x/acc/mean@1/ci95_low": low, "val-aux/x/acc/mean@1/ci95_high": high}
+        tracking.log({"val-core/x/acc/mean@1": mean, **aux}, step=step)
+    tracking.finish()
+    bands = []
+    original = plt.Axes.fill_between
+    plt.Axes.fill_between = lambda self, x, y1, y2, **kw: bands.append((list(x), list(y1), list(y2)))
+    try:
+        plot_run(tmp_path)
+    finally:
+        plt.Axes.fill_between = original
+    assert bands == [([0, 1], [0.1, 0.3], [0.3, 0.5])]
