@@ -31,6 +31,10 @@ class ChatEncoder:
         anchor_text = self._render([_ANCHOR_USER, _ANCHOR_ASSISTANT], add_generation_prompt=False)
         content_end = anchor_text.rindex(_ANCHOR_ASSISTANT["content"]) + len(_ANCHOR_ASSISTANT["content"])
         self._anchor_text = anchor_text
+        # Refuse at once a template that re-renders past turns once a later message follows (e.g. rewrites or drops
+        # earlier assistant content): appended ids would no longer be what the template means. Templates that only
+        # drop thinking blocks from history pass (the anchor has none): the trajectory keeps the generated tokens.
+        self._check_append_only(self._render([_ANCHOR_USER, _ANCHOR_ASSISTANT, _ANCHOR_USER], True))
         self.turn_end_text = anchor_text[content_end:]
         """What the template writes after an assistant message's content (e.g. '<|im_end|>\\n')."""
 
@@ -62,12 +66,16 @@ class ChatEncoder:
         the model already produced.
         """
         full = self._render([_ANCHOR_USER, _ANCHOR_ASSISTANT, *messages], add_generation_prompt=True)
-        if not full.startswith(self._anchor_text):
-            raise ValueError(
-                "the chat template renders earlier turns differently once later messages follow; "
-                "incremental encoding needs a template whose past turns do not change"
-            )
+        self._check_append_only(full)
         return self._encode_text(self.missing_turn_end(model_turn_text) + full[len(self._anchor_text) :])
+
+    def _check_append_only(self, rendered: str) -> None:
+        if not rendered.startswith(self._anchor_text):
+            raise ValueError(
+                "the chat template renders earlier turns differently once later messages follow (rendered "
+                f"{self._anchor_text!r} alone, but {rendered[: len(self._anchor_text) + 40]!r} with a later message); "
+                "multi-turn agent loops append token ids and need a template whose past turns do not change"
+            )
 
     def missing_turn_end(self, model_turn_text: str) -> str:
         """The part of the template's end-of-turn text that `model_turn_text` does not already end with."""
