@@ -227,7 +227,7 @@ class RayPPOTrainer:
                 self.generator, batch_dict, rollout.n, pass_rows=self.pass_rows, validate=False
             )
         metrics.update(gen_metrics)
-        if self.config.algorithm.adv_estimator == "remax":
+        if self.config.estimator.greedy_baseline:
             with timer("gen_max", timing):
                 greedy, _ = generate_batch(
                     self.generator, batch_dict, 1, pass_rows=self.pass_rows, validate=False,

@@ -121,6 +121,6 @@ class ImplicitPRMStage(RewardStage):
 def build_reward_stage(config: PPOConfig, reward_fn: Any, reward_model: Any) -> RewardStage:
     """The stage the run's estimator needs: PRIME's implicit PRM, or outcome rewards (`reward_model`: the
     reward-model worker group, or None)."""
-    if config.algorithm.adv_estimator == "prime":
+    if config.estimator.implicit_prm:
         return ImplicitPRMStage(reward_fn, reward_model, config)
     return RewardStage(reward_fn, reward_model, config.reward_model.rule_reward_coef)

@@ -113,7 +113,7 @@ def role_classes(config: PPOConfig, roles: list[str], runtime: WorkerRuntimeConf
     if "critic" in roles:
         classes["critic"] = RayClassWithInitArgs(CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, runtime)
     if "reward_model" in roles:  # PRIME's reward model is an implicit PRM, trained online
-        rm_cls = PrimeRewardModelWorker if config.algorithm.adv_estimator == "prime" else RewardModelWorker
+        rm_cls = PrimeRewardModelWorker if config.estimator.implicit_prm else RewardModelWorker
         classes["rm"] = RayClassWithInitArgs(rm_cls, config.reward_model, runtime)
     return classes
 

@@ -20,14 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hybridflow"
 
 # `== "<estimator>"` branches that remain in the trainer's runtime files until they read the spec (issue 28 item 5,
 # the trainer side): (path relative to hybridflow/, estimator name). Remove an entry when its branch goes.
-KNOWN_BRANCHES = {
-    ("trainer/ppo_trainer.py", "prime"),
-    ("trainer/ppo_trainer.py", "remax"),
-    ("trainer/worker_setup.py", "prime"),
-    ("trainer/off_policy/one_step_off_policy.py", "remax"),
-    ("trainer/off_policy/checks.py", "remax"),
-    ("trainer/one_step_off_policy.py", "remax"),
-}
+KNOWN_BRANCHES: set[tuple[str, str]] = set()
 
 
 def test_built_in_specs_say_what_each_estimator_needs():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridflow.algorithms.estimator_registry import estimator_spec
 from hybridflow.algorithms.prime import implicit_token_rewards, prime_normalize
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import RewardResult
@@ -60,7 +61,7 @@ def config(estimator: str, update: str = "before", coef: float = 0.0) -> SimpleN
     model = SimpleNamespace(update=update, beta_train=0.1)
     section = SimpleNamespace(model=model, prime_granularity="token", prime_norm="batch_norm", rule_reward_coef=coef)
     algorithm = SimpleNamespace(adv_estimator=estimator, reward_dpo_coef=5.0, reward_gt_coef=5.0)
-    return SimpleNamespace(reward_model=section, algorithm=algorithm)
+    return SimpleNamespace(reward_model=section, algorithm=algorithm, estimator=estimator_spec(estimator))
 
 
 def test_rule_rewards_alone():

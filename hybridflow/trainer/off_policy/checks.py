@@ -17,8 +17,8 @@ def check_off_policy_trainer(cfg: PPOConfig, trainer: str, extra: list[tuple[boo
     refusals = [
         (cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable=True",
          "dynamic sampling draws a variable number of generation batches per step"),
-        (cfg.algorithm.adv_estimator == "remax", "algorithm.adv_estimator='remax'",
-         "ReMax's greedy baseline is a second generation of the same batch"),
+        (cfg.estimator.greedy_baseline, f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}",
+         "its greedy baseline (ReMax's) is a second generation of the same batch"),
         (cfg.actor_rollout_ref.rollout.mode == "async", "actor_rollout_ref.rollout.mode=async",
          "agent loops cannot yet be left running across a weight sync"),
         *extra,
