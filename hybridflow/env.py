@@ -13,6 +13,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HYBRIDFLOW_CACHE", Path.home() / ".cache" / "hybridflow"))
 
 
+def sandbox_namespaces_unavailable() -> bool:
+    """`HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1` says this machine cannot give the sandbox user namespaces: the tests
+    of the default isolation then skip instead of failing (`hybridflow doctor` shows what the machine gives)."""
+    return os.environ.get("HYBRIDFLOW_SANDBOX_NO_NAMESPACES", "") == "1"
+
+
 def dist_rank() -> int:
     """Global rank of this SPMD worker (`RANK`, set by the worker group)."""
     return int(os.environ.get("RANK", "0"))

@@ -2,9 +2,10 @@
 
 Each round: generate a model turn (mask 1) -> parse tool calls (hermes format by default) -> run them
 concurrently -> append the tool messages (mask 0) -> generate again. Malformed calls, tool failures and calls
-past the tool's `timeout_s` go back to the model as tool messages; they never end the run. Without tool calls the interaction, if the row names
-one, answers (mask 0) or ends the trajectory. Limits: `multi_turn.max_assistant_turns`, `max_user_turns`,
-`max_parallel_calls`, `max_tokens_per_turn`, and the response budget over all turns (the last segment is cut and `truncated` set).
+past the tool's `timeout_s` go back to the model as tool messages; they never end the run. Without tool calls
+the interaction, if the row names one, answers (mask 0) or ends the trajectory. Limits:
+`multi_turn.max_assistant_turns`, `max_user_turns`, `max_parallel_calls`, `max_tokens_per_turn`, and the
+response budget over all turns (the last segment is cut and `truncated` set).
 """
 
 from __future__ import annotations

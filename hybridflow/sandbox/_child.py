@@ -23,7 +23,8 @@ Process tree with namespaces (`isolation='namespaces'`, the default; required):
   exits and the kernel kills every process left in the pid namespace (daemonised grandchildren included).
 - U drops all capabilities, sets no_new_privs, the seccomp filter (`_SECCOMP`) and the rlimits, execs a
   fresh interpreter that installs the audit hook (`_runtime.py`), tells R it is ready on the start pipe,
-  waits for R's go, then runs the program as `__main__` with filename `<sandbox>`. Its parent pid is 1 (R), which it cannot signal.
+  waits for R's go, then runs the program as `__main__` with filename `<sandbox>`. Its parent pid is 1 (R),
+  which it cannot signal.
 - H (only for a run with tests) is forked by R before U and runs the test code against the program over two
   pipes (`_harness.py`); it reports the verdict on the report pipe, which U never holds.
 The net namespace has only a down loopback device: no network at all.

@@ -142,7 +142,8 @@ def _prepare(code: str, limits: SandboxLimits, files: Mapping[str, str | bytes] 
         encoded = {name: base64.b64encode(content.encode() if isinstance(content, str) else content).decode()
                    for name, content in (files or {}).items()}
         job = {"code": code, "tests": tests, "test_setup": test_setup,
-               "program_names": None if program_names is None else sorted(program_names), "files": encoded, "base_dir": base, "work_dir": work,
+               "program_names": None if program_names is None else sorted(program_names), "files": encoded,
+               "base_dir": base, "work_dir": work,
                "limits": asdict(limits), "isolation": limits.isolation, "sandbox_uid": _SANDBOX_UID,
                "cgroup": cgroup.path if cgroup else None}
         job_path = os.path.join(base, "job.json")

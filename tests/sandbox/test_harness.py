@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from hybridflow.sandbox import SandboxLimits, HarnessVerdict, _harness, run_python
-from tests.sandbox.test_sandbox import NO_NAMESPACES, namespaces_work, processes_in
+from tests.sandbox.test_sandbox import processes_in, require_namespaces
 
 SECRET = f"expected-{uuid.uuid4().hex}"
 TESTS = f"""
@@ -25,8 +25,8 @@ LIMITS = dict(cpu_time_s=2.0, wall_time_s=4.0, memory_mb=256, max_processes=8)
 @pytest.fixture(params=["namespaces", "none"])
 def limits(request, tmp_path, monkeypatch) -> SandboxLimits:
     """The limits of one isolation mode; afterwards no harness or program process may be left."""
-    if request.param == "namespaces" and not namespaces_work():
-        pytest.skip(NO_NAMESPACES)
+    if request.param == "namespaces":
+        require_namespaces()
     root = tmp_path / "sandboxes"
     root.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(root))

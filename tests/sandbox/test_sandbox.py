@@ -1,8 +1,9 @@
 """hybridflow.sandbox: adversarial programs (each must end with the expected status, leave no trace outside
 its directory and no process behind, and leave this process, the 'trainer', unaffected) and normal use.
 
-Every case runs twice: with namespaces (the default, required; skipped loudly where the kernel has no
-unprivileged user namespaces) and with isolation='none' (rlimits and the audit hook only)."""
+Every case runs twice: with namespaces (the default, required: a machine without unprivileged user namespaces
+fails these cases unless HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1 says it cannot give them, then they skip) and with
+isolation='none' (rlimits, the seccomp filter and the audit hook only)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import uuid
 
 import pytest
 
+from hybridflow.env import sandbox_namespaces_unavailable
 from hybridflow.sandbox import SandboxError, SandboxLimits, run_python, run_python_async
 from tests.helpers import most_at_once
 
@@ -25,8 +27,8 @@ TRAINER_PID = os.getpid()
 _NAMESPACES: list[bool] = []
 
 
-NO_NAMESPACES = ("SKIPPED: unprivileged user namespaces are unavailable on this machine (`unshare -Ur true` "
-                 "fails), so the sandbox's default isolation cannot be tested here")
+NO_NAMESPACES = ("unprivileged user namespaces are unavailable on this machine (`unshare -Ur true` fails), so "
+                 "the sandbox's default isolation cannot be tested here")
 
 
 def namespaces_work() -> bool:
@@ -38,10 +40,20 @@ def namespaces_work() -> bool:
     return _NAMESPACES[0]
 
 
+def require_namespaces() -> None:
+    """Fail the calling test where the sandbox gets no namespaces, unless the machine is declared unable to
+    give them (HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1): a suite that skipped here stayed green untested."""
+    if namespaces_work():
+        return
+    if sandbox_namespaces_unavailable():
+        pytest.skip(f"SKIPPED (HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1): {NO_NAMESPACES}")
+    pytest.fail(f"{NO_NAMESPACES}; set HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1 to skip these tests on such a machine")
+
+
 @pytest.fixture(params=[True, False], ids=["namespaces", "hook_only"])
 def use_namespaces(request) -> bool:
-    if request.param and not namespaces_work():
-        pytest.skip(NO_NAMESPACES)
+    if request.param:
+        require_namespaces()
     return request.param
 
 
@@ -210,8 +222,7 @@ def test_specific_outcomes(sandbox_root, use_namespaces):
 
 
 def test_namespace_isolation_layers(sandbox_root):
-    if not namespaces_work():
-        pytest.skip(NO_NAMESPACES)
+    require_namespaces()
     code = ("import os\nprint(os.getppid(), sorted(os.listdir('/proc/self/task')) == [str(os.getpid())])\n"
             "print(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))\n"
             "print(sorted(os.listdir('/')))\nprint(os.getuid())\n"
@@ -343,3 +354,14 @@ def test_async_limits_and_cancellation(sandbox_root):
     assert echo.ok and echo.stdout == "cba\n"
     assert processes_in(sandbox_root) == [] and list(sandbox_root.iterdir()) == []
     assert stat.S_ISDIR(os.stat(sandbox_root).st_mode)
+
+
+def test_missing_namespaces_fail_the_suite_unless_declared(monkeypatch):
+    """A machine without user namespaces must not leave the default isolation untested in silence."""
+    monkeypatch.setattr("tests.sandbox.test_sandbox._NAMESPACES", [False])
+    monkeypatch.delenv("HYBRIDFLOW_SANDBOX_NO_NAMESPACES", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1"):
+        require_namespaces()
+    monkeypatch.setenv("HYBRIDFLOW_SANDBOX_NO_NAMESPACES", "1")
+    with pytest.raises(pytest.skip.Exception, match="SKIPPED"):
+        require_namespaces()
