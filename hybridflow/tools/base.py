@@ -7,8 +7,8 @@ tool's schema first, times the call and turns model mistakes (bad arguments, or 
 exception for something the model did. Every `execute` returns metrics with `latency_s`, `error` and
 `timeout`.
 
-Every call is bounded: after the tool's `timeout_s` (a key of every tool's YAML `config:`, default
-`DEFAULT_TIMEOUT_S`) `execute` stops waiting, cancels `invoke` and returns an error response with
+Every call is bounded: after the tool's `timeout_s` (a key of every tool's YAML `config:`, default the
+class's `default_timeout_s`, `DEFAULT_TIMEOUT_S` unless a tool says otherwise) `execute` stops waiting, cancels `invoke` and returns an error response with
 `metrics["timeout"] = True`; the agent loop counts it (`tool/timeouts`) and goes on. The timeout can only
 interrupt an `await`: `invoke` must never block the event loop (CPU work goes through `asyncio.to_thread`, as
 the calculator does; a thread that outlives its timeout is abandoned, not killed, so the tool must also bound
@@ -109,9 +109,9 @@ def build_tool_config(config_cls: type[ConfigT], config: Mapping[str, Any] | Non
         raise ValueError(f"tool {tool_name!r}: invalid config {values}: {err}") from err
 
 
-def read_timeout_s(config: Mapping[str, Any] | None, tool_name: str) -> float:
-    """`config.timeout_s` (seconds, > 0), or `DEFAULT_TIMEOUT_S` when the key is absent."""
-    value = (config or {}).get("timeout_s", DEFAULT_TIMEOUT_S)
+def read_timeout_s(config: Mapping[str, Any] | None, tool_name: str, default: float = DEFAULT_TIMEOUT_S) -> float:
+    """`config.timeout_s` (seconds, > 0), or `default` when the key is absent."""
+    value = (config or {}).get("timeout_s", default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"tool {tool_name!r}: config.timeout_s must be a number of seconds > 0, got {value!r}")
     return float(value)
@@ -123,6 +123,9 @@ class BaseTool:
     Subclasses implement `invoke`, and may override `default_tool_schema` (so a YAML entry needs no
     `tool_schema`), `create`/`release` (to set up and tear down instance state) and `calc_reward`.
     """
+
+    default_timeout_s: float = DEFAULT_TIMEOUT_S
+    """`timeout_s` when the YAML `config:` gives none."""
 
     def __init__(self, config: Mapping[str, Any] | None = None,
                  tool_schema: OpenAIFunctionToolSchema | Mapping[str, Any] | None = None) -> None:
@@ -138,7 +141,7 @@ class BaseTool:
             tool_schema = OpenAIFunctionToolSchema.from_dict(tool_schema)
         self.config: Any = dict(config or {})
         self.tool_schema: OpenAIFunctionToolSchema = tool_schema
-        self.timeout_s: float = read_timeout_s(config, self.name)
+        self.timeout_s: float = read_timeout_s(config, self.name, self.default_timeout_s)
         """Seconds one `execute` may take (`config.timeout_s`); past it the call returns an error."""
         self._instances: dict[str, ToolInstance] = {}
 

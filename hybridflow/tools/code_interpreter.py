@@ -75,6 +75,11 @@ def format_sandbox_result(result: SandboxResult, max_output_chars: int, stderr_t
 class CodeInterpreterTool(BaseTool):
     """Executes Python code in an isolated sandbox process; `metrics["error"]` is set when the run failed."""
 
+    # The call's timeout also covers the wait for a sandbox slot (`max_concurrent_runs()`, shared by the
+    # process): hundreds of concurrent calls of a few seconds each queue for longer than 30 s. The run itself
+    # is bounded by the sandbox's own `limits.wall_time_s`.
+    default_timeout_s = 120.0
+
     def __init__(self, config: dict[str, Any] | None = None,
                  tool_schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None) -> None:
         super().__init__(config, tool_schema)
@@ -83,6 +88,9 @@ class CodeInterpreterTool(BaseTool):
             self.limits = SandboxLimits(**self.config.limits)
         except (TypeError, ValueError) as err:
             raise ValueError(f"tool {self.name!r}: invalid config.limits {self.config.limits}: {err}") from err
+        if self.timeout_s <= self.limits.wall_time_s:  # else the sandbox's own 'timeout' status never shows
+            raise ValueError(f"tool {self.name!r}: config.timeout_s={self.timeout_s:g} must exceed "
+                             f"config.limits.wall_time_s={self.limits.wall_time_s:g}; raise timeout_s")
 
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:

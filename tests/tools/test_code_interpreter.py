@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
+from hybridflow.sandbox import SandboxLimits
 from hybridflow.tools.code_interpreter import CodeInterpreterTool
 from tests.tools.helpers import run
 
@@ -54,3 +58,27 @@ def test_output_is_truncated_but_keeps_the_status():
 def test_bad_limits_name_the_field():
     with pytest.raises(ValueError, match=r"tool 'code_interpreter': invalid config.limits \{'cpu_seconds': 1\}"):
         CodeInterpreterTool({"limits": {"cpu_seconds": 1}})
+
+
+def test_call_timeout_kills_the_sandbox_and_must_exceed_its_wall_time(tmp_path, monkeypatch):
+    """A call past the tool's timeout_s (here shorter than the program's run, as when it queued for a slot)
+    returns an error at once, and the cancelled run's sandbox is killed and removed."""
+    assert CodeInterpreterTool({}).timeout_s == 120.0  # waits for a sandbox slot count too
+    with pytest.raises(ValueError, match=r"config.timeout_s=5 must exceed config.limits.wall_time_s=10"):
+        CodeInterpreterTool({"timeout_s": 5, "limits": {"wall_time_s": 10}})
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    tool = CodeInterpreterTool({"timeout_s": 1.5, "limits": {"cpu_time_s": 1.0, "wall_time_s": 1.0}})
+    tool.limits = SandboxLimits(cpu_time_s=20.0, wall_time_s=20.0)  # as if the sandbox itself would not stop it
+
+    async def call_then_watch():
+        start = time.monotonic()
+        result = await tool.execute(await tool.create(), {"code": "import time\ntime.sleep(30)"})
+        returned_s = time.monotonic() - start
+        while list(tmp_path.iterdir()) and time.monotonic() - start < 15:  # the cancelled run cleans up behind
+            await asyncio.sleep(0.05)
+        return result, returned_s, time.monotonic() - start
+
+    (response, _, metrics), returned_s, cleaned_s = run(call_then_watch())
+    assert metrics["timeout"] is True and "took longer than 1.5 s" in response.text
+    assert returned_s < 1.5 + 2.0, returned_s  # the caller does not wait for the clean-up
+    assert list(tmp_path.iterdir()) == [] and cleaned_s < 15  # the sandbox was killed and removed, not left running
