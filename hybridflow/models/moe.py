@@ -1,0 +1,201 @@
+"""Mixture-of-experts models: tiny MoE builders for tests, finding a model's routers, and recording or replaying
+the experts each token is routed to (router replay, R3).
+
+The Hugging Face MoE families used here (Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3) share one router shape in
+transformers 5: a `*TopKRouter` module (the MoE block's `gate`) whose forward takes (tokens, hidden) and returns
+`(router_logits (tokens, E), top_k_weights (tokens, k), top_k_index (tokens, k))`, which the block hands to its
+experts. Recording reads `top_k_index` with a forward hook; replay replaces it (and the weights, recomputed from
+the same logits at the replayed experts, so gradients still reach the router) with the recorded experts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    MixtralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
+
+from hybridflow.models.loader import prepare_tokenizer, save_model_and_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
+
+__all__ = [
+    "MOE_ARCHS", "MoeArch", "MoeShape", "build_tiny_moe_model", "save_tiny_moe_model", "moe_shape_of", "find_routers",
+    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights",
+]
+
+MoeArch = Literal["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"]
+MOE_ARCHS: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3")
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The routing shape of an MoE model: routed experts per MoE layer, experts per token, and the MoE layers'
+    count (DeepSeek-V3's first `first_k_dense_replace` layers are dense)."""
+
+    num_experts: int
+    top_k: int
+    num_moe_layers: int
+
+
+def moe_shape_of(config: PretrainedConfig) -> MoeShape | None:
+    """The routing shape of a HF config, or None for a dense model."""
+    num_experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    num_experts = num_experts or getattr(config, "n_routed_experts", None)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    if not num_experts or not top_k:
+        return None
+    dense = getattr(config, "first_k_dense_replace", 0) or 0
+    return MoeShape(int(num_experts), int(top_k), config.num_hidden_layers - dense)
+
+
+def _tiny_config(arch: str, common: dict, num_experts: int, top_k: int, hidden: int) -> PretrainedConfig:
+    moe = dict(num_experts_per_tok=top_k, moe_intermediate_size=hidden)
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(**common, **moe, num_experts=num_experts, norm_topk_prob=True, head_dim=hidden // 4)
+    if arch == "qwen2_moe":
+        return Qwen2MoeConfig(**common, **moe, num_experts=num_experts, shared_expert_intermediate_size=hidden)
+    if arch == "mixtral":
+        return MixtralConfig(**common, num_experts_per_tok=top_k, num_local_experts=num_experts)
+    if arch == "deepseek_v3":
+        # MLA with small ranks; one dense layer first, then routed + shared experts (DeepSeek-V3's layout).
+        # MLA keeps one key/value head per query head (GQA breaks its sdpa path with a padding mask).
+        return DeepseekV3Config(
+            **{**common, "num_key_value_heads": common["num_attention_heads"]}, **moe, n_routed_experts=num_experts, n_shared_experts=1, first_k_dense_replace=1,
+            n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+            v_head_dim=16, rope_interleave=False,
+        )
+    raise ValueError(f"arch={arch!r} is not a known MoE architecture; use one of {MOE_ARCHS}")
+
+
+def build_tiny_moe_model(
+    arch: MoeArch = "qwen3_moe",
+    num_layers: int = 2,
+    hidden: int = 64,
+    num_experts: int = 4,
+    top_k: int = 2,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A small random MoE causal LM (float32, sdpa) and its tokenizer; the same `seed` gives the same weights.
+
+    `num_experts` routed experts per MoE layer of `hidden` units each, `top_k` per token; Qwen2-MoE adds a gated
+    shared expert, DeepSeek-V3 a shared expert and a dense first layer. The global torch RNG is left untouched.
+    """
+    tokenizer = prepare_tokenizer(tokenizer if tokenizer is not None else build_tiny_tokenizer())
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+        initializer_range=0.1, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = _tiny_config(arch, common, num_experts, top_k, hidden)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    return model, tokenizer
+
+
+def save_tiny_moe_model(path, arch: MoeArch = "qwen3_moe", seed: int = 0, tokenizer=None, **shape):
+    """`build_tiny_moe_model(arch, seed=seed, **shape)` saved with its tokenizer to `path` (returned)."""
+    model, tokenizer = build_tiny_moe_model(arch, seed=seed, tokenizer=tokenizer, **shape)
+    return save_model_and_tokenizer(model, tokenizer, path)
+
+
+def find_routers(module: nn.Module) -> list[nn.Module]:
+    """The model's top-k routers in layer order (empty for a dense model)."""
+    return [sub for sub in module.modules() if type(sub).__name__.lower().endswith("topkrouter")]
+
+
+def replayed_weights(router: nn.Module, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The weights `router` gives the experts `index` (tokens, k) from its `logits` (tokens, E), as its own forward
+    would had it chosen them: softmax routers (Qwen, Mixtral) or DeepSeek-V3's scaled sigmoid scores."""
+    if hasattr(router, "e_score_correction_bias"):  # DeepSeek-V3: sigmoid scores, the bias only selects
+        weights = logits.float().sigmoid().gather(1, index)
+        if router.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * router.routed_scaling_factor
+    weights = torch.softmax(logits.float(), dim=-1).gather(1, index)
+    # Mixtral's router always renormalises; Qwen's does when norm_topk_prob is set.
+    if getattr(router, "norm_topk_prob", True):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype)
+
+
+class RoutingRecorder:
+    """Collects each router call's `top_k_index` while active: `calls[layer]` is the list of (tokens, k) tensors,
+    one per forward (prefill, then each decode step)."""
+
+    def __init__(self, routers: list[nn.Module]) -> None:
+        self.calls: list[list[torch.Tensor]] = [[] for _ in routers]
+        self._handles = [router.register_forward_hook(self._hook(i)) for i, router in enumerate(routers)]
+
+    def _hook(self, layer: int):
+        def hook(module, args, output):
+            self.calls[layer].append(output[2].detach())
+
+        return hook
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def per_token(self, num_rows: int) -> torch.Tensor:
+        """(num_rows, tokens, layers, k) int64: every forward's experts in order, each forward's tokens as
+        (num_rows, its length) rows (a prefill of the prompts, then one column per decode step)."""
+        layers = []
+        for calls in self.calls:
+            layers.append(torch.cat([c.reshape(num_rows, -1, c.size(-1)) for c in calls], dim=1))
+        return torch.stack(layers, dim=2)
+
+
+@contextlib.contextmanager
+def record_routing(module: nn.Module) -> Iterator[RoutingRecorder]:
+    """Record the experts every router of `module` picks while the context is open."""
+    recorder = RoutingRecorder(find_routers(module))
+    try:
+        yield recorder
+    finally:
+        recorder.close()
+
+
+@contextlib.contextmanager
+def replay_routing(module: nn.Module, routed_experts: torch.Tensor) -> Iterator[None]:
+    """Route every token of the forwards run inside the context to the recorded experts.
+
+    Args:
+        routed_experts: (tokens, layers, k) integer: for each token the model will see (in the order its routers
+            see them: the flattened (bs, seq) input, or the packed row) and each MoE layer, the experts to use.
+    """
+    routers = find_routers(module)
+    if routed_experts.size(1) != len(routers):
+        raise ValueError(f"routed_experts has {routed_experts.size(1)} layers; the model has {len(routers)} routers")
+
+    def hook_for(layer: int):
+        def hook(router, args, output):
+            logits = output[0]
+            index = routed_experts[:, layer].to(device=logits.device, dtype=torch.long)
+            if index.size(0) != logits.size(0):
+                raise ValueError(f"router replay: {index.size(0)} recorded tokens for a forward of {logits.size(0)}")
+            return logits, replayed_weights(router, logits, index).to(output[1].dtype), index
+
+        return hook
+
+    handles = [router.register_forward_hook(hook_for(i)) for i, router in enumerate(routers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
