@@ -13,6 +13,7 @@ response.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -27,6 +28,7 @@ from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_na
 from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token_of, rollout_memory_budget
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
+from hybridflow.models.moe import ROUTED_EXPERTS_KEY, moe_shape_of, record_routing
 from hybridflow.models.vision import multi_modal_model_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.utils.flops import text_config
@@ -100,6 +102,8 @@ class HFRollout(BaseRollout):
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
         self.micro_batch_size = micro_batch_size
+        # Router replay (R3): record each position's experts as `routed_experts` (MoE models only).
+        self.record_routed_experts = False
         # Sampling is defined by SamplingParams alone, not by defaults shipped in the checkpoint.
         self.model.generation_config = GenerationConfig()
 
@@ -112,8 +116,13 @@ class HFRollout(BaseRollout):
         rows = self._rows_per_call(prompts.batch["input_ids"].size(1) + params.max_new_tokens, len(prompts))
         chunks = prompts.split(rows) if rows < len(prompts) else [prompts]
         parts = [self._generate(chunk, params) for chunk in chunks]
-        responses, response_mask, log_probs = (torch.cat(columns) for columns in zip(*parts))
-        return build_output_for_prompts(prompts, responses, response_mask, log_probs, self.tokenizer.pad_token_id)
+        responses, response_mask, log_probs, routed = (
+            torch.cat(columns) if columns[0] is not None else None for columns in zip(*parts)
+        )
+        output = build_output_for_prompts(prompts, responses, response_mask, log_probs, self.tokenizer.pad_token_id)
+        if routed is not None:
+            output.batch[ROUTED_EXPERTS_KEY] = routed
+        return output
 
     def _rows_per_call(self, sequence_len: int, num_rows: int) -> int:
         """Rows per `generate` call: `micro_batch_size`, and no more than the memory budget holds."""
@@ -124,19 +133,24 @@ class HFRollout(BaseRollout):
         return max(rows, 1)
 
     @torch.no_grad()
-    def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One `generate` call: (responses, response_mask, log_probs), each (bs, max_new_tokens)."""
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, ...]:
+        """One `generate` call: (responses, response_mask, log_probs), each (bs, max_new_tokens), and the
+        `routed_experts` (bs, prompt_len + max_new_tokens, layers, k) when recording them (else None)."""
         prompt_ids = prompts.batch["input_ids"].to(self.device)
         eos_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
         pad_id = self.tokenizer.pad_token_id
         recorder = SampledLogProbRecorder(params.log_prob_temperature)
-        sequences = self.model.generate(
-            **self._model_inputs(prompts),
-            generation_config=self._generation_config(params, eos_ids, pad_id),
-            logits_processor=self._logits_processors(params, recorder),
-        )
+        shape = moe_shape_of(self.model.config) if self.record_routed_experts else None
+        with record_routing(self.model) if shape is not None else contextlib.nullcontext() as routing:
+            sequences = self.model.generate(
+                **self._model_inputs(prompts),
+                generation_config=self._generation_config(params, eos_ids, pad_id),
+                logits_processor=self._logits_processors(params, recorder),
+            )
         generated = sequences[:, prompt_ids.size(1) :]
-        return self._pad_responses(generated, recorder.finish(generated), params, eos_ids, pad_id)
+        seq_len = prompt_ids.size(1) + params.max_new_tokens
+        routed = routing.routed_experts(len(prompt_ids), seq_len, shape.num_experts) if shape is not None else None
+        return (*self._pad_responses(generated, recorder.finish(generated), params, eos_ids, pad_id), routed)
 
     def _model_inputs(self, prompts: DataProto) -> dict[str, torch.Tensor]:
         """ids, mask and position ids of a text batch; for images, ids, mask and the rows' multi-modal inputs (the
