@@ -56,11 +56,31 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1,
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
-# A seccomp filter in U, the program's process (machine -> audit arch, syscalls refused with EPERM): memfd_create
-# (its pages escape RLIMIT_AS), shmget and msgget (System V memory, the same), unshare and setns. Other
-# architectures' syscalls (x32, i386 on x86_64) are refused too. Memory the program holds is then its address
-# space, its files (the working directory's tmpfs, /dev/shm) and kernel buffers; see SandboxLimits.
-_SECCOMP = {"x86_64": (0xC000003E, (319, 29, 68, 272, 308)), "aarch64": (0xC00000B7, (279, 194, 186, 97, 268))}
+# A seccomp filter in U, the program's process (machine -> audit arch, clone's number, syscalls refused with
+# EPERM: memfd_create, then shmget and msgget (memory outside RLIMIT_AS), unshare, setns). `clone` with a
+# namespace flag is refused too, `clone3` answers ENOSYS (its flags sit behind a pointer; glibc then falls back
+# to clone), and other architectures' syscalls (x32, i386 on x86_64) are refused. So memory the program holds
+# is its address space, its files (the working directory's tmpfs, /dev/shm) and kernel buffers; see
+# SandboxLimits.
+_SECCOMP = {"x86_64": (0xC000003E, 56, (319, 29, 68, 272, 308)),
+            "aarch64": (0xC00000B7, 220, (279, 194, 186, 97, 268))}
+_NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The `_SECCOMP` filter for `machine` as classic BPF (code, jt, jf, k) over seccomp_data (nr at offset 0,
+    arch at 4, the first argument's low half at 16 on these little-endian machines)."""
+    arch, clone, denied = _SECCOMP[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    code = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
+    code += [(jge, "deny", 0, 0x40000000)] * (machine == "x86_64")  # the x32 ABI's numbers
+    code += [(jeq, "deny", 0, nr) for nr in denied]
+    code += [(jeq, "enosys", 0, 435), (jeq, 0, "allow", clone),  # clone3; clone without namespace flags
+             (ld, 0, 0, 16), (jset, "deny", "allow", _NEW_NAMESPACES)]
+    labels = {"allow": len(code), "deny": len(code) + 1, "enosys": len(code) + 2}
+    code += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | 1), (ret, 0, 0, 0x00050000 | 38)]  # EPERM, ENOSYS
+    return [(op, labels[jt] - i - 1 if jt else 0, labels[jf] - i - 1 if jf else 0, k)
+            for i, (op, jt, jf, k) in enumerate(code)]
 
 
 class _Libc:
@@ -86,13 +106,8 @@ class _Libc:
         self("mount", source, target, fstype, self._ctypes.c_ulong(flags), data)
 
     def install_seccomp(self, machine: str) -> None:
-        """The `_SECCOMP` filter for `machine` (classic BPF over seccomp_data: nr at offset 0, arch at 4)."""
-        ct, (arch, denied) = self._ctypes, _SECCOMP[machine]
-        checks = [(0x35, 0x40000000)] * (machine == "x86_64") + [(0x15, nr) for nr in denied]  # JGE (x32), JEQ
-        deny = 3 + len(checks) + 1
-        program = [(0x20, 0, 0, 4), (0x15, 0, deny - 2, arch), (0x20, 0, 0, 0)]  # LD arch, JEQ or deny, LD nr
-        program += [(code, deny - (3 + i + 1), 0, k) for i, (code, k) in enumerate(checks)]
-        program += [(0x06, 0, 0, 0x7FFF0000), (0x06, 0, 0, 0x00050000 | 1)]  # RET ALLOW, RET ERRNO(EPERM)
+        """Install `seccomp_program(machine)` in this process (it needs no_new_privs); exec keeps it."""
+        ct, program = self._ctypes, seccomp_program(machine)
 
         class Instruction(ct.Structure):
             _fields_ = [("code", ct.c_ushort), ("jt", ct.c_ubyte), ("jf", ct.c_ubyte), ("k", ct.c_uint32)]

@@ -4,11 +4,15 @@ program's output (see docs/reliability.md)."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -307,3 +311,40 @@ def test_the_program_gets_exactly_max_processes(namespaces, sandbox_root, monkey
     result = run_python(FORK_ALL, tests=tests, limits=SandboxLimits(cpu_time_s=2.0, wall_time_s=8.0,
                                                                     memory_mb=256, max_processes=4))
     assert result.stdout == "4\n", result
+
+
+def test_seccomp_filter_refuses_namespaces_and_memfd_but_not_threads_or_fork():
+    """The filter itself, in a forked copy of this process: unshare, clone with CLONE_NEWUSER and memfd_create
+    fail with EPERM (a program could reach them with a hook bypass), threads (clone3 -> clone) and fork work."""
+    spec = importlib.util.spec_from_file_location("sandbox_child", Path(runner.__file__).with_name("_child.py"))
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)
+    machine = os.uname().machine
+    if machine not in child._SECCOMP:
+        pytest.skip(f"SKIPPED: no seccomp filter for {machine}")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (runs in the fork)
+        try:
+            libc = child._Libc()
+            libc("prctl", 38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+            libc.install_seccomp(machine)
+            lib = ctypes.CDLL(None, use_errno=True)
+            clone = child._SECCOMP[machine][1]  # raw clone(CLONE_NEWUSER | SIGCHLD), as a program could call it
+            calls = (lambda: lib.unshare(0x10000000), lambda: lib.syscall(clone, 0x10000000 | 17, 0, 0, 0, 0),
+                     lambda: lib.memfd_create(b"m", 0), lambda: lib.unshare(0))
+            refused = [(call(), ctypes.get_errno()) for call in calls]
+            thread = threading.Thread(target=lambda: None)
+            thread.start()
+            thread.join()
+            if os.fork() == 0:
+                os._exit(0)
+            os.wait()
+            os.write(write_end, json.dumps(refused).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        refused = answer.read()
+    os.waitpid(pid, 0)
+    assert json.loads(refused) == [[-1, errno.EPERM]] * 4, refused
