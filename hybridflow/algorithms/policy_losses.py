@@ -8,8 +8,12 @@ Each registered loss has verl's calling convention minus the config object:
     -> (loss, metrics)
 
 - All token tensors are (bs, response_len); `loss` is a 0-dim tensor.
-- `metrics` is a dict of Python floats keyed as verl logs them: `actor/pg_clipfrac`, `actor/ppo_kl`,
-  `actor/pg_clipfrac_lower` (the same key set per loss as verl; `gpg` returns none).
+- `metrics` is a dict of detached 0-dim tensors keyed as verl logs them: `actor/pg_clipfrac`, `actor/ppo_kl`,
+  `actor/pg_clipfrac_lower` (the same key set per loss as verl; `gpg` returns none). They stay on the device:
+  the engine reduces them once per mini-batch, so a micro-batch never waits for the accelerator (verl calls
+  `.item()` here, one synchronisation per metric and micro-batch).
+- No loss reads a value back to the host: data-dependent counts (Clip-Cov's and KL-Cov's token budgets) are
+  device tensors, and tokens are selected by rank rather than by a host-sized `topk` / `nonzero`.
 - `rollout_is_weights` (bs, response_len), optional: rollout-correction importance weights that
   multiply the per-token loss before aggregation (they are treated as constants).
 - `dp_size`, `batch_num_tokens`, `global_batch_size`, `loss_scale_factor` go to `agg_loss` (see there)
@@ -54,8 +58,17 @@ def _weighted(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) 
     return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights
 
 
-def _floats(**metrics: torch.Tensor) -> dict[str, float]:
-    return {f"actor/{k}": float(v.detach().item()) for k, v in metrics.items()}
+def _floats(**metrics: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The metrics under verl's keys, detached 0-dim tensors (read on the host once per mini-batch)."""
+    return {f"actor/{k}": v.detach() for k, v in metrics.items()}
+
+
+def _rank_in(keys: torch.Tensor) -> torch.Tensor:
+    """Each entry's 0-based rank in ascending order of `keys` (ties by position), same shape."""
+    flat = keys.reshape(-1)
+    ranks = torch.empty_like(flat, dtype=torch.long)
+    ranks[torch.argsort(flat, stable=True)] = torch.arange(flat.numel(), device=flat.device)
+    return ranks.view(keys.shape)
 
 
 @register_policy_loss("vanilla")
@@ -263,13 +276,15 @@ def compute_policy_loss_clip_cov(
             log_prob - masked_mean(log_prob.detach(), response_mask)
         )
         cov_all = cov_all.masked_fill(~valid | clip_by_origin, -torch.inf)
-        clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
-        candidates = torch.nonzero((cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & valid)
-        if len(candidates) > 0:
-            perm = torch.randperm(len(candidates), generator=generator).to(candidates.device)
-            candidates = candidates[perm[: min(clip_num, len(candidates))]]
-        corr = torch.ones_like(advantages)
-        corr[candidates[:, 0], candidates[:, 1]] = 0
+        clip_num = torch.floor(clip_cov_ratio * response_mask.sum()).clamp(min=1)  # a device tensor: no sync
+        candidate = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & valid
+        # a uniformly random subset of min(clip_num, #candidates) candidates: the first clip_num in random order
+        draws = torch.rand(
+            advantages.shape, generator=generator,
+            device=generator.device if generator is not None else advantages.device,
+        )
+        order = _rank_in(torch.where(candidate, draws.to(advantages.device), torch.inf))
+        corr = torch.where(candidate & (order < clip_num), 0.0, 1.0).to(advantages.dtype)
 
     pg_clipfrac = masked_mean((corr == 0).float(), response_mask)
     pg_losses = _weighted(torch.maximum(pg_losses1, pg_losses2) * corr, rollout_is_weights)
@@ -310,16 +325,12 @@ def compute_policy_loss_kl_cov(
     pg_losses_kl = pg_losses1 + ppo_kl_coef * abs_kl
 
     valid = response_mask > 0
-    selected = torch.zeros_like(valid)
     with torch.no_grad():
-        valid_flat_idx = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
-        if valid_flat_idx.numel() > 0:
-            adv_v = advantages[valid].detach().reshape(-1)
-            logp_v = log_prob[valid].detach().reshape(-1)
-            cov = (adv_v - adv_v.mean()) * (logp_v - logp_v.mean())
-            k = max(1, int(cov.numel() * kl_cov_ratio))
-            top = valid_flat_idx[torch.topk(cov, k, largest=True).indices]
-            selected.view(-1)[top] = True
+        cov = (advantages - masked_mean(advantages, response_mask)) * (
+            log_prob.detach() - masked_mean(log_prob.detach(), response_mask)
+        )
+        k = torch.floor(valid.sum() * kl_cov_ratio).clamp(min=1)  # a device tensor: no sync
+        selected = valid & (_rank_in(torch.where(valid, -cov, torch.inf)) < k)  # the k largest valid covariances
     pg_losses = _weighted(torch.where(selected, pg_losses_kl, pg_losses1), rollout_is_weights)
     loss = agg_loss(
         pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor

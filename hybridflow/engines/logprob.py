@@ -1,4 +1,6 @@
-"""Pure tensor functions shared by engines: token log-probs and entropy from logits, sequence packing.
+"""Pure tensor functions shared by engines: token log-probs from logits, response masks, sequence packing.
+
+Entropy from logits is `hybridflow.algorithms.entropy.entropy_from_logits`.
 
 Both the training engine and the rollout engines compute sampled-token log-probs with
 `compute_log_probs_from_logits(logits / temperature, tokens)` on float32 logits, so that they agree.
@@ -17,16 +19,6 @@ def compute_log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) ->
     logits = logits.float()
     picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
-
-
-def compute_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) in nats, float32.
-
-    logits: (..., vocab) float -> (...) float32.
-    """
-    logits = logits.float()
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
 def compute_response_position_ids(prompt_position_ids: torch.Tensor, response_length: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -69,3 +70,12 @@ def peak_memory_gb(device: torch.device) -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def to_device_async(array, device: torch.device) -> torch.Tensor:
+    """A host array (numpy or CPU tensor) on `device` without blocking the host: staged through pinned memory on an
+    accelerator, so the copy is queued behind the device's work instead of waiting for it (CPU: the array itself)."""
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)

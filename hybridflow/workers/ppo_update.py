@@ -2,6 +2,10 @@
 
 Losses are normalised by counts over the whole mini-batch on all ranks (`agg_loss` with global counts),
 so the gradient does not depend on the micro-batch size or the number of data-parallel ranks.
+
+The loss functions run once per micro-batch and never read a value back to the host: their metrics are detached
+device tensors that the engine reduces once per mini-batch (issue 25: a host synchronisation per micro-batch
+keeps an accelerator idle while the host waits).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from hybridflow.algorithms import agg_loss, compute_rollout_probs_diff, compute_
 from hybridflow.algorithms.policy_loss_registry import compute_policy_loss_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers.config import ActorConfig, CriticConfig
+
+
+Metrics = dict[str, "float | torch.Tensor"]  # floats, or detached 0-dim device tensors the engine reduces
 
 
 @dataclass(frozen=True)
@@ -51,24 +58,25 @@ class OnPolicyRecord:
     masks: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, log_prob: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> None:
-        """Keep one micro-batch's detached log-probs with its rollout log-probs (when the rollout sent them)."""
+        """Keep one micro-batch's detached log-probs with its rollout log-probs (when the rollout sent them), where
+        they are (copied to the host in `metrics`, after the update)."""
         if "rollout_log_probs" in batch.keys():
-            self.actor_log_probs.append(log_prob.detach().cpu())
-            self.rollout_log_probs.append(batch["rollout_log_probs"].cpu())
-            self.masks.append(batch["response_mask"].cpu())
+            self.actor_log_probs.append(log_prob.detach())
+            self.rollout_log_probs.append(batch["rollout_log_probs"])
+            self.masks.append(batch["response_mask"])
 
     def metrics(self) -> dict[str, float]:
         """`training/rollout_probs_diff_*` over every recorded token (empty when nothing was recorded)."""
         if not self.masks:
             return {}
         return compute_rollout_probs_diff(
-            torch.cat(self.rollout_log_probs), torch.cat(self.actor_log_probs), torch.cat(self.masks)
+            *(torch.cat(tensors).cpu() for tensors in (self.rollout_log_probs, self.actor_log_probs, self.masks))
         )
 
 
 def make_actor_loss_fn(
     actor: ActorConfig, counts: GlobalCounts, on_policy: OnPolicyRecord | None = None
-) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]:
+) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, Metrics]]:
     """`loss_fn(outputs, micro_batch)` for the training engine: policy loss - entropy bonus + KL loss.
 
     Without `old_log_probs` in the batch the step must be exactly on-policy (the caller checks): the current
@@ -76,7 +84,7 @@ def make_actor_loss_fn(
     """
     agg = dict(dp_size=counts.dp_size, batch_num_tokens=counts.num_tokens, global_batch_size=counts.num_seqs)
 
-    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, Metrics]:
         batch = micro_batch.batch
         mask = batch["response_mask"].to(outputs["log_probs"].device).float()
         log_prob = outputs["log_probs"]
@@ -96,16 +104,16 @@ def make_actor_loss_fn(
             **agg,
         )
         loss = pg_loss
-        metrics = {**metrics, "actor/pg_loss": float(pg_loss.detach())}
+        metrics = {**metrics, "actor/pg_loss": pg_loss.detach()}
         if "entropy" in outputs:
             entropy = agg_loss(outputs["entropy"], mask, actor.loss_agg_mode, **agg)
             loss = loss - actor.entropy_coeff * entropy
-            metrics["actor/entropy"] = float(masked_mean(outputs["entropy"].detach(), mask))
+            metrics["actor/entropy"] = masked_mean(outputs["entropy"].detach(), mask)
         if actor.use_kl_loss:
             kl = kl_penalty(log_prob, batch["ref_log_prob"].to(log_prob.device), actor.kl_loss_type)
             kl_loss = agg_loss(kl, mask, actor.loss_agg_mode, **agg)
             loss = loss + actor.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = float(masked_mean(kl.detach(), mask))
+            metrics["actor/kl_loss"] = masked_mean(kl.detach(), mask)
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return loss, metrics
 
@@ -114,10 +122,10 @@ def make_actor_loss_fn(
 
 def make_critic_loss_fn(
     critic: CriticConfig, counts: GlobalCounts
-) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]:
+) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, Metrics]]:
     """`loss_fn(outputs, micro_batch)` for the critic: clipped value loss against the returns."""
 
-    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tuple[torch.Tensor, Metrics]:
         batch = micro_batch.batch
         vpreds = outputs["values"]
         mask = batch["response_mask"].to(vpreds.device).float()
@@ -133,9 +141,9 @@ def make_critic_loss_fn(
             global_batch_size=counts.num_seqs,
         )
         metrics = {
-            "critic/vf_loss": float(vf_loss.detach()),
-            "critic/vf_clipfrac": float(vf_clipfrac),
-            "critic/vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+            "critic/vf_loss": vf_loss.detach(),
+            "critic/vf_clipfrac": vf_clipfrac.detach(),
+            "critic/vpred_mean": masked_mean(vpreds.detach(), mask),
         }
         return vf_loss, metrics
 

@@ -51,7 +51,8 @@ def test_vanilla_ppo_by_hand():
     assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(0.25)  # t3
     # ppo_kl = mean(old - new) = -(ln 1.5 + ln 0.5 + ln 1.1 + ln 5) / 4
     assert metrics["actor/ppo_kl"] == pytest.approx(-0.3542665, abs=1e-6)
-    assert all(isinstance(v, float) for v in metrics.values())
+    # detached 0-dim tensors: read on the host once per mini-batch, not per micro-batch
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in metrics.values())
     # gradient: clipped tokens (t0 by the clip, t3 by the dual clip) get none; d(-A r)/d logp = -A r, / 4 tokens
     loss.backward()
     assert log_prob.grad.tolist()[0] == pytest.approx([0.0, -0.5 / 4, 1.1 / 4, 0.0])

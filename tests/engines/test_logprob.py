@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from hybridflow.algorithms.entropy import entropy_from_logits
 from hybridflow.engines.logprob import (
-    compute_entropy_from_logits,
     compute_log_probs_from_logits,
     compute_response_mask,
     compute_response_position_ids,
@@ -21,7 +21,7 @@ def test_log_probs_and_entropy_by_hand():
     labels = torch.tensor([2, 0])
     expected = torch.tensor([-math.log(4), math.log(0.75)])
     torch.testing.assert_close(compute_log_probs_from_logits(logits, labels), expected)
-    uniform = compute_entropy_from_logits(logits[:1])
+    uniform = entropy_from_logits(logits[:1])
     torch.testing.assert_close(uniform, torch.tensor([math.log(4)]))
 
 

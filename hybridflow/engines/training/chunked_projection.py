@@ -44,7 +44,7 @@ def _forward_chunk(
     logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard | None, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log-prob of each row's label, log-sum-exp and (optionally) entropy of (C, V) logits: (C,) each."""
-    if shard is None:  # the same ops as compute_log_probs_from_logits / compute_entropy_from_logits
+    if shard is None:  # the same ops as compute_log_probs_from_logits / entropy_from_logits
         lse = torch.logsumexp(logits, dim=-1)
         log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
         entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1) if with_entropy else None
@@ -152,7 +152,8 @@ def _grad_logits(
     if grad_log_probs is not None:
         columns, owned = _label_columns(labels, logits.size(-1), shard)
         rows = torch.arange(labels.size(0), device=labels.device)
-        grad.index_put_((rows[owned], columns[owned]), grad_log_probs[owned], accumulate=True)
+        # Full indices, zero where another rank holds the label: a boolean-mask gather would wait on the device.
+        grad.index_put_((rows, columns), torch.where(owned, grad_log_probs, 0.0), accumulate=True)
     if grad_entropy is not None:
         grad.sub_(log_p.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(grad_entropy.unsqueeze(-1)))
     return grad

@@ -1,4 +1,4 @@
-"""The FSDP2 training engine: sharding, micro-batched forward/backward, log-probs/values, state dicts.
+"""The FSDP2 training engine: building and sharding, the micro-batched optimizer step, log-probs/values, state dicts.
 
 `FSDPEngine` wraps one HF model (a causal LM for actor/reference, a token classifier for critic/reward):
 
@@ -7,14 +7,16 @@
     engine.lr_scheduler_step()                                       # once per training step
     log_probs, entropy = engine.compute_log_prob(batch, temperature=1.0, calculate_entropy=True)
 
-Inside a process group (Ray worker after `init_process_group`, or torchrun) every decoder layer and the root
-module are sharded with `fully_shard` over a 1-D mesh of all ranks; every rank must then call every method
-(they are collective) with the same number of micro-batches. Without a process group the module runs
+Inside a process group (Ray worker after `init_process_group`, or torchrun) the ranks form the meshes of
+`mesh.build_training_meshes` (data parallel x tensor parallel, or x Ulysses sequence parallel); every decoder layer
+and the root module are sharded with `fully_shard` over the data-parallel (`fsdp`) mesh. Every rank must then call
+every method (they are collective) with the same number of micro-batches. Without a process group the module runs
 unsharded with the same API.
 
-Batches are `DataProto`s (or dicts / TensorDicts of tensors) with `input_ids`, `attention_mask`,
-`position_ids` (bs, seq) and `responses` (bs, response_len): the responses are the last `response_len`
-tokens of `input_ids`.
+The forward layouts (padded, packed, shared-prompt, Ulysses) live in `layouts`, the output head in `head`, batch
+handling in `batches`. Batches are `DataProto`s (or dicts / TensorDicts of tensors) with `input_ids`,
+`attention_mask`, `position_ids` (bs, seq) and `responses` (bs, response_len): the responses are the last
+`response_len` tokens of `input_ids`.
 """
 
 from __future__ import annotations
@@ -34,16 +36,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.logprob import pack_sequences, unpack_sequences
 from hybridflow.engines.training import checkpoint, ulysses
-from hybridflow.engines.training.chunked_projection import chunked_log_probs
+from hybridflow.engines.training.batches import (
+    INPUT_KEYS,
+    Batch,
+    get,
+    in_row_order,
+    num_rows,
+    reduce_metrics,
+    select_rows,
+    split,
+    to_device,
+)
 from hybridflow.engines.training.config import FSDPEngineConfig
+from hybridflow.engines.training.head import build_head
+from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout
+from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
-from hybridflow.engines.training.prefix_sharing import build_shared_prompt_layout
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
-from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
+from hybridflow.engines.training.vocab_parallel import VocabShard
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, resolve_dtype, to_torch_dtype
 from hybridflow.models.lora import (
@@ -55,7 +68,6 @@ from hybridflow.models.lora import (
     save_lora_adapter,
 )
 from hybridflow.models.value_head import build_value_model, compute_sequence_scores
-from hybridflow.models.vision import concat_multi_modal_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
 from hybridflow.utils.flops import ForwardWork
@@ -64,8 +76,7 @@ from hybridflow.utils.seqlen_balancing import num_token_budget_partitions, parti
 logger = logging.getLogger(__name__)
 
 ModelKind = Literal["causal_lm", "value", "reward"]
-Batch = Any  # DataProto, or a Mapping / TensorDict of tensors
-LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, Mapping[str, float]]]
+LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]]
 
 
 def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None) -> nn.Module:
@@ -207,234 +218,72 @@ class FSDPEngine:
         if rank0_weights is not None:  # offloaded parameters live on the host
             host = torch.device("cpu")
             materialize_from_rank0(self.module, rank0_weights, host if config.fsdp.param_offload else self.device)
-        self.head_chunk_size = self._fused_head_chunk_size()
+        self.head = None
+        if model_kind == "causal_lm":
+            self.head = build_head(
+                self.module, is_lora=self.lora_scaling is not None, fused=config.model.use_fused_kernels,
+                chunk_size=config.model.fused_kernel_options.chunk_size, shard=self.vocab_shard,
+            )
+        self.head_chunk_size = self.head.chunk_size if self.head is not None else None
+        self.forward_model = ForwardModel(self.module, model_kind == "value", self.head, self.sp_group)
         # tokens, attention pairs and projected positions computed since `pop_work`, by grad mode (for MFU)
-        self._work = {mode: torch.zeros(3, dtype=torch.long, device=self.device) for mode in (False, True)}
+        self._work = {False: ForwardWork(), True: ForwardWork()}
         self.optimizer = build_optimizer(self.module, config.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config)
 
     # ------------------------------------------------------------------ forward
+    @property
+    def layout_name(self) -> LayoutName:
+        """The forward layout this engine's config asks for (`layouts`)."""
+        if self.config.share_prompts:
+            return "shared_prompts"
+        return "packed" if self.config.model.use_remove_padding else "padded"
+
+    def plan_micro_batches(
+        self, micro_batches: Sequence[Batch], *, layout: LayoutName | None = None, response_length: int | None = None
+    ) -> list[Plan]:
+        """Host-built plans of `micro_batches` in this engine's layout (or `layout`): `layouts.plan_micro_batches`."""
+        return plan_micro_batches(
+            layout or self.layout_name, micro_batches, self.device, projects=self.model_kind == "causal_lm",
+            response_length=response_length,
+        )
+
     def forward_micro_batch(
-        self, micro_batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+        self, micro_batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False, plan: Plan | None = None
     ) -> dict[str, torch.Tensor]:
-        """One forward pass (with autograd if enabled by the caller).
+        """One forward pass (with autograd if enabled by the caller), in the layout of `plan` (default: planned here).
 
         Returns, for causal LMs, `log_probs` (bs, response_len) of the response tokens under
         softmax(logits / temperature) and, if asked, `entropy` (bs, response_len); for value models `values`
         (bs, response_len), the value predicted at the token before each response token (verl's convention).
         """
-        tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
-        response_length = _get(micro_batch, "responses").size(1)
+        plan = plan if plan is not None else self.plan_micro_batches([micro_batch])[0]
+        tensors = {key: get(micro_batch, key).to(self.device, non_blocking=True) for key in INPUT_KEYS}
         if isinstance(micro_batch, DataProto) and "multi_modal_inputs" in micro_batch.non_tensor_batch:
-            tensors.update(self._vision_inputs(micro_batch, tensors))
-        if not self.config.share_prompts:
-            lengths = tensors["attention_mask"].sum(-1)
-            projected = tensors["attention_mask"][:, -response_length:].sum() if self.model_kind == "causal_lm" else 0
-            self._count_work(lengths.sum(), (lengths * lengths).sum(), projected)
-        with self._autocast():
-            if self.config.share_prompts:
-                return self._forward_shared_prompts(tensors, response_length, temperature, calculate_entropy)
-            if self.config.model.use_remove_padding:
-                return self._forward_packed(tensors, response_length, temperature, calculate_entropy)
-            return self._forward_padded(tensors, response_length, temperature, calculate_entropy)
-
-    def _vision_inputs(self, micro_batch: DataProto, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A vision-language micro-batch's images (its rows' pixel values and grids, concatenated in row order) and
-        its (bs, 4, seq) position ids as the model takes them, (4, bs, seq); the padded forward only."""
-        if self.config.model.use_remove_padding or self.config.share_prompts:
-            raise ValueError(
-                "vision-language batches run the padded forward only: set use_remove_padding=False and "
-                "use_prefix_grouper=False"
-            )
-        images = concat_multi_modal_inputs(list(micro_batch.non_tensor_batch["multi_modal_inputs"]))
-        images = {key: value.to(self.device) for key, value in images.items()}
-        return {**images, "position_ids": tensors["position_ids"].transpose(0, 1)}
-
-    def _forward_padded(
-        self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
-    ) -> dict[str, torch.Tensor]:
-        if self.model_kind == "value":
-            logits = self.module(**tensors, use_cache=False).logits
-            return {"values": logits[:, -response_length - 1 : -1, 0].float()}
-        # Only the positions that predict response tokens are projected to the vocabulary.
-        inputs = dict(tensors, use_cache=False)
-        labels = tensors["input_ids"][:, -response_length:]
-        rows = labels.shape
-        if self.head_chunk_size is not None:
-            log_probs, entropy = self._fused_head(
-                inputs, response_length + 1, lambda hidden: hidden[:, :-1].reshape(-1, hidden.size(-1)),
-                labels.reshape(-1), temperature, calculate_entropy,
-            )
-            return _with_entropy({"log_probs": log_probs.view(rows)}, entropy, lambda e: e.view(rows))
-        logits = self.module(**inputs, logits_to_keep=response_length + 1).logits
-        logits = logits[:, :-1].float() / temperature
-        flat = logits.reshape(-1, logits.size(-1))
-        out = {"log_probs": token_log_probs(flat, labels.reshape(-1), shard=self.vocab_shard).view(rows)}
-        if calculate_entropy:
-            out["entropy"] = token_entropy(flat, self.vocab_shard).view(rows)
-        return out
-
-    def _forward_packed(
-        self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
-    ) -> dict[str, torch.Tensor]:
-        ids, pos, keep = pack_sequences(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
-        window = slice(-response_length - 1, -1)  # positions that predict the response tokens
-        if self.sp_group is not None:
-            return self._forward_packed_ulysses(ids, pos, keep, window, temperature, calculate_entropy)
-        # No attention mask and use_cache=False: transformers derives a block-diagonal mask from the position ids.
-        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
-        if self.model_kind == "value":
-            return {"values": unpack_sequences(self.module(**inputs).logits[0, :, 0].float(), keep)[:, window]}
-        # Project to the vocabulary only the packed positions that predict response tokens (the window's).
-        in_window, kept = _window_positions(keep, window)
-        next_ids = ids[0, (kept + 1).clamp(max=ids.size(1) - 1)]  # wrong only past a sequence's end: never used
-        if self.head_chunk_size is not None:
-            log_probs, entropy = self._fused_head(
-                inputs, kept, lambda hidden: hidden[0], next_ids, temperature, calculate_entropy
-            )
-            scatter = lambda values: _scatter_window(values, in_window, window)  # noqa: E731
-            return _with_entropy({"log_probs": scatter(log_probs)}, entropy, scatter)
-        logits = self.module(**inputs, logits_to_keep=kept).logits[0].float() / temperature
-        out = {"log_probs": _scatter_window(token_log_probs(logits, next_ids, shard=self.vocab_shard), in_window, window)}
-        if calculate_entropy:
-            out["entropy"] = _scatter_window(token_entropy(logits, self.vocab_shard), in_window, window)
-        return out
-
-    def _forward_packed_ulysses(
-        self, ids: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor, window: slice, temperature: float,
-        calculate_entropy: bool,
-    ) -> dict[str, torch.Tensor]:
-        """The packed forward with the row split over the sequence-parallel group: each rank runs its slice
-        (attention all-to-alls inside), projects its own kept positions, and the per-token results are gathered."""
-        group, total = self.sp_group, ids.size(1)
-        ids, pos = ulysses.pad_packed_row(ids, pos, dist.get_world_size(group))
-        part = ulysses.local_slice(ids.size(1), group)
-        inputs = dict(input_ids=ids[:, part], position_ids=pos[:, part], use_cache=False)
-        with ulysses.ulysses_context(group, pos):
-            if self.model_kind == "value":
-                values = ulysses.gather_sequence(self.module(**inputs).logits[0, :, 0].float(), group)[:total]
-                return {"values": unpack_sequences(values, keep)[:, window]}
-            in_window, kept = _window_positions(keep, window)
-            mine = (kept >= part.start) & (kept < part.stop)
-            local = kept[mine] - part.start
-            next_ids = ids[0, (kept[mine] + 1).clamp(max=total - 1)]
-            if self.head_chunk_size is not None:
-                log_probs, entropy = self._fused_head(
-                    inputs, local, lambda hidden: hidden[0], next_ids, temperature, calculate_entropy, shard=None
+            if plan.layout != "padded":
+                raise ValueError(
+                    "vision-language batches run the padded forward only: set use_remove_padding=False and "
+                    "use_prefix_grouper=False"
                 )
-                projected = log_probs  # its backward gives the head's weight a gradient, zero without positions
-            else:
-                projected = self.module(**inputs, logits_to_keep=local).logits[0].float() / temperature
-                log_probs = token_log_probs(projected, next_ids)
-                entropy = token_entropy(projected) if calculate_entropy else None
-        chunk = part.stop - part.start
-        # A rank without kept positions still joins the head's gradient (FSDP reduces it on every rank).
-        anchor = projected.sum() * 0.0
+            tensors.update(vision_inputs(micro_batch.non_tensor_batch["multi_modal_inputs"], tensors, self.device))
+        self._count_work(plan.work)
+        with self._autocast():
+            return forward_layout(self.forward_model, tensors, plan, temperature, calculate_entropy)
 
-        def gathered(per_position: torch.Tensor) -> torch.Tensor:
-            row = per_position.new_zeros(chunk).index_put((local,), per_position) + anchor
-            return _scatter_window(ulysses.gather_sequence(row, group)[kept], in_window, window)
-
-        return _with_entropy({"log_probs": gathered(log_probs)}, entropy, gathered)
-
-    def _forward_shared_prompts(
-        self, tensors: dict[str, torch.Tensor], response_length: int, temperature: float, calculate_entropy: bool
-    ) -> dict[str, torch.Tensor]:
-        """One packed row in which rows with the same prompt share one copy of it (`prefix_sharing`); only the
-        positions that predict response tokens are projected to the vocabulary."""
-        layout = build_shared_prompt_layout(
-            tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], response_length
+    def _count_work(self, work: ForwardWork) -> None:
+        mode = torch.is_grad_enabled()
+        done = self._work[mode]
+        self._work[mode] = ForwardWork(
+            done.num_tokens + work.num_tokens, done.attention_pairs + work.attention_pairs,
+            done.num_projected + work.num_projected,
         )
-        valid = layout.predictors >= 0
-        # attention pairs as separate sequences count them (sum of squared lengths): 2 x causal pairs - tokens
-        pairs = 2 * layout.attention_mask.sum() - layout.num_tokens
-        self._count_work(layout.num_tokens, pairs, valid.sum() if self.model_kind == "causal_lm" else 0)
-        inputs = dict(
-            input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask,
-            use_cache=False,
-        )
-        if self.model_kind == "value":
-            values = self.module(**inputs).logits[0, :, 0].float()
-            return {"values": torch.where(valid, values[layout.predictors.clamp(min=0)], 0.0)}
-        keep = torch.unique(layout.predictors[valid]) if valid.any() else layout.predictors.new_zeros(1)
-        rows = torch.searchsorted(keep, layout.predictors.clamp(min=0))  # (bs, response_len) -> kept row
-        labels = tensors["input_ids"][:, -response_length:]
-        if self.head_chunk_size is not None:  # one projected row per valid response token
-            log_probs, entropy = self._fused_head(
-                inputs, keep, lambda hidden: hidden[0, rows[valid]], labels[valid], temperature, calculate_entropy
-            )
-            scatter = lambda values: values.new_zeros(valid.shape).masked_scatter(valid, values)  # noqa: E731
-            return _with_entropy({"log_probs": scatter(log_probs)}, entropy, scatter)
-        logits = self.module(**inputs, logits_to_keep=keep).logits[0].float() / temperature  # (kept, vocab)
-        picked = token_log_probs(logits, labels, rows=rows, shard=self.vocab_shard)
-        out = {"log_probs": torch.where(valid, picked, 0.0)}
-        if calculate_entropy:
-            out["entropy"] = torch.where(valid, token_entropy(logits, self.vocab_shard)[rows], 0.0)
-        return out
-
-    def _count_work(self, num_tokens: Any, attention_pairs: Any, num_projected: Any) -> None:
-        work = self._work[torch.is_grad_enabled()]
-        work += torch.stack([torch.as_tensor(n, device=work.device) for n in (num_tokens, attention_pairs, num_projected)])
 
     def pop_work(self) -> dict[bool, ForwardWork]:
         """What the forwards computed since the last call (by this rank, for its data; tensor/sequence-parallel peers
         each count the whole micro-batch), keyed by whether autograd was on (training forwards, which have a
         backward); the counts restart at zero. For MFU: `hybridflow.utils.flops.compute_model_flops`."""
-        popped = {mode: ForwardWork(*(int(n) for n in work.tolist())) for mode, work in self._work.items()}
-        for work in self._work.values():
-            work.zero_()
+        popped, self._work = self._work, {False: ForwardWork(), True: ForwardWork()}
         return popped
-
-    def _fused_head_chunk_size(self) -> int | None:
-        """Rows per chunk of the fused vocabulary projection, or None for the plain head (logged once when the
-        config asks for the fused one but this model's head is not a plain linear layer)."""
-        if self.model_kind != "causal_lm" or not self.config.model.use_fused_kernels:
-            return None
-        if not isinstance(self._head(), nn.Linear):
-            logger.warning(
-                "use_fused_kernels: the output head is a %s, not a Linear (e.g. LoRA on lm_head); projecting all "
-                "kept positions at once instead", type(self._head()).__name__,
-            )
-            return None
-        return self.config.model.fused_kernel_options.chunk_size
-
-    def _head(self) -> nn.Module:
-        hf_module = self.module.get_base_model() if self.lora_scaling is not None else self.module
-        return hf_module.get_output_embeddings()
-
-    def _fused_head(
-        self,
-        inputs: dict[str, Any],
-        logits_to_keep: int | torch.Tensor,
-        select: Callable[[torch.Tensor], torch.Tensor],
-        labels: torch.Tensor,
-        temperature: float,
-        calculate_entropy: bool,
-        shard: VocabShard | None | Literal["engine"] = "engine",
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the model with its head projecting one position per row; instead, inside the forward (where FSDP2 has gathered
-        the head's weight), the head's input, cut to rows by `select` ((bs, kept, H) -> (N, H)), goes through
-        `chunked_log_probs` with `labels` (N,). Returns log-probs (N,) and entropy (N,) or None."""
-        shard = self.vocab_shard if shard == "engine" else shard
-        result: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-
-        def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-            (hidden,) = args
-            weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
-            result["out"] = chunked_log_probs(
-                select(hidden), weight, labels, bias=bias, temperature=temperature,
-                chunk_size=self.head_chunk_size, shard=shard, calculate_entropy=calculate_entropy,
-            )
-            # The head still runs, on one position per row: DTensor's tensor-parallel head cannot take zero rows.
-            return (hidden[..., :1, :],)
-
-        # prepend: before tensor parallel's input hook, so that `hidden` is this rank's plain tensor
-        handle = self._head().register_forward_pre_hook(project, prepend=True)
-        try:
-            self.module(**inputs, logits_to_keep=logits_to_keep)
-        finally:
-            handle.remove()
-        return result["out"]
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         # FSDP2's MixedPrecisionPolicy casts sharded modules; an unsharded module needs autocast instead.
@@ -454,13 +303,17 @@ class FSDPEngine:
     ) -> dict[str, float]:
         """One optimizer step on `batch`, with gradient accumulation over micro-batches.
 
+        The micro-batch loop does not wait on the device: layouts are planned on the host before it, losses and
+        metrics stay device tensors and reach the host once, after the optimizer step.
+
         Args:
             batch: this rank's data, split into `micro_batch_size_per_gpu` rows, or a list of micro-batches.
             loss_fn: `loss_fn(outputs, micro_batch) -> (loss, metrics)`, where `outputs` is what
                 `forward_micro_batch` returns and `micro_batch` has been moved to the engine's device.
                 The loss should be a mean over the micro-batch's sequences (or
                 tokens); the engine weights it by `len(micro_batch) / len(batch)`, so the accumulated gradient
-                is that of the mean over the whole batch. Across ranks FSDP averages gradients.
+                is that of the mean over the whole batch. Across ranks FSDP averages gradients. Metrics are
+                floats or 0-dim tensors (tensors keep the loop free of host synchronisations).
             temperature: logits are divided by it before log-probs/entropy (as the rollout sampled them).
             calculate_entropy: also compute `outputs['entropy']`.
             scale_by_rows: weight each micro-batch loss by its share of rows (see `loss_fn`). False backpropagates
@@ -472,26 +325,27 @@ class FSDPEngine:
             micro-batches of each metric returned by `loss_fn`.
         """
         micro_batches = list(batch) if isinstance(batch, (list, tuple)) else self._split(batch, None)
-        micro_batches = [_to_device(micro_batch, self.device) for micro_batch in micro_batches]
-        num_rows = sum(_num_rows(mb) for mb in micro_batches)
+        plans = self.plan_micro_batches(micro_batches)
+        micro_batches = [to_device(micro_batch, self.device) for micro_batch in micro_batches]
+        total_rows = sum(num_rows(mb) for mb in micro_batches)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss = 0.0
-        collected: dict[str, list[float]] = defaultdict(list)
-        for micro_batch in micro_batches:
+        total_loss = torch.zeros((), device=self.device)
+        collected: dict[str, list[Any]] = defaultdict(list)
+        for micro_batch, plan in zip(micro_batches, plans):
             outputs = self.forward_micro_batch(
-                micro_batch, temperature=temperature, calculate_entropy=calculate_entropy
+                micro_batch, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan
             )
             loss, metrics = loss_fn(outputs, micro_batch)
-            weight = _num_rows(micro_batch) / num_rows if scale_by_rows else 1.0
+            weight = num_rows(micro_batch) / total_rows if scale_by_rows else 1.0
             (loss * weight).backward()
-            total_loss += float(loss.detach()) * weight
+            total_loss += loss.detach() * weight
             for key, value in metrics.items():
-                collected[key].append(float(value))
+                collected[key].append(value)
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm, stepped = self._clip_and_step()
-        result = {key: sum(values) / len(values) for key, values in collected.items()}
-        result.update(loss=total_loss, grad_norm=grad_norm, lr=lr, num_skipped_steps=0 if stepped else 1)
+        result = reduce_metrics({**collected, "loss": [total_loss]})
+        result.update(grad_norm=grad_norm, lr=lr, num_skipped_steps=0 if stepped else 1)
         return result
 
     def _clip_and_step(self) -> tuple[float, bool]:
@@ -537,13 +391,14 @@ class FSDPEngine:
             raise ValueError("disable_adapter=True needs a LoRA engine (lora_rank > 0)")
         self.module.eval()
         micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
+        plans = self.plan_micro_batches(micro_batches)
         with self.module.disable_adapter() if disable_adapter else contextlib.nullcontext():
             outs = [
-                self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy)
-                for mb in micro_batches
+                self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan)
+                for mb, plan in zip(micro_batches, plans)
             ]
-        log_probs = _in_row_order(torch.cat([out["log_probs"] for out in outs]).cpu(), order)
-        entropy = _in_row_order(torch.cat([out["entropy"] for out in outs]).cpu(), order) if calculate_entropy else None
+        log_probs = in_row_order(torch.cat([out["log_probs"] for out in outs]).cpu(), order)
+        entropy = in_row_order(torch.cat([out["entropy"] for out in outs]).cpu(), order) if calculate_entropy else None
         return log_probs, entropy
 
     @torch.no_grad()
@@ -555,7 +410,9 @@ class FSDPEngine:
             raise TypeError("compute_values needs a value-model engine (model_kind='value')")
         self.module.eval()
         micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
-        return _in_row_order(torch.cat([self.forward_micro_batch(mb)["values"] for mb in micro_batches]).cpu(), order)
+        plans = self.plan_micro_batches(micro_batches)
+        values = [self.forward_micro_batch(mb, plan=plan)["values"] for mb, plan in zip(micro_batches, plans)]
+        return in_row_order(torch.cat(values).cpu(), order)
 
     @torch.no_grad()
     def compute_scores(
@@ -567,20 +424,16 @@ class FSDPEngine:
             raise TypeError("compute_scores needs a value-model engine (model_kind='value')")
         self.module.eval()
         micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
+        layout = "packed" if self.config.model.use_remove_padding else "padded"
+        plans = self.plan_micro_batches(micro_batches, layout=layout, response_length=0)
         scores = []
-        for micro_batch in micro_batches:
-            tensors = {key: _get(micro_batch, key).to(self.device) for key in _INPUT_KEYS}
+        for micro_batch, plan in zip(micro_batches, plans):
+            tensors = {key: get(micro_batch, key).to(self.device, non_blocking=True) for key in INPUT_KEYS}
+            self._count_work(plan.work)
             with self._autocast():
-                if self.config.model.use_remove_padding:
-                    ids, pos, keep = pack_sequences(
-                        tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"]
-                    )
-                    packed = self.module(input_ids=ids, position_ids=pos, use_cache=False).logits[0, :, 0].float()
-                    token_scores = unpack_sequences(packed, keep)
-                else:
-                    token_scores = self.module(**tensors, use_cache=False).logits[..., 0].float()
+                token_scores = token_values(self.forward_model, tensors, plan)
             scores.append(compute_sequence_scores(token_scores, tensors["attention_mask"]))
-        return _in_row_order(torch.cat(scores).cpu(), order)
+        return in_row_order(torch.cat(scores).cpu(), order)
 
     def split_micro_batches(
         self, batch: Batch, micro_batch_size: int | None = None, max_token_len: int | None = None
@@ -593,21 +446,17 @@ class FSDPEngine:
         """
         if max_token_len is None:
             return self._split(batch, micro_batch_size), None
-        lengths = _get(batch, "attention_mask").sum(-1).tolist()
+        lengths = get(batch, "attention_mask").sum(-1).tolist()
         count = num_token_budget_partitions(lengths, max_token_len)
         if self.is_sharded:
             counts = torch.tensor([count], device=self.device)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
             count = int(counts.item())
         partitions = partition_by_tokens(lengths, count)
-        return [_select_rows(batch, rows) for rows in partitions], [row for rows in partitions for row in rows]
+        return [select_rows(batch, rows) for rows in partitions], [row for rows in partitions for row in rows]
 
     def _split(self, batch: Batch, micro_batch_size: int | None) -> list[Batch]:
-        size = micro_batch_size or self.config.micro_batch_size_per_gpu
-        if isinstance(batch, DataProto):
-            return batch.split(size)
-        num_rows = _num_rows(batch)
-        return [{key: batch[key][start : start + size] for key in batch.keys()} for start in range(0, num_rows, size)]
+        return split(batch, micro_batch_size or self.config.micro_batch_size_per_gpu)
 
     # ------------------------------------------------------------------ weights and state
     def named_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -711,7 +560,7 @@ class FSDPEngine:
         """Move parameters/gradients and/or optimizer state to CPU (no-op on CPU hosts)."""
         self._move(torch.device("cpu"), model=model, optimizer=optimizer)
 
-    def load_to_device(self, *, model: bool = True, optimizer: bool = True) -> None:
+    def loadto_device(self, *, model: bool = True, optimizer: bool = True) -> None:
         """Undo `offload_to_cpu`."""
         self._move(self.device, model=model, optimizer=optimizer)
 
@@ -730,65 +579,6 @@ class FSDPEngine:
         if self.is_sharded:
             dist.barrier()
 
-
-_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
-def _get(batch: Batch, key: str) -> torch.Tensor:
-    if isinstance(batch, DataProto):
-        return batch.batch[key]
-    return batch[key]
-
-
-def _to_device(batch: Batch, device: torch.device) -> Batch:
-    if isinstance(batch, DataProto):  # a shallow copy: the caller's batch stays where it is
-        return DataProto(
-            batch=batch.batch.to(device), non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info
-        )
-    return {key: batch[key].to(device) for key in batch.keys()}
-
-
-def _with_entropy(
-    out: dict[str, torch.Tensor], entropy: torch.Tensor | None, shape: Callable[[torch.Tensor], torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """`out` with `entropy`, reshaped by `shape`, when it was computed."""
-    if entropy is not None:
-        out["entropy"] = shape(entropy)
-    return out
-
-
-def _window_positions(keep: torch.Tensor, window: slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which (row, position) entries of a packed batch predict response tokens (`in_window`, (bs, seq) bool), and
-    their indices in the packed row (ascending: the packed row's row-major order)."""
-    packed_index = torch.cumsum(keep.flatten(), 0).view(keep.shape) - 1
-    in_window = torch.zeros_like(keep)
-    in_window[:, window] = keep[:, window]
-    return in_window, packed_index[in_window]
-
-
-def _scatter_window(values: torch.Tensor, in_window: torch.Tensor, window: slice) -> torch.Tensor:
-    """Per-position `values` of the kept packed positions back to (bs, response_len); others are 0."""
-    return values.new_zeros(in_window.shape).masked_scatter(in_window, values)[:, window]
-
-
-def _select_rows(batch: Batch, rows: list[int]) -> Batch:
-    if isinstance(batch, DataProto):
-        return batch.select_idxs(rows)
-    index = torch.tensor(rows, dtype=torch.long)
-    return {key: batch[key][index] for key in batch.keys()}
-
-
-def _in_row_order(values: torch.Tensor, order: list[int] | None) -> torch.Tensor:
-    """`values` whose row i belongs to original row `order[i]`, put back in the original row order."""
-    if order is None:
-        return values
-    restored = torch.empty_like(values)
-    restored[torch.tensor(order, dtype=torch.long)] = values
-    return restored
-
-
-def _num_rows(batch: Batch) -> int:
-    return _get(batch, "input_ids").size(0)
 
 
 def enable_activation_checkpointing(module: nn.Module) -> None:

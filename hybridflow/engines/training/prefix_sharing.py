@@ -5,13 +5,19 @@ row, `[prompt, r1, r2, ..., rn]`; every response's position ids continue from th
 lets each response attend to the prompt and to itself only. Each token's hidden state is then exactly what a
 separate forward of `[prompt, r_i]` gives, so log-probs, values and gradients are the same while the prompt is
 computed once per group instead of `n` times (verl's `use_prefix_grouper`).
+
+The layout is built on the host from host copies of the micro-batch (numpy; no device synchronisation) and its
+index tensors are moved to the device without blocking.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from hybridflow.utils.device import to_device_async
 
 __all__ = ["SharedPromptLayout", "build_shared_prompt_layout"]
 
@@ -27,65 +33,105 @@ class SharedPromptLayout:
     attention_mask: torch.Tensor
     """(1, 1, total, total) bool, True = may attend: causal, within a group, a response sees the prompt and itself."""
     predictors: torch.Tensor
-    """(bs, response_len) int64: index in the packed row of the token whose output predicts that response token
-    (the last prompt token for the first one); -1 for padding, which predicts nothing."""
+    """(bs, response_len) int64 on the host: index in the packed row of the token whose output predicts that
+    response token (the last prompt token for the first one); -1 for padding, which predicts nothing."""
+    valid_index: torch.Tensor
+    """(n,) int64: flat index in (bs * response_len) of each real response token, row-major."""
+    predictor_of_valid: torch.Tensor
+    """(n,) int64: packed index of the token predicting each of them."""
+    kept: torch.Tensor
+    """(k,) int64: the distinct predicting positions, ascending (what the head projects)."""
+    kept_row_of_valid: torch.Tensor
+    """(n,) int64: each real response token's row in `kept`."""
     num_rows: int
-    """Rows of the micro-batch."""
+    response_length: int
+    attention_pairs: int
+    """Attention pairs counted as separate sequences count them (sum of squared lengths): per group
+    P^2 + sum_i (2 r_i P + r_i^2) for a prompt of P tokens and responses of r_i tokens."""
 
     @property
     def num_tokens(self) -> int:
         """Tokens in the packed row (what the model computes)."""
         return int(self.input_ids.size(1))
 
+    @property
+    def num_predicted(self) -> int:
+        """Response tokens predicted (positions the head projects, one per token)."""
+        return int(self.valid_index.numel())
+
 
 def build_shared_prompt_layout(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+    input_ids: np.ndarray | torch.Tensor,
+    attention_mask: np.ndarray | torch.Tensor,
+    position_ids: np.ndarray | torch.Tensor,
+    response_length: int,
+    *,
+    device: torch.device | str = "cpu",
 ) -> SharedPromptLayout:
     """The shared-prompt packing of a batch in the rollout layout (left-padded prompts, right-padded responses).
 
-    input_ids, attention_mask, position_ids: (bs, prompt_len + response_length); a column is a real token where
-    `attention_mask` is 1. Rows whose real prompt tokens are equal share one copy of them.
+    input_ids, attention_mask, position_ids: (bs, prompt_len + response_length) host arrays (or CPU tensors); a
+    column is a real token where `attention_mask` is nonzero. Rows whose real prompt tokens are equal share one
+    copy of them. The layout's tensors are put on `device`.
     """
-    prompt_length = input_ids.size(1) - response_length
-    ids_rows, pos_rows, mask_rows = input_ids.tolist(), position_ids.tolist(), attention_mask.tolist()
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for row in range(len(ids_rows)):
-        prompt = tuple(t for t, m in zip(ids_rows[row][:prompt_length], mask_rows[row][:prompt_length]) if m)
-        groups.setdefault(prompt, []).append(row)
-    ids, positions, group_of, owner_of = [], [], [], []  # owner: the row a response token belongs to, -1 = prompt
-    predictors = torch.full((len(ids_rows), response_length), -1, dtype=torch.long)
-    for group_index, rows in enumerate(groups.values()):
-        first = rows[0]
-        prompt_cols = [c for c in range(prompt_length) if mask_rows[first][c]]
-        ids += [ids_rows[first][c] for c in prompt_cols]
-        positions += [pos_rows[first][c] for c in prompt_cols]
-        group_of += [group_index] * len(prompt_cols)
-        owner_of += [-1] * len(prompt_cols)
-        last_prompt = len(ids) - 1 if prompt_cols else -1
+    ids, mask, pos = (np.asarray(a) for a in (input_ids, attention_mask, position_ids))
+    mask = mask.astype(bool)
+    bs, seq = ids.shape
+    prompt_length = seq - response_length
+    # Left-padded equal prompts have equal padding too: rows with equal keys share a prompt.
+    keys = np.where(mask[:, :prompt_length], ids[:, :prompt_length], -1)
+    _, first_row, group_of_row = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    group_order = np.argsort(first_row, kind="stable")  # groups in order of first appearance
+    group_of_row = np.argsort(group_order)[group_of_row.reshape(-1)]
+    packed_ids, packed_pos, group_of, owner_of = [], [], [], []  # owner: the row a response token belongs to
+    predictors = np.full((bs, response_length), -1, dtype=np.int64)
+    offset, pairs = 0, 0
+    for group in range(len(group_order)):
+        rows = np.flatnonzero(group_of_row == group)
+        prompt_cols = np.flatnonzero(mask[rows[0], :prompt_length])
+        num_prompt = len(prompt_cols)
+        packed_ids.append(ids[rows[0], prompt_cols])
+        packed_pos.append(pos[rows[0], prompt_cols])
+        group_of.append(np.full(num_prompt, group))
+        owner_of.append(np.full(num_prompt, -1))
+        offset += num_prompt
+        pairs += num_prompt * num_prompt
+        last_prompt = offset - 1 if num_prompt else -1
         for row in rows:
-            previous = last_prompt
-            for col in range(prompt_length, prompt_length + response_length):
-                if not mask_rows[row][col]:
-                    continue
-                predictors[row, col - prompt_length] = previous
-                previous = len(ids)
-                ids.append(ids_rows[row][col])
-                positions.append(pos_rows[row][col])
-                group_of.append(group_index)
-                owner_of.append(row)
-    group = torch.tensor(group_of)
-    owner = torch.tensor(owner_of)
-    index = torch.arange(len(ids))
+            cols = np.flatnonzero(mask[row, prompt_length:])
+            count = len(cols)
+            packed = offset + np.arange(count)
+            predictors[row, cols] = np.concatenate([[last_prompt], packed[:-1]])[:count]
+            packed_ids.append(ids[row, prompt_length + cols])
+            packed_pos.append(pos[row, prompt_length + cols])
+            group_of.append(np.full(count, group))
+            owner_of.append(np.full(count, row))
+            offset += count
+            pairs += 2 * count * num_prompt + count * count
+    group = np.concatenate(group_of) if group_of else np.zeros(0, dtype=np.int64)
+    owner = np.concatenate(owner_of) if owner_of else np.zeros(0, dtype=np.int64)
+    index = np.arange(offset)
     allowed = (
         (index[None, :] <= index[:, None])
         & (group[None, :] == group[:, None])
         & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
     )
-    device = input_ids.device
+    valid_index = np.flatnonzero(predictors.reshape(-1) >= 0)
+    predictor_of_valid = predictors.reshape(-1)[valid_index]
+    kept, kept_row_of_valid = np.unique(predictor_of_valid, return_inverse=True)
+    device = torch.device(device)
+    put = lambda array: to_device_async(array, device)  # noqa: E731
+
     return SharedPromptLayout(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        attention_mask=allowed[None, None].to(device),
-        predictors=predictors.to(device),
-        num_rows=len(ids_rows),
+        input_ids=put(np.concatenate(packed_ids).astype(np.int64)[None]),
+        position_ids=put(np.concatenate(packed_pos).astype(np.int64)[None]),
+        attention_mask=put(allowed[None, None]),
+        predictors=torch.from_numpy(predictors),
+        valid_index=put(valid_index),
+        predictor_of_valid=put(predictor_of_valid),
+        kept=put(kept if len(kept) else np.zeros(1, dtype=np.int64)),
+        kept_row_of_valid=put(kept_row_of_valid.reshape(-1)),
+        num_rows=bs,
+        response_length=response_length,
+        attention_pairs=pairs,
     )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hybridflow.engines.logprob import compute_entropy_from_logits, compute_log_probs_from_logits
+from hybridflow.algorithms.entropy import entropy_from_logits
+from hybridflow.engines.logprob import compute_log_probs_from_logits
 
 __all__ = ["VocabShard", "token_entropy", "token_log_probs"]
 
@@ -55,7 +56,8 @@ class _ParallelLogProbs(torch.autograd.Function):
             0, rows.flatten(), grad.flatten()
         )
         grad_logits = -(logits - lse.unsqueeze(-1)).exp() * row_grad.unsqueeze(-1)
-        grad_logits.index_put_((rows[owned], local[owned]), grad[owned], accumulate=True)
+        # full indices, zero where another rank holds the label (no boolean-mask gather: it waits on the device)
+        grad_logits.index_put_((rows, local), torch.where(owned, grad, 0.0).to(grad_logits.dtype), accumulate=True)
         return grad_logits, None, None, None
 
 
@@ -101,5 +103,5 @@ def token_log_probs(
 def token_entropy(logits: torch.Tensor, shard: VocabShard | None = None) -> torch.Tensor:
     """Entropy of softmax(logits) per row in nats, float32: (N, V) or (N, V/tp) with `shard` -> (N,)."""
     if shard is None:
-        return compute_entropy_from_logits(logits)
+        return entropy_from_logits(logits.float())
     return _ParallelEntropy.apply(logits.float(), shard)

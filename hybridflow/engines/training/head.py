@@ -1,0 +1,100 @@
+"""The output head of a causal-LM engine: project only the positions that predict response tokens, either through
+the model's own head (logits of the kept positions) or fused with the log-prob computation (`chunked_log_probs`,
+no (N, V) logits kept for the backward).
+
+The fused head runs inside the model's forward: a pre-hook on the head module takes the final hidden states where
+FSDP2 has gathered the head's weight, computes the log-probs (and entropy) chunk by chunk, and hands the head one
+position per row so that the model's own projection costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hybridflow.engines.training.chunked_projection import chunked_log_probs
+from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Head", "build_head", "output_head"]
+
+
+def output_head(module: nn.Module, is_lora: bool) -> nn.Module:
+    """The module that projects hidden states to the vocabulary (under peft's wrapper for LoRA models)."""
+    hf_module = module.get_base_model() if is_lora else module
+    return hf_module.get_output_embeddings()
+
+
+@dataclass(frozen=True)
+class Head:
+    """How a causal LM's kept positions become log-probs: `chunk_size` rows at a time fused with the head (None: the
+    plain head's logits), with the vocabulary split as `shard` (tensor parallel) or whole (None)."""
+
+    module: nn.Module
+    chunk_size: int | None
+    shard: VocabShard | None
+
+    def log_probs(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        logits_to_keep: int | torch.Tensor,
+        select: Callable[[torch.Tensor], torch.Tensor],
+        labels: torch.Tensor,
+        temperature: float,
+        calculate_entropy: bool,
+        *,
+        shard: VocabShard | None | str = "head",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run `model` on `inputs` projecting `logits_to_keep` positions; `select` cuts the projected rows
+        ((bs, kept, H) hidden states or (bs, kept, V) logits -> (N, H) / (N, V)) that predict `labels` (N,).
+        Returns log-probs (N,) float32 under softmax(logits / temperature) and entropy (N,) or None.
+        `shard=None` overrides the head's vocabulary split (Ulysses: each rank projects the whole vocabulary)."""
+        shard = self.shard if shard == "head" else shard
+        if self.chunk_size is None:
+            logits = model(**inputs, logits_to_keep=logits_to_keep).logits
+            flat = select(logits).float() / temperature
+            entropy = token_entropy(flat, shard) if calculate_entropy else None
+            return token_log_probs(flat, labels, shard=shard), entropy
+        return self._fused(model, inputs, logits_to_keep, select, labels, temperature, calculate_entropy, shard)
+
+    def _fused(self, model, inputs, logits_to_keep, select, labels, temperature, calculate_entropy, shard):
+        result: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+        def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            (hidden,) = args
+            weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
+            result["out"] = chunked_log_probs(
+                select(hidden), weight, labels, bias=bias, temperature=temperature,
+                chunk_size=self.chunk_size, shard=shard, calculate_entropy=calculate_entropy,
+            )
+            # The head still runs, on one position per row: DTensor's tensor-parallel head cannot take zero rows.
+            return (hidden[..., :1, :],)
+
+        # prepend: before tensor parallel's input hook, so that `hidden` is this rank's plain tensor
+        handle = self.module.register_forward_pre_hook(project, prepend=True)
+        try:
+            model(**inputs, logits_to_keep=logits_to_keep)
+        finally:
+            handle.remove()
+        return result["out"]
+
+
+def build_head(module: nn.Module, *, is_lora: bool, fused: bool, chunk_size: int, shard: VocabShard | None) -> Head:
+    """The causal LM's head; fused in chunks of `chunk_size` rows when asked and the head is a plain Linear (else
+    one warning: a LoRA-wrapped head projects all kept positions at once)."""
+    head = output_head(module, is_lora)
+    if fused and not isinstance(head, nn.Linear):
+        logger.warning(
+            "use_fused_kernels: the output head is a %s, not a Linear (e.g. LoRA on lm_head); projecting all "
+            "kept positions at once instead", type(head).__name__,
+        )
+        fused = False
+    return Head(module=head, chunk_size=chunk_size if fused else None, shard=shard)

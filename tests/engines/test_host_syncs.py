@@ -1,0 +1,139 @@
+"""The training hot path does not wait on the device inside the micro-batch loop (issue 25).
+
+A real PPO update (policy loss, entropy bonus, KL loss) and a log-prob pass run on a tiny model on CPU while every
+call that would block the host on an accelerator is counted: reading a tensor's value (`item`, `tolist`,
+`__bool__`, `__float__`, `__int__`, `__index__`, `cpu`, `numpy`), and ops whose output size depends on tensor
+values (`nonzero`, `unique`, `masked_select`, boolean-mask indexing). Only calls made from the engine, loss and
+update code count (the model's own code is transformers'). The counts are a fixed small number per mini-batch:
+the same with 2 and with 6 micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import hybridflow
+from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.models.config import ModelConfig
+from hybridflow.protocol import DataProto
+from hybridflow.workers.config import ActorConfig
+from hybridflow.workers.ppo_update import make_actor_loss_fn, run_update
+from tests.engines.helpers import make_batch
+
+ROOT = Path(hybridflow.__file__).parent
+WATCHED = tuple(
+    str(ROOT / part) for part in ("engines/training/", "engines/logprob.py", "algorithms/", "workers/ppo_update.py")
+)
+ROWS = 12  # one mini-batch: 3 prompts x 4 samples
+# Per pass, whatever the number of micro-batches: the update reads the mini-batch's global token/sequence counts
+# (4), one host copy of the masks to plan every micro-batch's layout (2), the grad norm (1) and the metrics (2);
+# the log-prob pass the host copy (2) and its results (2).
+MAX_UPDATE_SYNCS, MAX_LOG_PROB_SYNCS = 9, 4
+
+
+def _is_bool_index(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(part, torch.Tensor) and part.dtype == torch.bool for part in parts)
+
+
+class SyncCounter:
+    """Counts blocking calls made from the watched files, by call site."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: Counter[str] = Counter()
+        self.active = False
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy", "nonzero",
+                     "unique", "masked_select"):
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(f"Tensor.{name}", getattr(torch.Tensor, name)))
+        for name in ("nonzero", "unique", "masked_select", "argwhere"):
+            monkeypatch.setattr(torch, name, self._wrap(f"torch.{name}", getattr(torch, name)))
+        for name in ("__getitem__", "__setitem__"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(
+                torch.Tensor, name, self._wrap(f"Tensor.{name}[bool]", original, lambda t, i, *a: _is_bool_index(i))
+            )
+
+    def _wrap(self, label, original, condition=None):
+        def counted(*args, **kwargs):
+            if self.active:
+                frame = sys._getframe(1)
+                if frame.f_code.co_filename.startswith(WATCHED) and (condition is None or condition(*args, **kwargs)):
+                    self.calls[f"{label} at {Path(frame.f_code.co_filename).name}:{frame.f_lineno}"] += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def _grouped_batch(vocab_size: int) -> DataProto:
+    """3 prompts x 4 samples with PPO's inputs: old and reference log-probs, advantages."""
+    data = make_batch(vocab_size, batch_size=ROWS, prompt_len=6, response_len=5, seed=4)
+    tensors = dict(data.batch.items())
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        tensors[key] = tensors[key].clone()
+        for group in range(3):  # each group's rows share the first row's prompt
+            tensors[key][group * 4 : group * 4 + 4, :6] = tensors[key][group * 4, :6]
+    mask = tensors["attention_mask"]
+    tensors["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    tensors["responses"] = tensors["input_ids"][:, 6:]
+    gen = torch.Generator().manual_seed(5)
+    tensors["old_log_probs"] = -torch.rand(ROWS, 5, generator=gen) - 9.0
+    tensors["ref_log_prob"] = -torch.rand(ROWS, 5, generator=gen) - 9.0
+    tensors["advantages"] = torch.randn(ROWS, 5, generator=gen)
+    return DataProto.from_dict(tensors=tensors)
+
+
+LAYOUTS = {
+    "padded": FSDPEngineConfig(optim=OptimConfig(lr=1e-3)),
+    "packed_fused_head": FSDPEngineConfig(
+        model=ModelConfig(use_remove_padding=True, use_fused_kernels=True), optim=OptimConfig(lr=1e-3)
+    ),
+    "shared_prompts": FSDPEngineConfig(share_prompts=True, optim=OptimConfig(lr=1e-3)),
+}
+
+
+def _counted_passes(engine, data: DataProto, micro_batch_size: int, counter: SyncCounter) -> tuple[Counter, Counter]:
+    actor = ActorConfig(
+        ppo_mini_batch_size=ROWS, ppo_micro_batch_size_per_gpu=micro_batch_size, entropy_coeff=0.01,
+        use_kl_loss=True,
+    )
+    counter.calls.clear()
+    counter.active = True
+    metrics = run_update(
+        engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1, shuffle=False,
+        seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts), calculate_entropy=True,
+        metric_prefix="actor",
+    )
+    update = Counter(counter.calls)
+    counter.calls.clear()
+    engine.compute_log_prob(data, calculate_entropy=True, micro_batch_size=micro_batch_size)
+    log_prob = Counter(counter.calls)
+    counter.active = False
+    assert {"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"} <= set(metrics)
+    assert all(isinstance(values[0], float) for values in metrics.values())
+    return update, log_prob
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_micro_batch_loop_does_not_wait_on_the_device(tiny_llama_dir, tiny_tokenizer, monkeypatch, layout):
+    data = _grouped_batch(len(tiny_tokenizer))
+    counter = SyncCounter(monkeypatch)
+    counts = {}
+    for micro_batch_size in (6, 2):  # 2 and 6 micro-batches
+        engine = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(LAYOUTS[layout], micro_batch_size_per_gpu=2))
+        before = [p.detach().clone() for p in engine.module.parameters()]
+        counts[micro_batch_size] = _counted_passes(engine, data, micro_batch_size, counter)
+        assert any(not torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))  # a real step
+    (update_2, log_prob_2), (update_6, log_prob_6) = counts[6], counts[2]
+    assert update_2 == update_6, f"per-micro-batch syncs in the update: {update_6 - update_2}"
+    assert log_prob_2 == log_prob_6, f"per-micro-batch syncs in the log-prob pass: {log_prob_6 - log_prob_2}"
+    assert 0 < sum(update_2.values()) <= MAX_UPDATE_SYNCS, update_2  # (0: the counter saw nothing)
+    assert 0 < sum(log_prob_2.values()) <= MAX_LOG_PROB_SYNCS, log_prob_2
