@@ -183,6 +183,7 @@ class ActorRolloutRefWorker(Worker):
             **extra,
         )
         self.rollout.shares_training_weights = shares
+        self.rollout.record_routed_experts = rollout.enable_rollout_routing_replay  # hf only (config check)
         if not shares:
             self._weight_check = WeightDeliveryCheck(self.rollout, self.rank)
 

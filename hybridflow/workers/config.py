@@ -14,6 +14,7 @@ from hybridflow.algorithms.config import PPOLossConfig
 from hybridflow.algorithms.loss_agg import LossAggMode
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.training.config import FSDPConfig, FSDPModelConfig, OptimConfig
+from hybridflow.engines.training.moe import RouterReplayConfig
 from hybridflow.models.config import ModelConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 
@@ -101,6 +102,8 @@ class ActorConfig(PPOLossConfig):
     """Sharding of the actor."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """What actor checkpoints hold."""
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    """MoE router replay (R3: train with the rollout's experts)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,6 +187,21 @@ class ActorRolloutRefConfig:
     """Generation."""
     ref: RefConfig = field(default_factory=RefConfig)
     """Reference policy."""
+
+    def __post_init__(self) -> None:
+        self._check_router_replay()
+
+    def _check_router_replay(self) -> None:
+        """R3 replays what the rollout records: both keys on, or both off (a recording nobody replays is refused)."""
+        replay, record = self.actor.router_replay.mode == "R3", self.rollout.enable_rollout_routing_replay
+        if replay != record:
+            raise ConfigFieldError(
+                "actor.router_replay.mode",
+                f"actor_rollout_ref.actor.router_replay.mode={self.actor.router_replay.mode!r} with "
+                f"actor_rollout_ref.rollout.enable_rollout_routing_replay={record}: R3 replays the rollout's recorded "
+                "experts; set "
+                "both (mode=R3 and enable_rollout_routing_replay=True) or neither",
+            )
 
 
 # ----------------------------------------------------------------------------- critic

@@ -186,6 +186,11 @@ class RolloutConfig(SamplingConfig):
     """Agent loops (mode=async)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Tools, interactions and turn limits of the tool agent loop."""
+    enable_rollout_routing_replay: bool = False
+    """MoE models: record each position's experts per layer (`routed_experts`) for router replay (R3, with
+    actor.router_replay.mode=R3); the hf engine in sync mode records them."""
+    expert_parallel_size: int = 1
+    """Ranks that split one rollout replica's experts (verl's key); expert parallelism is not implemented: 1."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -213,10 +218,26 @@ class RolloutConfig(SamplingConfig):
                 "own requests, so tensor-parallel peers cannot decode in lock-step; use mode=sync or "
                 "tensor_model_parallel_size=1",
             )
+        self._check_moe()
         if self.name == "vllm":
             self._check_vllm_engine()
         else:
             self._refuse_vllm_only_keys()
+
+    def _check_moe(self) -> None:
+        """Routing is recorded by the hf engine's batch generation only; expert parallelism is not implemented."""
+        if self.expert_parallel_size != 1:
+            raise ConfigFieldError(
+                "expert_parallel_size",
+                f"expert_parallel_size={self.expert_parallel_size}: expert parallelism is not implemented; every "
+                "rank holds all experts (set it to 1)",
+            )
+        if self.enable_rollout_routing_replay and (self.name != "hf" or self.mode != "sync"):
+            raise ConfigFieldError(
+                "enable_rollout_routing_replay",
+                f"enable_rollout_routing_replay=True with name={self.name!r}, mode={self.mode!r}: only the hf engine's "
+                "sync generation records the routed experts; use name=hf mode=sync or leave it False",
+            )
 
     def _refuse_vllm_only_keys(self) -> None:
         """The vllm engine's own keys at another value than their default with another engine: refused, since
