@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 import torch
@@ -53,16 +52,11 @@ def seq_mean_nll(outputs: dict[str, torch.Tensor], micro_batch: DataProto) -> tu
     return loss, {"nll": loss.item()}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _entry(rank: int, world_size: int, port: int, backend: str, fn: Callable, args: tuple) -> None:
     torch.set_num_threads(1)
     set_dist_env(rank, world_size, local_rank=rank, master_addr="127.0.0.1", master_port=str(port))
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
     finally:
@@ -70,5 +64,9 @@ def _entry(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
 
 
 def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo") -> None:
-    """Run `fn(rank, world_size, *args)` in `world_size` spawned processes joined by a `backend` group."""
-    mp.spawn(_entry, args=(world_size, free_port(), backend, fn, args), nprocs=world_size, join=True)
+    """Run `fn(rank, world_size, *args)` in `world_size` spawned processes joined by a `backend` group.
+
+    The rendezvous store listens in this process on a port the OS picks, from before the ranks start until they
+    end: no other process can take the port in between (a port found free and released could be taken)."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    mp.spawn(_entry, args=(world_size, store.port, backend, fn, args), nprocs=world_size, join=True)

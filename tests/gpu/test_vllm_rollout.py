@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hybridflow.engines.rollout import HFRollout, RolloutConfig, SamplingParams
-from tests.engines.helpers import encode_prompts, free_port
+from hybridflow.single_controller.base.worker import find_free_port
+from tests.engines.helpers import encode_prompts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +36,7 @@ def engine():
     config = RolloutConfig(name="vllm", prompt_length=64, response_length=32, dtype="float32",
                            gpu_memory_utilization=0.3)
     with scoped_environ():
-        set_dist_env(0, 1, 0, "127.0.0.1", str(free_port()))
+        set_dist_env(0, 1, 0, "127.0.0.1", str(find_free_port()))
         rollout = VLLMRollout(path, tokenizer, GREEDY, val_sampling_params=GREEDY, config=config)
     return rollout, path, tokenizer
 

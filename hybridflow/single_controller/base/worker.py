@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from hybridflow import env
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
@@ -19,10 +20,23 @@ from hybridflow.utils.device import get_dist_backend, get_torch_device
 
 
 def find_free_port() -> int:
-    """A TCP port that was free a moment ago on this host (for the torch.distributed rendezvous)."""
+    """A TCP port that was free a moment ago on this host. Another process may take it before it is bound again:
+    where this process will listen itself, prefer `listen_for_rendezvous` (the port stays bound)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+_RENDEZVOUS_STORES: dict[str, dist.TCPStore] = {}
+"""The rendezvous stores this process listens on, by port: rank 0 binds its store when it picks the port and joins
+the group through it, so no other process can take the port in between (colocated role workers share one)."""
+
+
+def listen_for_rendezvous(world_size: int) -> str:
+    """Start rank 0's torch.distributed store on a port the OS picks, keep it open, and return the port."""
+    store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False, timeout=default_pg_timeout)
+    _RENDEZVOUS_STORES[str(store.port)] = store
+    return str(store.port)
 
 
 def get_node_ip() -> str:
@@ -60,7 +74,8 @@ class Worker:
 
     The worker group exports `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`
     before constructing the worker, so a subclass may call `self.init_distributed()` (or
-    `torch.distributed.init_process_group()` with `env://`) in `__init__` or `init_model`.
+    `torch.distributed.init_process_group()` with `env://` on ranks other than 0: rank 0 already listens on the
+    port through `listen_for_rendezvous`) in `__init__` or `init_model`.
     """
 
     def __init__(self) -> None:
@@ -106,9 +121,16 @@ class Worker:
         device = get_torch_device(env.dist_local_rank())
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        # Rank 0 joins through the store it listens on; the others connect to it.
+        store = _RENDEZVOUS_STORES.pop(self._master_port, None) if self._rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(
+                self._master_addr, int(self._master_port), self._world_size, is_master=self._rank == 0,
+                timeout=default_pg_timeout,  # what tcp:// rendezvous waits: peers may start minutes apart
+            )
         dist.init_process_group(
             backend=backend or get_dist_backend(),
-            init_method=f"tcp://{self._master_addr}:{self._master_port}",
+            store=store,
             rank=self._rank,
             world_size=self._world_size,
             device_id=device if device.type == "cuda" else None,
@@ -133,9 +155,12 @@ class Worker:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def get_master_addr_port(self) -> tuple[str, str]:
-        """Rank 0 picks the rendezvous address and a free port for the group, and keeps them itself."""
+        """Rank 0 picks the rendezvous address and a port for the group (its store listens there from now on), and
+        keeps them itself."""
         if self._master_addr is None or self._master_port is None:
-            self._master_addr, self._master_port = get_node_ip(), str(find_free_port())
+            # A one-rank group forms no process group here (a library such as vLLM may form its own on the port).
+            port = listen_for_rendezvous(self._world_size) if self._world_size > 1 else str(find_free_port())
+            self._master_addr, self._master_port = get_node_ip(), port
             env.set_dist_env(self._rank, self._world_size, self._local_rank, self._master_addr, self._master_port)
         return self._master_addr, self._master_port
 
