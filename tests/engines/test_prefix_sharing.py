@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,3 +92,65 @@ def test_training_step_equals_separate_forwards(tiny_llama_dir, batch):
     a = plain.train_batch(batch, token_nll)
     b = shared.train_batch(batch, token_nll)
     assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5
+
+
+@pytest.mark.parametrize("budget", [30, 12])
+def test_token_budget_micro_batches_keep_prompt_groups(tiny_llama_dir, batch, budget):
+    """use_dynamic_bsz with shared prompts: micro-batches of about `budget` tokens hold whole prompt groups (30: every
+    group fits; 12: a group over the budget is cut into runs of rows that each share the prompt again), and the
+    log-probs equal per-sequence forwards."""
+    model = ModelConfig(path=tiny_llama_dir)
+    plain = build_fsdp_engine(tiny_llama_dir, FSDPEngineConfig(model=model, micro_batch_size_per_gpu=13))
+    shared = build_fsdp_engine(
+        tiny_llama_dir, FSDPEngineConfig(model=model, micro_batch_size_per_gpu=13, share_prompts=True)
+    )
+    t = batch.batch
+    micro_batches, order = shared.split_micro_batches(batch, max_token_len=budget)
+    assert len(micro_batches) > 1 and sorted(order) == list(range(len(batch)))
+    sizes = [len(mb) for mb in micro_batches]
+    holder = {row: index for index, rows in enumerate(_cut(order, sizes)) for row in rows}
+    prompt_tokens = t["attention_mask"][:, :6].sum(-1).tolist()
+    response_tokens = t["attention_mask"][:, 6:].sum(-1).tolist()
+    for group in range(3):
+        rows = range(group * N, (group + 1) * N)
+        if prompt_tokens[group * N] + sum(response_tokens[row] for row in rows) <= budget:
+            assert len({holder[row] for row in rows}) == 1, f"group {group} was split though it fits the budget"
+    for micro_batch in micro_batches:  # the shared-prompt forward's tokens fit the budget
+        layout = shared.plan_micro_batches([micro_batch])[0].shared
+        assert layout.num_tokens <= budget
+    mask = t["response_mask"].bool()
+    lp_plain, ent_plain = plain.compute_log_prob(batch, temperature=0.7, calculate_entropy=True)
+    lp_shared, ent_shared = shared.compute_log_prob(batch, temperature=0.7, calculate_entropy=True, max_token_len=budget)
+    assert (lp_plain - lp_shared)[mask].abs().max() < 1e-5
+    assert (ent_plain - ent_shared)[mask].abs().max() < 1e-5
+    if budget == 30:  # each prompt computed once: distinct prompts plus every response token
+        distinct = sum(prompt_tokens[row] for row in (0, N, 2 * N, 3 * N))
+        assert shared.pop_work()[False].num_tokens == distinct + sum(response_tokens)
+
+
+def _cut(order: list[int], sizes: list[int]) -> list[list[int]]:
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [order[start : start + size] for start, size in zip(starts, sizes)]
+
+
+def test_a_16k_token_layout_is_linear_in_tokens():
+    """8 prompts of 256 tokens x 8 responses of 224 (in 240 columns): 16k packed tokens. The layout's tensors are
+    O(tokens) (a dense mask would be 16k x 16k = 268 MB) and building it allocates a few MB on the host."""
+    groups, samples, prompt_len, response_len = 8, 8, 256, 240
+    rng = np.random.default_rng(0)
+    rows = groups * samples
+    ids = rng.integers(3, 1000, (rows, prompt_len + response_len))
+    for group in range(groups):
+        ids[group * samples : (group + 1) * samples, :prompt_len] = ids[group * samples, :prompt_len]
+    mask = np.ones_like(ids)
+    mask[:, -16:] = 0  # right-padded responses of 224 tokens
+    pos = np.clip(mask.cumsum(-1) - 1, 0, None)
+    tracemalloc.start()
+    layout = build_shared_prompt_layout(ids, mask, pos, response_len)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    total = groups * (prompt_len + samples * (response_len - 16))
+    assert layout.num_tokens == total == 16_384
+    tensors = [value for value in vars(layout).values() if isinstance(value, torch.Tensor)]
+    assert max(t.numel() for t in tensors) <= max(total, rows * response_len)  # nothing of total x total
+    assert peak < 16 * 2**20, f"building the layout peaked at {peak / 2**20:.1f} MB"

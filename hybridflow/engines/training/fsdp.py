@@ -37,24 +37,16 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hybridflow.engines.training import checkpoint, ulysses
-from hybridflow.engines.training.batches import (
-    INPUT_KEYS,
-    Batch,
-    get,
-    in_row_order,
-    num_rows,
-    reduce_metrics,
-    select_rows,
-    split,
-    to_device,
-)
+from hybridflow.engines.training.batches import INPUT_KEYS, Batch, get, in_row_order, num_rows, partition_units
+from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
+from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.head import build_head
-from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout
+from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout, host_copies
 from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
-from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
@@ -72,7 +64,7 @@ from hybridflow.models.value_head import build_value_model, compute_sequence_sco
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
 from hybridflow.utils.flops import ForwardWork
-from hybridflow.utils.seqlen_balancing import num_token_budget_partitions, partition_by_tokens
+from hybridflow.utils.seqlen_balancing import num_token_budget_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +219,6 @@ class FSDPEngine:
             )
         self.head_chunk_size = self.head.chunk_size if self.head is not None else None
         self.forward_model = ForwardModel(self.module, model_kind == "value", self.head, self.sp_group)
-        self.moe = build_moe_routing(self.module) if model_kind == "causal_lm" else None  # None: dense
         # tokens, attention pairs and projected positions computed since `pop_work`, by grad mode (for MFU)
         self._work = {False: ForwardWork(), True: ForwardWork()}
         self.optimizer = build_optimizer(self.module, config.optim)
@@ -270,8 +261,7 @@ class FSDPEngine:
             tensors.update(vision_inputs(micro_batch.non_tensor_batch["multi_modal_inputs"], tensors, self.device))
         self._count_work(plan.work)
         with self._autocast():
-            forward = lambda: forward_layout(self.forward_model, tensors, plan, temperature, calculate_entropy)
-            return moe_forward(self.moe, micro_batch, tensors, plan, forward)
+            return forward_layout(self.forward_model, tensors, plan, temperature, calculate_entropy)
 
     def _count_work(self, work: ForwardWork) -> None:
         mode = torch.is_grad_enabled()
@@ -339,7 +329,7 @@ class FSDPEngine:
             outputs = self.forward_micro_batch(
                 micro_batch, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan
             )
-            loss, metrics = add_router_loss(loss_fn(outputs, micro_batch), outputs, 1 if scale_by_rows else len(plans))
+            loss, metrics = loss_fn(outputs, micro_batch)
             weight = num_rows(micro_batch) / total_rows if scale_by_rows else 1.0
             (loss * weight).backward()
             total_loss += loss.detach() * weight
@@ -446,16 +436,22 @@ class FSDPEngine:
         With `max_token_len` (verl's `use_dynamic_bsz`), rows are grouped by token count into the number of
         micro-batches the fullest rank needs for about `max_token_len` tokens each: every rank runs the same
         number of forwards (FSDP's collectives pair them up). Otherwise groups of `micro_batch_size` rows.
+        Shared-prompt engines keep each prompt group in one micro-batch and count its prompt once.
         """
         if max_token_len is None:
             return self._split(batch, micro_batch_size), None
-        lengths = get(batch, "attention_mask").sum(-1).tolist()
-        count = num_token_budget_partitions(lengths, max_token_len)
+        (mask, ids), width = host_copies([get(batch, "attention_mask"), get(batch, "input_ids")]), response_width(batch)
+        groups = compute_prompt_groups(ids, mask, width) if self.config.share_prompts and width else None
+        units, tokens = token_budget_units(
+            mask[:, : mask.shape[1] - width].sum(-1).tolist(), mask[:, mask.shape[1] - width :].sum(-1).tolist(),
+            groups, max_token_len,
+        )
+        count = num_token_budget_partitions(tokens, max_token_len)
         if self.is_sharded:
             counts = torch.tensor([count], device=self.device)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
             count = int(counts.item())
-        partitions = partition_by_tokens(lengths, count)
+        partitions = partition_units(units, tokens, count)
         return [select_rows(batch, rows) for rows in partitions], [row for rows in partitions for row in rows]
 
     def _split(self, batch: Batch, micro_batch_size: int | None) -> list[Batch]:

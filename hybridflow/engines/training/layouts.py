@@ -260,7 +260,7 @@ def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperat
     """One packed row in which rows with the same prompt share one copy of it (`prefix_sharing`); only the
     positions that predict response tokens are projected to the vocabulary."""
     inputs = dict(
-        input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask,
+        input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask(),
         use_cache=False,
     )
     shape = (layout.num_rows, layout.response_length)

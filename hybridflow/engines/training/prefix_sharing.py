@@ -2,7 +2,9 @@
 
 A micro-batch's rows are grouped by identical prompt tokens. Each group becomes one segment of a single packed
 row, `[prompt, r1, r2, ..., rn]`; every response's position ids continue from the prompt's, and a block mask
-lets each response attend to the prompt and to itself only. Each token's hidden state is then exactly what a
+lets each response attend to the prompt and to itself only. The layout keeps that mask as two (total,) vectors
+(each token's group and owning row), so building it costs memory linear in tokens; the dense (total, total) mask
+that sdpa/eager attention take is expanded on the device by the forward. Each token's hidden state is then exactly what a
 separate forward of `[prompt, r_i]` gives, so log-probs, values and gradients are the same while the prompt is
 computed once per group instead of `n` times (verl's `use_prefix_grouper`).
 
@@ -19,7 +21,7 @@ import torch
 
 from hybridflow.utils.device import to_device_async
 
-__all__ = ["SharedPromptLayout", "build_shared_prompt_layout"]
+__all__ = ["SharedPromptLayout", "build_shared_prompt_layout", "compute_prompt_groups"]
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,11 @@ class SharedPromptLayout:
     """(1, total) int64: each distinct prompt once, followed by the real tokens of every response sharing it."""
     position_ids: torch.Tensor
     """(1, total) int64: the rows' own position ids (responses continue their prompt's)."""
-    attention_mask: torch.Tensor
-    """(1, 1, total, total) bool, True = may attend: causal, within a group, a response sees the prompt and itself."""
+    segment: torch.Tensor
+    """(total,) int64: the prompt group of each packed token."""
+    owner: torch.Tensor
+    """(total,) int64: the row a response token belongs to, -1 for prompt tokens. With `segment` this is the whole
+    attention pattern in O(total) memory: `attention_mask()` expands it on the device for the forward."""
     predictors: torch.Tensor
     """(bs, response_len) int64 on the host: index in the packed row of the token whose output predicts that
     response token (the last prompt token for the first one); -1 for padding, which predicts nothing."""
@@ -49,6 +54,19 @@ class SharedPromptLayout:
     """Attention pairs counted as separate sequences count them (sum of squared lengths): per group
     P^2 + sum_i (2 r_i P + r_i^2) for a prompt of P tokens and responses of r_i tokens."""
 
+    def attention_mask(self) -> torch.Tensor:
+        """(1, 1, total, total) bool, True = may attend: causal, within a group, a response sees its prompt and
+        itself. Built where the layout lives, from `segment` and `owner`, when the forward needs it (sdpa and eager
+        attention take a dense mask; the layout itself stays linear in tokens)."""
+        index = torch.arange(self.segment.numel(), device=self.segment.device)
+        seg, own = self.segment, self.owner
+        allowed = (
+            (index[None, :] <= index[:, None])
+            & (seg[None, :] == seg[:, None])
+            & ((own[None, :] == -1) | (own[None, :] == own[:, None]))
+        )
+        return allowed[None, None]
+
     @property
     def num_tokens(self) -> int:
         """Tokens in the packed row (what the model computes)."""
@@ -58,6 +76,24 @@ class SharedPromptLayout:
     def num_predicted(self) -> int:
         """Response tokens predicted (positions the head projects, one per token)."""
         return int(self.valid_index.numel())
+
+
+def compute_prompt_groups(
+    input_ids: np.ndarray | torch.Tensor, attention_mask: np.ndarray | torch.Tensor, response_length: int
+) -> np.ndarray:
+    """Which rows share their prompt: a group index per row, groups numbered in order of first appearance.
+
+    input_ids, attention_mask: (bs, prompt_len + response_length) host arrays -> (bs,) int64.
+    """
+    ids, mask = np.asarray(input_ids), np.asarray(attention_mask).astype(bool)
+    prompt_length = ids.shape[1] - response_length
+    # Left-padded equal prompts have equal padding too: rows with equal keys share a prompt.
+    keys = np.where(mask[:, :prompt_length], ids[:, :prompt_length], -1)
+    if keys.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, first_row, group_of_row = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    rank_of_group = np.argsort(np.argsort(first_row, kind="stable"))  # by first appearance
+    return rank_of_group[group_of_row.reshape(-1)].astype(np.int64)
 
 
 def build_shared_prompt_layout(
@@ -78,15 +114,12 @@ def build_shared_prompt_layout(
     mask = mask.astype(bool)
     bs, seq = ids.shape
     prompt_length = seq - response_length
-    # Left-padded equal prompts have equal padding too: rows with equal keys share a prompt.
-    keys = np.where(mask[:, :prompt_length], ids[:, :prompt_length], -1)
-    _, first_row, group_of_row = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    group_order = np.argsort(first_row, kind="stable")  # groups in order of first appearance
-    group_of_row = np.argsort(group_order)[group_of_row.reshape(-1)]
+    group_of_row = compute_prompt_groups(ids, mask, response_length)
+    num_groups = int(group_of_row.max()) + 1 if bs else 0
     packed_ids, packed_pos, group_of, owner_of = [], [], [], []  # owner: the row a response token belongs to
     predictors = np.full((bs, response_length), -1, dtype=np.int64)
     offset, pairs = 0, 0
-    for group in range(len(group_order)):
+    for group in range(num_groups):
         rows = np.flatnonzero(group_of_row == group)
         prompt_cols = np.flatnonzero(mask[rows[0], :prompt_length])
         num_prompt = len(prompt_cols)
@@ -110,12 +143,6 @@ def build_shared_prompt_layout(
             pairs += 2 * count * num_prompt + count * count
     group = np.concatenate(group_of) if group_of else np.zeros(0, dtype=np.int64)
     owner = np.concatenate(owner_of) if owner_of else np.zeros(0, dtype=np.int64)
-    index = np.arange(offset)
-    allowed = (
-        (index[None, :] <= index[:, None])
-        & (group[None, :] == group[:, None])
-        & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
-    )
     valid_index = np.flatnonzero(predictors.reshape(-1) >= 0)
     predictor_of_valid = predictors.reshape(-1)[valid_index]
     kept, kept_row_of_valid = np.unique(predictor_of_valid, return_inverse=True)
@@ -125,7 +152,8 @@ def build_shared_prompt_layout(
     return SharedPromptLayout(
         input_ids=put(np.concatenate(packed_ids).astype(np.int64)[None]),
         position_ids=put(np.concatenate(packed_pos).astype(np.int64)[None]),
-        attention_mask=put(allowed[None, None]),
+        segment=put(group.astype(np.int64)),
+        owner=put(owner.astype(np.int64)),
         predictors=torch.from_numpy(predictors),
         valid_index=put(valid_index),
         predictor_of_valid=put(predictor_of_valid),
