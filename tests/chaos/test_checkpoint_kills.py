@@ -125,6 +125,8 @@ print(json.dumps({
 """
 
 
+# Fills a real filesystem; test_disk_full_during_a_save_keeps_the_previous_checkpoint runs in every CI run.
+@pytest.mark.slow
 def test_a_really_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path):
     """A 2 MiB tmpfs (mounted in a private mount namespace) fills up during the second save."""
     import shutil

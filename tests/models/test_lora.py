@@ -227,6 +227,9 @@ def test_lora_rl_worker_in_process_with_native_rollout_hands_over_merged_weights
     check_lora_rl_steps(group, model_dir, handed_over=True)
 
 
+# The same steps run in one process in every CI run (test_lora_rl_worker_in_process_with_native_rollout_hands_over_...),
+# and LoRA on two Ray ranks in test_lora_grpo_end_to_end_and_export.
+@pytest.mark.slow
 def test_lora_rl_worker_on_two_ranks_hands_over_merged_weights(ray_cluster, model_dir):
     """Reference = the actor with its adapter disabled (equals the base model); the rollout receives merged weights."""
     from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup

@@ -133,6 +133,8 @@ def test_on_policy_grpo_skips_the_old_log_prob_pass(workspace):
     assert step["actor/entropy"] > 0 and step["training/rollout_probs_diff_max"] < 1e-2
 
 
+# Validation runs in every CI run in test_grpo_trains_validates_checkpoints_and_resumes_exactly (steps 0 and 3).
+@pytest.mark.slow
 def test_val_only_validates_without_training(workspace):
     run_dir = workspace / "val_only"
     records = by_step(run(overrides(workspace, run_dir, "trainer.val_only=True", "trainer.n_gpus_per_node=1",
