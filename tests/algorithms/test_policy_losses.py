@@ -306,3 +306,16 @@ def test_registry_errors(scratch_registry):
     with pytest.raises(KeyError):
         unknown = PPOLossConfig(policy_loss=PolicyLossConfig(loss_mode="nope"))
         compute_policy_loss_from_config(unknown, OLD, OLD, ADV, MASK)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_clip_cov_cuts_exactly_its_budget_of_candidates(seed):
+    # 8 valid tokens, all candidates (ratio 1, bounds wide): int(0.25 * 8) = 2 are drawn and cut, whatever the draw
+    log_prob = torch.linspace(-2.0, -1.0, 8).view(1, 8)
+    adv = torch.arange(8.0).view(1, 8)
+    generator = torch.Generator().manual_seed(seed)
+    _, metrics = compute_policy_loss_clip_cov(
+        log_prob, log_prob, adv, torch.ones(1, 8), clip_cov_ratio=0.25, clip_cov_lb=-1e9, clip_cov_ub=1e9,
+        generator=generator,
+    )
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(0.25)
