@@ -20,7 +20,7 @@ import torch
 
 from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
-from hybridflow.engines.rollout.base import copy_buffers
+from hybridflow.engines.rollout.base import compute_rollout_copy_dtype, copy_buffers
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
@@ -151,7 +151,8 @@ class ActorRolloutRefWorker(Worker):
             device_type = get_torch_device(self.local_rank).type
             mesh = init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=("rollout_dp", "rollout_tp"))
             tp_mesh = mesh["rollout_tp"]
-        # One rank: generate with the actor's own module (no copy, no hand-over). Sharded, LoRA with a backend
+        # One rank: generate with the actor's own module (no copy, no hand-over), unless its dtype is not the
+        # rollout's on an accelerator (fp32 master weights: generate from a bf16 copy). Sharded, LoRA with a backend
         # that cannot run peft layers, or a backend holding its own weights (vllm): a full copy that receives
         # the (merged) weights before generating. Tensor parallel: this rank's shard, read from the checkpoint
         # slice by slice, which receives its shard of each full tensor before generating.
@@ -161,6 +162,7 @@ class ActorRolloutRefWorker(Worker):
             and not self.actor_engine.is_sharded
             and not rollout_cls.holds_own_weights
             and (self.actor_engine.lora_scaling is None or rollout_cls.runs_peft_modules)
+            and self._rollout_copy_dtype() is None
         )
         shares = self._rollout_shares_module
         if shares:
@@ -202,6 +204,13 @@ class ActorRolloutRefWorker(Worker):
         copy.tie_weights()  # to_empty unties tied embeddings; a hand-over carries the tied weight once
         copy_buffers(copy, self._actor_hf_module())
         return copy
+
+    def _rollout_copy_dtype(self) -> torch.dtype | None:
+        """The dtype of a copy the rollout needs in place of the actor's one-rank module (fp32 master weights on an
+        accelerator generate from a bf16 copy), or None (`compute_rollout_copy_dtype`)."""
+        training_dtype = next(self.actor_engine.module.parameters()).dtype
+        device = get_torch_device(self.local_rank)
+        return compute_rollout_copy_dtype(self.config.rollout.dtype, device, training_dtype)
 
     def _actor_hf_module(self):
         """The actor's HF model; for LoRA the model inside the peft wrapper, its adapters active."""

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from hybridflow.engines.rollout.config import SamplingConfig
+from hybridflow.models.loader import resolve_dtype
 from hybridflow.protocol import DataProto
 
 OVERRIDABLE_KEYS = ("do_sample", "temperature", "top_p", "top_k", "n", "max_new_tokens", "stop_token_ids")
@@ -147,6 +148,48 @@ def place_rollout_model(
         model = build_causal_lm(model, dtype=dtype)
     device = get_torch_device(dist_local_rank())
     return model.to(device).eval(), device
+
+
+def compute_rollout_copy_dtype(
+    setting: str | torch.dtype, device: torch.device, training_dtype: torch.dtype
+) -> torch.dtype | None:
+    """The dtype of the rollout's own copy of a one-rank trainer's module, or None to generate with that module.
+
+    setting: `rollout.dtype` ('auto': bfloat16 on accelerators, float32 on CPU, `resolve_dtype`); training_dtype:
+    the dtype of the trainer's parameters. On CPU the rollout always shares the module (fp32 is the fast path
+    there). On an accelerator it shares only when the trainer's weights already have the rollout dtype: a trainer
+    holding fp32 master weights would otherwise make generation run eager in fp32 (issue 25), so the rollout
+    takes a copy in the rollout dtype, refreshed by the weight hand-over before each generation.
+    """
+    if device.type == "cpu":
+        return None
+    dtype = resolve_dtype(setting, device)
+    return None if dtype == training_dtype else dtype
+
+
+def compute_empty_cache_on_sleep(device_type: str, shares_training_weights: bool) -> bool:
+    """Whether a rollout's `sleep` gives the device allocator's cached blocks back to the device.
+
+    Only when its own weights leave the device (an accelerator, weights not the trainer's). A rollout that shares
+    the trainer's module frees at most its KV cache, whose blocks the trainer's next update reuses from the same
+    process's caching allocator; emptying the cache would make that update allocate them again (issue 25).
+    """
+    return device_type != "cpu" and not shares_training_weights
+
+
+def sleep_rollout_model(model: torch.nn.Module, device: torch.device, shares_training_weights: bool) -> None:
+    """The weight half of a rollout's `sleep`: move its own weights to host memory and empty the device cache
+    (`compute_empty_cache_on_sleep`); CPU hosts and the trainer's own module stay as they are."""
+    if not compute_empty_cache_on_sleep(device.type, shares_training_weights):
+        return
+    model.to("cpu")
+    torch.accelerator.empty_cache()
+
+
+def wake_up_rollout_model(model: torch.nn.Module, device: torch.device, shares_training_weights: bool) -> None:
+    """Undo `sleep_rollout_model`: move the rollout's own weights back to `device`."""
+    if device.type != "cpu" and not shares_training_weights:
+        model.to(device)
 
 
 @torch.no_grad()

@@ -24,7 +24,14 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hybridflow.engines.logprob import compute_response_mask
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
+from hybridflow.engines.rollout.base import (
+    BaseRollout,
+    SamplingParams,
+    copy_named_tensors,
+    place_rollout_model,
+    sleep_rollout_model,
+    wake_up_rollout_model,
+)
 from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token_of, rollout_memory_budget
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer
@@ -218,13 +225,9 @@ class HFRollout(BaseRollout):
         logger.debug("hf rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:
-        """Move the weights to CPU (unless they are the trainer's) and free the accelerator cache; no-op on CPU."""
-        if self.device.type != "cpu":
-            if not self.shares_training_weights:
-                self.model.to("cpu")
-            torch.accelerator.empty_cache()
+        """Move the weights to CPU and free the accelerator cache, unless they are the trainer's; no-op on CPU."""
+        sleep_rollout_model(self.model, self.device, self.shares_training_weights)
 
     def wake_up(self) -> None:
         """Move the weights back to the accelerator (no-op on CPU hosts and for the trainer's own weights)."""
-        if self.device.type != "cpu" and not self.shares_training_weights:
-            self.model.to(self.device)
+        wake_up_rollout_model(self.model, self.device, self.shares_training_weights)

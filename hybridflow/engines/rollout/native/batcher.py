@@ -21,6 +21,14 @@ from typing import Protocol
 import torch
 
 from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.native.decode_graph import (
+    CPU_SPAN_MULTIPLE,
+    ROWS_MULTIPLE,
+    DecodeStep,
+    decode_rows,
+    decode_span,
+    round_up,
+)
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
 from hybridflow.engines.rollout.native.prefix_cache import PrefixCache
@@ -28,22 +36,11 @@ from hybridflow.engines.rollout.native.sampler import sample_tokens
 
 logger = logging.getLogger(__name__)
 
-_ROWS_MULTIPLE = 8
-"""Decode steps with torch ops run on a multiple of this many slots (idle slots fill the gap): on the 2-core
-AVX2 CPU a step of 15 or 63 rows took 1.27-1.6x longer than one of 16 or 64 rows (docs/performance.md). With
-the compiled kernels a step of 15 or 63 rows costs the same as one of 16 or 64 (0.97-1.00x): padding gains
-nothing there, so kernel steps run unpadded."""
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def serving_capacity_within(slots: int, prefix_reuse: bool) -> int:
     """The most rows `serve` can decode when the cache may hold `slots` slots: its decode slots are padded to a
-    multiple of `_ROWS_MULTIPLE`, and prefix reuse parks as many finished sequences again. 0 if none fit."""
+    multiple of `ROWS_MULTIPLE`, and prefix reuse parks as many finished sequences again. 0 if none fit."""
     capacity = slots // 2 if prefix_reuse else slots
-    while capacity > 0 and _round_up(capacity, _ROWS_MULTIPLE) + (capacity if prefix_reuse else 0) > slots:
+    while capacity > 0 and round_up(capacity, ROWS_MULTIPLE) + (capacity if prefix_reuse else 0) > slots:
         capacity -= 1
     return capacity
 
@@ -101,8 +98,10 @@ class _Run:
     capacity: int  # sequences decoded at once (<= the cache's slots, which include padding rows)
     limits: torch.Tensor | None = None  # (rows,) new-token limit per row; None: params.max_new_tokens for all
     on_retire: Callable[[list[int], list[int]], None] | None = None  # finished rows and their slots
+    decode_slots: int | None = None  # slots a decode step may pad into; None: the whole cache
     num_active: int = 0
-    span: int = 0  # 1 + the longest cached length among active slots: the attention width of the next step
+    span: int = 0  # at least 1 + the longest cached length among active slots: the attention width of the next step
+    unchecked_steps: int = 0  # decode steps since finished sequences were last retired
     start: float = field(default_factory=time.perf_counter)
     stats: dict[str, float] = field(
         default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0, "decoded_rows": 0}
@@ -123,14 +122,18 @@ class _Run:
         device: torch.device,
         **extra,
     ) -> _Run:
-        """A run with empty outputs for `num_rows` rows of up to `width` tokens, over `num_slots` cache slots."""
+        """A run with empty outputs for `num_rows` rows of up to `width` tokens, over `num_slots` cache slots.
+
+        The outputs have one more column, `width`, where decode steps write the tokens of sequences that finished
+        since the last retirement (see `ContinuousBatcher._decode_step`); `GenerationResult` leaves it out.
+        """
         return cls(
             prompts=prompts,
             positions=positions,
             params=params,
             stop_ids=torch.tensor(stop_ids, device=device),
-            tokens=torch.full((num_rows, width), pad_id, dtype=torch.long, device=device),
-            log_probs=torch.zeros((num_rows, width), dtype=torch.float32, device=device),
+            tokens=torch.full((num_rows, width + 1), pad_id, dtype=torch.long, device=device),
+            log_probs=torch.zeros((num_rows, width + 1), dtype=torch.float32, device=device),
             num_generated=torch.zeros(num_rows, dtype=torch.long, device=device),
             slots=_SlotState.empty(num_slots, device),
             pad_id=pad_id,
@@ -211,15 +214,36 @@ class _Serving:
 
 
 class ContinuousBatcher:
-    """Runs one generation request (a list of prompts) to completion over `max_num_seqs` cache slots."""
+    """Runs one generation request (a list of prompts) to completion over `max_num_seqs` cache slots.
+
+    Decode steps have static shapes (`decode_graph.py`): the rows are padded to a bucket, the attention span is
+    static per bucket, and finished sequences are found (a host synchronisation) only every
+    `done_check_interval` steps. In between, a finished sequence keeps its slot; its step neither advances it nor
+    writes its output row, so the results do not depend on the interval.
+    """
 
     def __init__(
-        self, forward: LlamaFamilyForward, cache: KVCache, max_num_seqs: int, max_prefill_tokens: int
+        self,
+        forward: LlamaFamilyForward,
+        cache: KVCache,
+        max_num_seqs: int,
+        max_prefill_tokens: int,
+        *,
+        done_check_interval: int = 1,
+        graphs: bool = False,
+        span_multiple: int | None = CPU_SPAN_MULTIPLE,
     ) -> None:
+        """done_check_interval: decode steps between retirements of finished sequences (1: every step);
+        graphs: replay decode steps from CUDA graphs (`DecodeStep`); span_multiple: see `decode_span`."""
+        if done_check_interval < 1:
+            raise ValueError(f"done_check_interval must be >= 1, got {done_check_interval}")
         self.forward = forward
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
+        self.done_check_interval = done_check_interval
+        self.span_multiple = span_multiple
+        self.decode = DecodeStep(forward, cache, graphs)
 
     @torch.inference_mode()
     def generate(
@@ -248,7 +272,7 @@ class ContinuousBatcher:
         max_prompt_len = max(p.numel() for p in prompts)
         max_position = max(int(pos[-1]) for pos in positions) + max_new + 1
         capacity = min(limit, num_rows)
-        padded = _round_up(capacity, _ROWS_MULTIPLE)
+        padded = round_up(capacity, ROWS_MULTIPLE)
         self.cache.reserve(padded if padded <= limit else capacity, max_prompt_len + max_new)
         self.forward.bind(max_position)
         run = _Run.create(
@@ -309,14 +333,14 @@ class ContinuousBatcher:
         rows, which `_Serving.enqueue` fills as requests arrive."""
         device = self.cache.device
         capacity = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
-        park_base = _round_up(capacity, _ROWS_MULTIPLE)  # decode steps never pad into the parking slots
+        park_base = round_up(capacity, ROWS_MULTIPLE)  # decode steps never pad into the parking slots
         park_slots = capacity if prefix_reuse else 0
         self.cache.reserve(park_base + park_slots, max_len)
         self.forward.bind(max_len)
         empty = [torch.empty(0, dtype=torch.long)] * capacity
         run = _Run.create(
             list(empty), list(empty), params, stop_ids, pad_id, capacity, capacity, max_len, self.cache.num_slots,
-            device, limits=torch.zeros(capacity, dtype=torch.long, device=device),
+            device, limits=torch.zeros(capacity, dtype=torch.long, device=device), decode_slots=park_base,
         )
         run.stats.update(prefix_hits=0, reused_tokens=0, prompt_tokens=0)
         serving = _Serving(
@@ -372,7 +396,7 @@ class ContinuousBatcher:
             self._step(run)
         run.stats["total_s"] = time.perf_counter() - start
         logger.debug("native rollout: %s", run.stats)
-        return GenerationResult(run.tokens, run.log_probs, run.num_generated, dict(run.stats))
+        return GenerationResult(run.tokens[:, :-1], run.log_probs[:, :-1], run.num_generated, dict(run.stats))
 
     def _fill_slots(self, run: _Run, waiting: deque[int]) -> None:
         """Admit waiting prompts while `n` slots are free; retiring after each admission frees the slots of
@@ -430,33 +454,53 @@ class ContinuousBatcher:
         """One decode step of every active slot, then retirement, counted in the run's stats."""
         start, rows = time.perf_counter(), run.num_active
         self._decode_step(run)
-        self._retire(run)
+        run.unchecked_steps += 1
+        if run.unchecked_steps >= self.done_check_interval:
+            self._retire(run)
         run.stats["decode_s"] += time.perf_counter() - start
         run.stats["num_decode_steps"] += 1
         run.stats["decoded_rows"] += rows
 
     def _decode_step(self, run: _Run) -> None:
+        """One token for every active slot, without a host synchronisation. A slot whose sequence finished since
+        the last retirement still runs (its shape is part of the step) but stays as it was: its sampled token
+        goes to the outputs' spare last column, and its length, position, count and token do not change."""
         s, active = run.slots, slice(0, run.num_active)
+        live = ~self._finished(run)
         # Idle slots past the active ones pad the step (their state is zero: they write at cache position 0
         # of a free slot, which admission overwrites); their logits are dropped.
-        multiple = 1 if self.forward.kernels is not None else _ROWS_MULTIPLE  # the kernels need no padding
-        padded = slice(0, min(_round_up(run.num_active, multiple), self.cache.num_slots))
-        logits = self.forward.decode(s.token[padded], s.position[padded], s.length[padded], run.span, self.cache)
+        num_rows = decode_rows(
+            run.num_active,
+            min(self.cache.num_slots, run.decode_slots or self.cache.num_slots),
+            graphs=self.decode.graphs,
+            kernels=self.forward.kernels is not None,
+        )
+        span = decode_span(min(run.span, self.cache.max_len), self.cache.max_len, self.span_multiple)
+        padded = slice(0, num_rows)
+        logits = self.decode(s.token[padded], s.position[padded], s.length[padded], span)
         tokens, log_probs = sample_tokens(logits[active], run.params, self.forward.kernels)
         rows, counts = s.row[active], s.count[active]
-        run.tokens[rows, counts] = tokens
-        run.log_probs[rows, counts] = log_probs
-        s.length[active] += 1
-        s.position[active] += 1
-        s.count[active] += 1
-        s.token[active] = tokens
-        run.span += 1
+        columns = torch.where(live, counts, run.tokens.size(1) - 1)
+        run.tokens[rows, columns] = tokens
+        run.log_probs[rows, columns] = log_probs
+        step = live.long()
+        s.length[active] += step
+        s.position[active] += step
+        s.count[active] += step
+        s.token[active] = torch.where(live, tokens, s.token[active])
+        run.span += 1  # an upper bound: finished slots do not grow
+
+    def _finished(self, run: _Run) -> torch.Tensor:
+        """(num_active,) bool on the device: the sequence in the slot has ended (stop token or length limit)."""
+        s, active = run.slots, slice(0, run.num_active)
+        limits = run.params.max_new_tokens if run.limits is None else run.limits[s.row[active]]
+        return torch.isin(s.token[active], run.stop_ids) | (s.count[active] >= limits)
 
     def _retire(self, run: _Run) -> None:
         """Record finished sequences and compact the active slots into `[0, num_active)`."""
         s, active = run.slots, slice(0, run.num_active)
-        limits = run.params.max_new_tokens if run.limits is None else run.limits[s.row[active]]
-        done = torch.isin(s.token[active], run.stop_ids) | (s.count[active] >= limits)
+        run.unchecked_steps = 0
+        done = self._finished(run)
         if not bool(done.any()):
             return
         finished = s.row[active][done]

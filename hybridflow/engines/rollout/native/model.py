@@ -202,6 +202,16 @@ class LlamaFamilyForward:
         weights = [self.model.lm_head.weight] + [getattr(w, name) for w in self._layers for name in _PRODUCT_WEIGHTS]
         return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in weights)
 
+    def operand_addresses(self) -> tuple[int, ...]:
+        """Addresses of everything `decode` reads besides its arguments and the cache (rope tables, weights): a
+        captured decode graph is valid while they are unchanged."""
+        if self._cos is None:
+            return ()
+        model = self.model
+        tensors = [self._cos, self._sin, model.model.embed_tokens.weight, model.model.norm.weight, model.lm_head.weight]
+        tensors += [t for w in self._layers for t in vars(w).values() if isinstance(t, torch.Tensor)]
+        return tuple(t.data_ptr() for t in tensors)
+
     def release(self) -> None:
         """Drop the rope tables and parameter references (rebuilt by `bind`)."""
         self._cos = self._sin = None

@@ -20,9 +20,17 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams, copy_named_tensors, place_rollout_model
+from hybridflow.engines.rollout.base import (
+    BaseRollout,
+    SamplingParams,
+    copy_named_tensors,
+    place_rollout_model,
+    sleep_rollout_model,
+    wake_up_rollout_model,
+)
 from hybridflow.engines.rollout.memory_budget import rollout_memory_budget
 from hybridflow.engines.rollout.native.batcher import ContinuousBatcher, RequestSource, serving_capacity_within
+from hybridflow.engines.rollout.native.decode_graph import CPU_SPAN_MULTIPLE
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
@@ -38,6 +46,10 @@ from hybridflow.models.reshard import named_full_from_shards
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
+
+ACCELERATOR_DONE_CHECK_INTERVAL = 8
+"""Decode steps between checks for finished sequences on an accelerator: a check waits for the device, so the
+host cannot queue the next steps meanwhile; a sequence that ends costs at most 7 idle steps of its slot."""
 
 
 class NativeRollout(BaseRollout):
@@ -60,6 +72,8 @@ class NativeRollout(BaseRollout):
         kernels: str = "auto",
         tp_mesh=None,
         memory_utilization: float | None = None,
+        done_check_interval: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         """
         Args:
@@ -80,6 +94,12 @@ class NativeRollout(BaseRollout):
             memory_utilization: share of this device's memory the weights and the KV cache may take
                 (`rollout.gpu_memory_utilization`): a call then holds at most as many cache slots as fit; None: no
                 limit beyond `max_num_seqs`.
+            done_check_interval: decode steps between checks for finished sequences (each check waits for the
+                device). None: 1 on CPU, where the check costs nothing and frees slots at once, and
+                `ACCELERATOR_DONE_CHECK_INTERVAL` on accelerators. Outputs do not depend on it.
+            cuda_graphs: on CUDA, replay the decode step from CUDA graphs captured per batch bucket
+                (`native/decode_graph.py`; not under tensor parallelism). Other devices run the same
+                static-shape step eagerly.
         """
         check_kernel_mode(kernels)
         if max_num_seqs < 1 or max_prefill_tokens < 1:
@@ -101,7 +121,17 @@ class NativeRollout(BaseRollout):
         self.cache = KVCache(
             self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device
         )
-        self.batcher = ContinuousBatcher(self.forward, self.cache, max_num_seqs, max_prefill_tokens)
+        default_interval = 1 if self.device.type == "cpu" else ACCELERATOR_DONE_CHECK_INTERVAL
+        graphs = cuda_graphs and self.device.type == "cuda" and self.tp is None
+        self.batcher = ContinuousBatcher(
+            self.forward,
+            self.cache,
+            max_num_seqs,
+            max_prefill_tokens,
+            done_check_interval=done_check_interval if done_check_interval is not None else default_interval,
+            graphs=graphs,
+            span_multiple=None if graphs else CPU_SPAN_MULTIPLE,  # graphs: one span, the whole cache
+        )
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
         self.last_stats: dict[str, float] = {}
         """Timings of the last `generate_sequences` call (see `GenerationResult.stats`)."""
@@ -214,18 +244,15 @@ class NativeRollout(BaseRollout):
         logger.debug("native rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:
-        """Free the KV cache and rope tables; on accelerators also move the weights to CPU (unless they are the
-        trainer's own)."""
+        """Free the KV cache, rope tables and decode graphs; on accelerators also move the weights to CPU and empty
+        the device cache (unless they are the trainer's own: see `compute_empty_cache_on_sleep`)."""
         self.cache.release()
         self.forward.release()
-        if self.device.type != "cpu":
-            if not self.shares_training_weights:
-                self.model.to("cpu")
-            torch.accelerator.empty_cache()
+        self.batcher.decode.reset()
+        sleep_rollout_model(self.model, self.device, self.shares_training_weights)
 
     def wake_up(self) -> None:
         """Reallocate the KV cache (same shape as before `sleep`) and move the weights back."""
-        if self.device.type != "cpu" and not self.shares_training_weights:
-            self.model.to(self.device)
+        wake_up_rollout_model(self.model, self.device, self.shares_training_weights)
         self.cache.restore()
 
