@@ -202,6 +202,13 @@ class ActorRolloutRefConfig:
                 "experts; set "
                 "both (mode=R3 and enable_rollout_routing_replay=True) or neither",
             )
+        if replay and (self.actor.use_prefix_grouper or self.actor.ulysses_sequence_parallel_size > 1):
+            raise ConfigFieldError(
+                "actor.router_replay.mode",
+                "actor_rollout_ref.actor.router_replay.mode='R3' replays in the padded and packed forwards only; set "
+                "actor_rollout_ref.actor.use_prefix_grouper=False and "
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+            )
 
 
 # ----------------------------------------------------------------------------- critic

@@ -25,6 +25,7 @@ def test_router_replay_r3_with_recording_is_accepted():
         (["actor_rollout_ref.actor.router_replay.mode=R2"], "actor_rollout_ref.actor.router_replay.mode='R2'"),
         (["actor_rollout_ref.actor.router_replay.replay_file=r.pt"], "actor_rollout_ref.actor.router_replay.replay_file"),
         ([*R3, "actor_rollout_ref.rollout.name=native"], "enable_rollout_routing_replay=True"),
+        ([*R3, "actor_rollout_ref.actor.use_prefix_grouper=true"], "padded and packed forwards only"),
         (["actor_rollout_ref.rollout.expert_parallel_size=2"], "actor_rollout_ref.rollout.expert_parallel_size=2"),
         (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], "expert_model_parallel_size"),
     ],
