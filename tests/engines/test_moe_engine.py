@@ -75,10 +75,11 @@ def test_moe_engine_two_ranks_equal_one_process(moe_dirs, tmp_path):
         assert losses[1] < losses[0], arch  # it trains
         print(f"{arch}: losses {losses} / {losses2}, grad norms {norms} / {norms2}, max param diff {worst:.1e}")
         assert losses2 == pytest.approx(losses, rel=1e-5), arch
-        assert norms2 == pytest.approx(norms, rel=1e-5), arch
-        # AdamW's first steps move every weight by about lr (1e-2) whatever its gradient's size, so the float-order
-        # noise of an expert's near-zero gradient shows in it (measured 1.7e-4 for qwen3_moe); a wrong gradient
-        # would move a weight by ~lr the other way.
+        assert norms2[0] == pytest.approx(norms[0], rel=1e-5), arch  # the first step's gradients
+        # AdamW's first step moves every weight by about lr (1e-2) whatever its gradient's size, so the float-order
+        # noise of an expert's near-zero gradient shows in the weights (measured up to 3.6e-4, deepseek_v3) and in
+        # the second step's grad norm (2.2e-5 relative); a wrong gradient would move a weight by ~lr the other way.
+        assert norms2[1] == pytest.approx(norms[1], rel=1e-4), arch
         assert worst < 1e-3, (arch, worst)
         assert metrics["moe/router_entropy"] > 0 and metrics["moe/layer_0/tokens_per_expert_max"] >= 1
 
