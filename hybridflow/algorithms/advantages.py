@@ -13,7 +13,7 @@ responses to the same prompt share one id). Groups are formed by equality of ids
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np

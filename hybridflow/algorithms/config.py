@@ -8,11 +8,9 @@ the optimizer, so each setting is defined once, here, and the losses read it by 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
-from hybridflow.algorithms.kl import KL_PENALTY_TYPES
-from hybridflow.algorithms.loss_agg import LossAggMode
-from hybridflow.algorithms.rollout_correction import ROLLOUT_IS_LEVELS, build_rejection_rules, parse_rollout_rs
+from hybridflow.algorithms.rejection_rules import ROLLOUT_IS_LEVELS, build_rejection_rules, parse_rollout_rs
 from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
@@ -24,6 +22,9 @@ from hybridflow.utils.config import (
 )
 
 __all__ = [
+    "KL_PENALTY_TYPES",
+    "LOSS_AGG_MODES",
+    "LossAggMode",
     "AlgorithmConfig",
     "FilterGroupsConfig",
     "KLControlConfig",
@@ -31,6 +32,20 @@ __all__ = [
     "PolicyLossConfig",
     "RolloutCorrectionConfig",
 ]
+
+
+_BASE_KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_PENALTY_TYPES: tuple[str, ...] = _BASE_KL_TYPES + tuple(f"{name}+" for name in _BASE_KL_TYPES)
+"""KL estimators (`kl.kl_penalty`); a `+` suffix takes the k3 value with the k2 gradient (straight-through)."""
+LossAggMode = Literal[
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+"""Loss aggregations (`loss_agg.agg_loss`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 import numpy as np
 import torch
 
+from hybridflow.algorithms.config import KL_PENALTY_TYPES
 from hybridflow.algorithms.masked import masked_mean
 
 __all__ = [
@@ -38,8 +39,6 @@ __all__ = [
     "apply_kl_penalty",
 ]
 
-_BASE_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_PENALTY_TYPES: tuple[str, ...] = _BASE_TYPES + tuple(f"{name}+" for name in _BASE_TYPES)
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:

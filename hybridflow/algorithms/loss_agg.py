@@ -9,22 +9,12 @@ gives exactly the gradient of the loss computed on the whole mini-batch at once.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 
+from hybridflow.algorithms.config import LOSS_AGG_MODES, LossAggMode
 from hybridflow.algorithms.masked import masked_sum
 
 __all__ = ["LossAggMode", "LOSS_AGG_MODES", "agg_loss"]
-
-LossAggMode = Literal[
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-]
-LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 
 
 def agg_loss(

@@ -1,17 +1,22 @@
-"""Prompt data for RL training: `RLHFDataset`, `collate_fn`, resumable samplers; `preprocess/` writes parquet."""
+"""Prompt data for RL training: `RLHFDataset`, `collate_fn`, resumable samplers; `preprocess/` writes parquet.
+"""
 
-from hybridflow.data.config import DataFilesConfig, MultiturnConfig, RLHFDataConfig, SFTDataConfig
-from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, compute_position_ids
-from hybridflow.data.sampler import StatefulSampler, build_sampler
+from __future__ import annotations
 
-__all__ = [
-    "RLHFDataset",
-    "DataFilesConfig",
-    "MultiturnConfig",
-    "RLHFDataConfig",
-    "SFTDataConfig",
-    "StatefulSampler",
-    "build_sampler",
-    "collate_fn",
-    "compute_position_ids",
-]
+from hybridflow.utils.lazy import lazy_exports
+
+# Public name -> the submodule holding it; loaded on first use (see utils/lazy.py: the config sections in this
+# package import without torch).
+_EXPORTS = {
+    "DataFilesConfig": "config",
+    "MultiturnConfig": "config",
+    "RLHFDataConfig": "config",
+    "SFTDataConfig": "config",
+    "RLHFDataset": "rl_dataset",
+    "collate_fn": "rl_dataset",
+    "compute_position_ids": "rl_dataset",
+    "StatefulSampler": "sampler",
+    "build_sampler": "sampler",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

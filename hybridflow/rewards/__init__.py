@@ -5,29 +5,30 @@ and calls `manager(batch)`, which returns a `RewardResult`: `reward_tensor` (bs,
 sample's reward on its last valid token, per-sample `extra_info` columns and batch `metrics`.
 """
 
-from hybridflow.rewards.custom import FileRewardFunction, load_custom_reward_fn
-from hybridflow.rewards.manager import (
-    REWARD_MANAGERS, BatchRewardManager, DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, RewardResult,
-    compute_overlong_penalty, get_reward_manager_cls)
-from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
-from hybridflow.rewards.score import SCORERS, default_compute_score, default_compute_score_batched, resolve_scorer
+from __future__ import annotations
 
-__all__ = [
-    "REWARD_MANAGERS",
-    "SCORERS",
-    "BatchRewardManager",
-    "DAPORewardManager",
-    "FileRewardFunction",
-    "NaiveRewardManager",
-    "OverlongBufferConfig",
-    "RewardResult",
-    "ScoreOutcome",
-    "ScorerPool",
-    "ScoringConfig",
-    "compute_overlong_penalty",
-    "default_compute_score",
-    "default_compute_score_batched",
-    "get_reward_manager_cls",
-    "load_custom_reward_fn",
-    "resolve_scorer",
-]
+from hybridflow.utils.lazy import lazy_exports
+
+# Public name -> the submodule holding it; loaded on first use (see utils/lazy.py: the config sections in this
+# package import without torch).
+_EXPORTS = {
+    "FileRewardFunction": "custom",
+    "load_custom_reward_fn": "custom",
+    "REWARD_MANAGERS": "manager",
+    "BatchRewardManager": "manager",
+    "DAPORewardManager": "manager",
+    "NaiveRewardManager": "manager",
+    "OverlongBufferConfig": "manager",
+    "RewardResult": "manager",
+    "compute_overlong_penalty": "manager",
+    "get_reward_manager_cls": "manager",
+    "ScoreOutcome": "pool",
+    "ScorerPool": "pool",
+    "ScoringConfig": "pool",
+    "SCORERS": "score",
+    "default_compute_score": "score",
+    "default_compute_score_batched": "score",
+    "resolve_scorer": "score",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

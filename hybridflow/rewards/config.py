@@ -6,11 +6,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hybridflow.rewards.manager.dapo import OverlongBufferConfig
 from hybridflow.rewards.pool import ScoringConfig
 from hybridflow.utils.config import unsupported
 
-__all__ = ["CustomRewardFunctionConfig", "RewardModelConfig"]
+__all__ = ["CustomRewardFunctionConfig", "OverlongBufferConfig", "RewardModelConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlongBufferConfig:
+    """verl's `reward_model.overlong_buffer`."""
+
+    enable: bool = False
+    """Add the soft overlong penalty."""
+
+    len: int = 0
+    """Buffer length in tokens before `max_resp_len` over which the penalty ramps up."""
+
+    penalty_factor: float = 1.0
+    """The penalty at `max_resp_len` (the ramp's depth)."""
+
+    log: bool = False
+    """Also return per-sample `overlong_reward` and `overlong` in `RewardResult.extra_info`."""
+
+    def check_len(self, max_response_length: int) -> None:
+        """The buffer lies inside the response: 0 < len < max_response_length (the dapo manager's max_resp_len)."""
+        if not 0 < self.len < max_response_length:
+            raise ValueError(
+                f"reward_model.overlong_buffer.len={self.len} must be in 1..max_resp_len-1 = 1..{max_response_length - 1} "
+                "(below data.max_response_length)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,19 @@
 """Role workers the driver calls: the hybrid-engine actor/rollout/ref worker, the critic, the reward model and the
-SFT worker, and PRIME's implicit process reward model."""
+SFT worker, and PRIME's implicit process reward model.
+"""
 
-from hybridflow.workers.actor_rollout_ref import ActorRolloutRefWorker
-from hybridflow.workers.critic import CriticWorker
-from hybridflow.workers.prime_reward_model import PrimeRewardModelWorker
-from hybridflow.workers.reward_model import RewardModelWorker
-from hybridflow.workers.sft import SFTWorker
+from __future__ import annotations
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "PrimeRewardModelWorker", "RewardModelWorker", "SFTWorker"]
+from hybridflow.utils.lazy import lazy_exports
+
+# Public name -> the submodule holding it; loaded on first use (see utils/lazy.py: the config sections in this
+# package import without torch).
+_EXPORTS = {
+    "ActorRolloutRefWorker": "actor_rollout_ref",
+    "CriticWorker": "critic",
+    "PrimeRewardModelWorker": "prime_reward_model",
+    "RewardModelWorker": "reward_model",
+    "SFTWorker": "sft",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,14 +7,19 @@ sections from `models` and `engines`; this module adds batch sizes, epochs and c
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from hybridflow.algorithms.config import PPOLossConfig
-from hybridflow.algorithms.loss_agg import LossAggMode
+from hybridflow.algorithms.config import LossAggMode, PPOLossConfig
 from hybridflow.engines.rollout.config import RolloutConfig
-from hybridflow.engines.training.config import FSDPConfig, FSDPModelConfig, OptimConfig
-from hybridflow.engines.training.moe import RouterReplayConfig
+from hybridflow.engines.training.config import (
+    FSDPConfig,
+    FSDPEngineConfig,
+    FSDPModelConfig,
+    OptimConfig,
+    RouterReplayConfig,
+)
 from hybridflow.models.config import ModelConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 
@@ -119,6 +124,19 @@ class ActorConfig(PPOLossConfig):
         """Tokens per update micro-batch, or None to cut by rows."""
         return self.ppo_max_token_len_per_gpu if self.use_dynamic_bsz else None
 
+    def engine_config(self, model: ModelConfig, total_training_steps: int = -1) -> FSDPEngineConfig:
+        """The actor's training engine, built from this section and the policy's `model` (the engine's own
+        rules, e.g. sequence parallelism needs packed rows, raise here; validation calls it before Ray)."""
+        return FSDPEngineConfig(
+            model=model,
+            fsdp=self.fsdp_config,
+            optim=self.optim,
+            micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            total_training_steps=total_training_steps,
+            share_prompts=self.use_prefix_grouper,
+            ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class RefModelConfig(ModelConfig):
@@ -169,6 +187,18 @@ class RefConfig:
     def log_prob_token_budget(self) -> int | None:
         """Tokens per log-prob micro-batch, or None to cut by rows."""
         return self.log_prob_max_token_len_per_gpu if self.log_prob_use_dynamic_bsz else None
+
+    def engine_config(self, actor_model: ModelConfig, share_prompts: bool) -> FSDPEngineConfig:
+        """A separate reference engine: `model` (the actor's `actor_model` unless its path is set), never with LoRA
+        adapters; `share_prompts` follows the actor's use_prefix_grouper (they take the same batches)."""
+        model = self.model if self.model.path is not None else actor_model
+        return FSDPEngineConfig(
+            model=dataclasses.replace(model, lora_rank=0, lora_adapter_path=None),
+            fsdp=self.fsdp_config,
+            micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu,
+            share_prompts=share_prompts,
+            ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,6 +308,18 @@ class CriticConfig:
         """Tokens per value-forward micro-batch, or None to cut by rows."""
         return self.forward_max_token_len_per_gpu if self.use_dynamic_bsz else None
 
+    def engine_config(self, total_training_steps: int = -1) -> FSDPEngineConfig:
+        """The critic's training engine, built from this section (validation calls it before Ray)."""
+        return FSDPEngineConfig(
+            model=self.model,
+            fsdp=self.model.fsdp_config,
+            optim=self.optim,
+            micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            total_training_steps=total_training_steps,
+            share_prompts=self.use_prefix_grouper,
+            ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
+        )
+
 
 # ----------------------------------------------------------------------------- reward model
 @dataclass(frozen=True, kw_only=True)
@@ -378,6 +420,25 @@ class RewardModelWorkerConfig:
     def num_pool_processes(self) -> int:
         """Processes of the reward model's own pool (0 when it shares the actor's)."""
         return self.nnodes * self.n_gpus_per_node if self.enable_resource_pool else 0
+
+    def engine_config(self) -> FSDPEngineConfig:
+        """The reward model's inference engine (validation calls it before Ray)."""
+        return FSDPEngineConfig(
+            model=self.model, fsdp=self.model.fsdp_config, micro_batch_size_per_gpu=self.micro_batch_size_per_gpu or 1
+        )
+
+    def prime_engine_configs(self, total_training_steps: int = -1) -> tuple[FSDPEngineConfig, FSDPEngineConfig]:
+        """PRIME's implicit PRM (trained) and its frozen reference (`model.ref_path`, else the PRM's initial weights)."""
+        micro_batch = self.micro_batch_size_per_gpu or 1
+        prm = FSDPEngineConfig(
+            model=self.model, fsdp=self.model.fsdp_config, optim=self.model.optim, micro_batch_size_per_gpu=micro_batch,
+            total_training_steps=total_training_steps,
+        )
+        ref = FSDPEngineConfig(
+            model=dataclasses.replace(self.model, path=self.model.ref_path or self.model.path),
+            fsdp=self.model.fsdp_config, micro_batch_size_per_gpu=micro_batch,
+        )
+        return prm, ref
 
 
 @dataclass(frozen=True, kw_only=True)

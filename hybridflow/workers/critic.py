@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
@@ -31,15 +31,7 @@ class CriticWorker(Worker):
         """Load the backbone with a fresh value head (collective when sharded)."""
         critic, runtime = self.config, self.runtime
         model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, critic.model)
-        engine_config = FSDPEngineConfig(
-            model=critic.model,
-            fsdp=critic.model.fsdp_config,
-            optim=critic.optim,
-            micro_batch_size_per_gpu=critic.ppo_micro_batch_size_per_gpu,
-            total_training_steps=runtime.total_training_steps,
-            share_prompts=critic.use_prefix_grouper,
-            ulysses_sequence_parallel_size=critic.ulysses_sequence_parallel_size,
-        )
+        engine_config = critic.engine_config(runtime.total_training_steps)
         self.engine = build_fsdp_engine(model_path, engine_config, model_kind="value", tokenizer=self.tokenizer)
         self.layout = ParallelLayout(
             self.world_size, critic.model.fsdp_config.tensor_parallel_size, critic.ulysses_sequence_parallel_size

@@ -8,13 +8,12 @@ between sigmoid(beta * sum q) and each sample's outcome label `acc`. The driver 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
 
 from hybridflow.algorithms.prime import prime_ce_loss
-from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.models import resolve_model_path
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
@@ -38,16 +37,10 @@ class PrimeRewardModelWorker(Worker):
         """Load the implicit PRM with its optimizer and the frozen reference (collective when sharded)."""
         config, runtime, model = self.config, self.runtime, self.config.model
         model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
-        micro_batch = config.micro_batch_size_per_gpu or 1
-        self.prm = build_fsdp_engine(model_path, FSDPEngineConfig(
-            model=model, fsdp=model.fsdp_config, optim=model.optim, micro_batch_size_per_gpu=micro_batch,
-            total_training_steps=runtime.total_training_steps,
-        ), tokenizer=self.tokenizer)
+        prm_config, ref_config = config.prime_engine_configs(runtime.total_training_steps)
+        self.prm = build_fsdp_engine(model_path, prm_config, tokenizer=self.tokenizer)
         ref_path = resolve_model_path(model.ref_path) if model.ref_path is not None else model_path
-        self.ref = build_fsdp_engine(ref_path, FSDPEngineConfig(
-            model=dataclasses.replace(model, path=model.ref_path or model.path), fsdp=model.fsdp_config,
-            micro_batch_size_per_gpu=micro_batch,
-        ), tokenizer=self.tokenizer)
+        self.ref = build_fsdp_engine(ref_path, ref_config, tokenizer=self.tokenizer)
         layout = self.prm.layout
         self.register_dispatch_collect_info(PRIME_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank))
 

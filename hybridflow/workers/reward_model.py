@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.value_head import compute_token_level_scores
 from hybridflow.protocol import DataProto
@@ -86,10 +86,7 @@ class RewardModelWorker(Worker):
             source = load_tokenizer(resolve_model_path(config.model.input_tokenizer))
             if not same_tokenization(source, self.tokenizer):
                 self.input_tokenizer = source
-        engine_config = FSDPEngineConfig(
-            model=config.model, fsdp=config.model.fsdp_config, micro_batch_size_per_gpu=config.micro_batch_size_per_gpu or 1
-        )
-        self.engine = build_fsdp_engine(model_path, engine_config, model_kind="reward", tokenizer=self.tokenizer)
+        self.engine = build_fsdp_engine(model_path, config.engine_config(), model_kind="reward", tokenizer=self.tokenizer)
         layout = self.engine.layout  # tensor-parallel peers score the same rows
         self.register_dispatch_collect_info(
             REWARD_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)

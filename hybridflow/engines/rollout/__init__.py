@@ -11,26 +11,29 @@ install command.
 
 from __future__ import annotations
 
-from hybridflow.engines.rollout.base import OVERRIDABLE_KEYS, BaseRollout, SamplingParams
-from hybridflow.engines.rollout.config import AgentLoopConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
-from hybridflow.engines.rollout.hf import HFRollout
-from hybridflow.engines.rollout.native import NativeRollout
+from typing import Any
+
+from hybridflow.utils.lazy import lazy_exports
 from hybridflow.utils.registry import Registry
 
-ROLLOUTS: Registry[type[BaseRollout]] = Registry("rollout")
-ROLLOUTS.register("hf", HFRollout)
-ROLLOUTS.register("native", NativeRollout)
+# Every backend registers by import path, so the config section (`engines.rollout.config`) and the names imports
+# without torch; `get` imports the backend.
+ROLLOUTS: Registry[Any] = Registry("rollout")
+ROLLOUTS.register_lazy("hf", "hybridflow.engines.rollout.hf:HFRollout")
+ROLLOUTS.register_lazy("native", "hybridflow.engines.rollout.native:NativeRollout")
 ROLLOUTS.register_lazy("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout")
 
-__all__ = [
-    "OVERRIDABLE_KEYS",
-    "ROLLOUTS",
-    "AgentLoopConfig",
-    "BaseRollout",
-    "HFRollout",
-    "MultiTurnConfig",
-    "NativeRollout",
-    "RolloutConfig",
-    "SamplingConfig",
-    "SamplingParams",
-]
+# Public name -> the submodule holding it; loaded on first use (see utils/lazy.py).
+_EXPORTS = {
+    "OVERRIDABLE_KEYS": "base",
+    "BaseRollout": "base",
+    "SamplingParams": "base",
+    "AgentLoopConfig": "config",
+    "MultiTurnConfig": "config",
+    "RolloutConfig": "config",
+    "SamplingConfig": "config",
+    "HFRollout": "hf",
+    "NativeRollout": "native",
+}
+__all__ = ["ROLLOUTS", *_EXPORTS]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -13,7 +13,7 @@ from typing import Literal, Optional
 from hybridflow.models.config import ModelConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_range, unsupported
 
-__all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig"]
+__all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig", "ParallelLayout", "RouterReplayConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,3 +191,72 @@ class FSDPEngineConfig:
     def schedule_steps(self) -> int:
         """Length of the learning-rate schedule."""
         return self.optim.schedule_steps(self.total_training_steps)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How `world_size` ranks split into data (`dp`), tensor (`tp`) and sequence (`sp`) parallel groups."""
+
+    world_size: int
+    tp: int = 1
+    sp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.sp < 1:
+            raise ValueError(f"tensor and sequence parallel sizes must be >= 1, got tp={self.tp} sp={self.sp}")
+        if self.tp > 1 and self.sp > 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tp} with ulysses_sequence_parallel_size={self.sp}: combining them is "
+                "not implemented; use one of the two"
+            )
+        if self.world_size % (self.tp * self.sp):
+            raise ValueError(
+                f"{self.world_size} ranks cannot form groups of tensor_parallel_size x ulysses_sequence_parallel_size "
+                f"= {self.tp * self.sp}; the number of ranks must be a multiple of it"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """Ranks that share one data shard (tp x sp)."""
+        return self.tp * self.sp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel groups: distinct data shards per step."""
+        return self.world_size // self.group_size
+
+    def dp_rank(self, rank: int) -> int:
+        """The data shard rank `rank` takes."""
+        return rank // self.group_size
+
+    def is_collect(self, rank: int) -> bool:
+        """Whether rank `rank`'s output is kept (one per data-parallel group)."""
+        return rank % self.group_size == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterReplayConfig:
+    """Router replay for MoE models (verl's `actor.router_replay`): R3 trains with the experts the rollout chose."""
+
+    mode: Literal["disabled", "R2", "R3"] = "disabled"
+    """disabled: the training forward routes by itself. R3 (rollout routing replay): every training and log-prob
+    forward routes each token to the experts the rollout recorded (needs rollout.enable_rollout_routing_replay).
+    R2 (replaying the old-log-prob forward's routing) is not implemented."""
+    record_file: Optional[str] = None
+    """verl's file of recorded routing: not used, the routing travels in the batch (`routed_experts`)."""
+    replay_file: Optional[str] = None
+    """verl's file of routing to replay: not used, the routing travels in the batch (`routed_experts`)."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+        if self.mode == "R2":
+            raise ConfigFieldError(
+                "mode", "mode='R2' (replaying the old-log-prob forward's routing) is not implemented; use mode=R3 "
+                "with rollout.enable_rollout_routing_replay=True, or mode=disabled",
+            )
+        for name in ("record_file", "replay_file"):
+            if getattr(self, name) is not None:
+                raise ConfigFieldError(
+                    name, f"{name}={getattr(self, name)!r}: routing is carried in the batch (routed_experts), not in "
+                    "files; leave it unset",
+                )

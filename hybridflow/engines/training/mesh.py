@@ -13,48 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from hybridflow.engines.training.config import ParallelLayout
+
 __all__ = ["ParallelLayout", "TrainingMeshes", "build_training_meshes"]
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """How `world_size` ranks split into data (`dp`), tensor (`tp`) and sequence (`sp`) parallel groups."""
-
-    world_size: int
-    tp: int = 1
-    sp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.tp < 1 or self.sp < 1:
-            raise ValueError(f"tensor and sequence parallel sizes must be >= 1, got tp={self.tp} sp={self.sp}")
-        if self.tp > 1 and self.sp > 1:
-            raise ValueError(
-                f"tensor_parallel_size={self.tp} with ulysses_sequence_parallel_size={self.sp}: combining them is "
-                "not implemented; use one of the two"
-            )
-        if self.world_size % (self.tp * self.sp):
-            raise ValueError(
-                f"{self.world_size} ranks cannot form groups of tensor_parallel_size x ulysses_sequence_parallel_size "
-                f"= {self.tp * self.sp}; the number of ranks must be a multiple of it"
-            )
-
-    @property
-    def group_size(self) -> int:
-        """Ranks that share one data shard (tp x sp)."""
-        return self.tp * self.sp
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel groups: distinct data shards per step."""
-        return self.world_size // self.group_size
-
-    def dp_rank(self, rank: int) -> int:
-        """The data shard rank `rank` takes."""
-        return rank // self.group_size
-
-    def is_collect(self, rank: int) -> bool:
-        """Whether rank `rank`'s output is kept (one per data-parallel group)."""
-        return rank % self.group_size == 0
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -23,8 +22,8 @@ from hybridflow.algorithms.router_losses import (
     compute_router_metrics,
     compute_router_z_loss,
 )
+from hybridflow.engines.training.config import RouterReplayConfig
 from hybridflow.models.moe import ROUTED_EXPERTS_KEY, find_routers, moe_shape_of, replayed_weights
-from hybridflow.utils.config import ConfigFieldError, check_literal_fields
 
 logger = logging.getLogger(__name__)
 
@@ -32,34 +31,6 @@ __all__ = [
     "ROUTED_EXPERTS_KEY", "MoeRouting", "RouterReplayConfig", "RouterLossCoefs", "add_router_loss", "build_moe_routing", "moe_forward",
     "replay_tokens",
 ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RouterReplayConfig:
-    """Router replay for MoE models (verl's `actor.router_replay`): R3 trains with the experts the rollout chose."""
-
-    mode: Literal["disabled", "R2", "R3"] = "disabled"
-    """disabled: the training forward routes by itself. R3 (rollout routing replay): every training and log-prob
-    forward routes each token to the experts the rollout recorded (needs rollout.enable_rollout_routing_replay).
-    R2 (replaying the old-log-prob forward's routing) is not implemented."""
-    record_file: Optional[str] = None
-    """verl's file of recorded routing: not used, the routing travels in the batch (`routed_experts`)."""
-    replay_file: Optional[str] = None
-    """verl's file of routing to replay: not used, the routing travels in the batch (`routed_experts`)."""
-
-    def __post_init__(self) -> None:
-        check_literal_fields(self)
-        if self.mode == "R2":
-            raise ConfigFieldError(
-                "mode", "mode='R2' (replaying the old-log-prob forward's routing) is not implemented; use mode=R3 "
-                "with rollout.enable_rollout_routing_replay=True, or mode=disabled",
-            )
-        for name in ("record_file", "replay_file"):
-            if getattr(self, name) is not None:
-                raise ConfigFieldError(
-                    name, f"{name}={getattr(self, name)!r}: routing is carried in the batch (routed_experts), not in "
-                    "files; leave it unset",
-                )
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ then falling linearly to `-penalty_factor` at `L_max`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.config import OverlongBufferConfig
 from hybridflow.rewards.manager.base import (
     REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
     log_examples)
@@ -20,23 +20,6 @@ from hybridflow.rewards.manager.naive import score_each
 from hybridflow.rewards.pool import ScoringConfig
 
 __all__ = ["DAPORewardManager", "OverlongBufferConfig", "compute_overlong_penalty"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class OverlongBufferConfig:
-    """verl's `reward_model.overlong_buffer`."""
-
-    enable: bool = False
-    """Add the soft overlong penalty."""
-
-    len: int = 0
-    """Buffer length in tokens before `max_resp_len` over which the penalty ramps up."""
-
-    penalty_factor: float = 1.0
-    """The penalty at `max_resp_len` (the ramp's depth)."""
-
-    log: bool = False
-    """Also return per-sample `overlong_reward` and `overlong` in `RewardResult.extra_info`."""
 
 
 def compute_overlong_penalty(response_lengths: Sequence[int], max_resp_len: int, buffer_len: int,
@@ -67,9 +50,7 @@ class DAPORewardManager(RewardManager):
             if max_resp_len is None:
                 raise ValueError("reward_model.overlong_buffer.enable=True needs max_resp_len "
                                  "(set it to data.max_response_length)")
-            if not 0 < self.overlong.len < max_resp_len:
-                raise ValueError(f"reward_model.overlong_buffer.len={self.overlong.len} must be in 1..max_resp_len-1 "
-                                 f"(max_resp_len={max_resp_len})")
+            self.overlong.check_len(max_resp_len)
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, format_score=format_score,
                          scoring=scoring)
         self.max_resp_len = max_resp_len

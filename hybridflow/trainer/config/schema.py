@@ -8,15 +8,20 @@ to `data.*`), so a user who sets one gets both. YAML files and overrides only ch
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from hybridflow import env
+
 from hybridflow.algorithms.config import AlgorithmConfig
 from hybridflow.algorithms.estimator_registry import EstimatorSpec, estimator_spec
-from hybridflow.data.config import RLHFDataConfig, SFTDataConfig
-from hybridflow.engines.training.config import FSDPModelConfig, OptimConfig
+from hybridflow.data.config import RLHFDataConfig, SFTDataConfig, expand_path
+from hybridflow.engines.training.config import FSDPEngineConfig, FSDPModelConfig, OptimConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
-from hybridflow.trainer.guards import GuardsConfig
+from hybridflow.trainer import checkpoint_dirs
+from hybridflow.trainer.guards.config import GuardsConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
 
@@ -36,6 +41,8 @@ __all__ = [
 ]
 
 Logger = Literal["console", "file", "tensorboard", "wandb", "mlflow"]
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""The package each tracking backend imports."""
 OldLogProbSource = Literal["recompute", "update", "rollout"]
 
 
@@ -108,6 +115,52 @@ class RunConfig:
     def world_size(self) -> int:
         """Data-parallel ranks (nnodes x n_gpus_per_node)."""
         return self.nnodes * self.n_gpus_per_node
+
+    def check_paths(self) -> None:
+        """Checkpoint locations, before anything is written: resume_from_path (resume_mode=resume_path) is a
+        global_step_N directory that exists; both locations are filesystem paths; resume_mode=disable starts at
+        step 0, so default_local_dir must hold no checkpoints its saves would collide with (nothing is overwritten)."""
+        if self.resume_mode == "resume_path" and self.resume_from_path is not None:
+            path = expand_path(self.resume_from_path)
+            if not path.is_dir():
+                raise ValueError(f"trainer.resume_from_path={self.resume_from_path!r} does not exist")
+            try:
+                checkpoint_dirs.step_of(path)
+            except ValueError as err:
+                raise ValueError(f"trainer.resume_from_path={self.resume_from_path!r}: {err}") from None
+        for key, value in (("default_local_dir", self.default_local_dir), ("resume_from_path", self.resume_from_path)):
+            if value is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(value)):
+                raise ValueError(
+                    f"trainer.{key}={value!r} is a URL, but checkpoints are written to a filesystem path (on several "
+                    "nodes, one shared by all of them at the same path, e.g. an NFS mount); remote stores such as HDFS "
+                    "or S3 are not supported: mount them, or give a local path"
+                )
+        steps = checkpoint_dirs.list_steps(expand_path(self.default_local_dir))
+        if self.resume_mode == "disable" and steps:
+            raise ValueError(
+                f"trainer.resume_mode=disable starts a new run, but trainer.default_local_dir={self.default_local_dir!r} "
+                f"already holds checkpoints (steps {steps}); give the new run its own directory, or resume "
+                "(trainer.resume_mode=auto)"
+            )
+
+    def check_environment(self, ray_address: str | None) -> None:
+        """Each tracking backend's package is installed; `device=cuda` has a GPU where the workers run: in the
+        driver's process (local mode) or on the embedded cluster this machine starts. A cluster given by address is
+        checked once joined (`use_accelerator`)."""
+        for name in self.logger:
+            package = LOGGER_PACKAGES.get(name)
+            if package and importlib.util.find_spec(package) is None:
+                raise ValueError(f"trainer.logger includes {name!r} but {package} is not installed; pip install {package}")
+        joins_cluster = not self.local_mode and bool(ray_address or env.ray_address())
+        if self.device == "cuda" and not joins_cluster:
+            # Imported here: counting devices imports torch, which a config error must not wait for.
+            from hybridflow.utils.device import device_count
+
+            if device_count() == 0:
+                raise ValueError(
+                    "trainer.device='cuda' but this machine has no CUDA device for its workers; use trainer.device=auto "
+                    "or cpu, or join a GPU cluster (ray_kwargs.ray_init.address / RAY_ADDRESS)"
+                )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,6 +429,17 @@ class SFTConfig:
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     ulysses_sequence_parallel_size: int = 1
     """Ranks that split each packed sequence (Ulysses); needs model.use_remove_padding=True."""
+
+    def engine_config(self, total_training_steps: int = -1) -> FSDPEngineConfig:
+        """The SFT worker's training engine (validation calls it before Ray, so the engine's rules run there)."""
+        return FSDPEngineConfig(
+            model=self.model,
+            fsdp=self.model.fsdp_config,
+            optim=self.optim,
+            micro_batch_size_per_gpu=self.data.micro_batch_size_per_gpu,
+            total_training_steps=total_training_steps,
+            ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
+        )
 
 
 SFT_DERIVED: dict[str, str] = {}

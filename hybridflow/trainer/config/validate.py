@@ -6,22 +6,19 @@ arithmetic (prompts vs samples, global vs per-rank) in one table that `--dry-run
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import re
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from hybridflow.data.config import DataFilesConfig, expand_path
-from hybridflow.engines.training.mesh import ParallelLayout
-from hybridflow.models.loader import load_model_config
+from hybridflow.engines.training.config import FSDPEngineConfig, ParallelLayout
 from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
-from hybridflow.trainer.config.schema import PPOConfig, RunConfig
+from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
 
 # Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
 REWARD_MODEL_HEADS = ("ForSequenceClassification", "ForTokenClassification")
-LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 @dataclass(frozen=True)
@@ -145,7 +142,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_vision_language(cfg)
     _check_lengths(cfg)
     _check_token_budgets(cfg)
-    _check_environment(cfg)
+    cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
     actor = cfg.actor_rollout_ref.actor
@@ -164,43 +161,55 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     return sizes
 
 
+# A stand-in for the run's length, which is counted once the data loads: the engine's rules do not depend on it.
+_ANY_STEPS = 1
+
+
+def engine_configs(cfg: PPOConfig) -> dict[str, tuple[str, FSDPEngineConfig]]:
+    """The training engines the run builds, by role, with the config key of each one's section. They come from the
+    section methods the workers call, so building them here runs the engine's own rules before Ray starts (e.g.
+    sequence parallelism needs packed rows); a broken rule raises ValueError naming the section."""
+    arr = cfg.actor_rollout_ref
+    builders = {"actor": ("actor_rollout_ref.actor", lambda: arr.actor.engine_config(arr.model, _ANY_STEPS))}
+    if cfg.uses_reference:
+        builders["ref"] = ("actor_rollout_ref.ref", lambda: arr.ref.engine_config(arr.model, arr.actor.use_prefix_grouper))
+    if cfg.critic_enabled:
+        builders["critic"] = ("critic", lambda: cfg.critic.engine_config(_ANY_STEPS))
+    if cfg.uses_prime:
+        builders["reward_model"] = ("reward_model", lambda: cfg.reward_model.prime_engine_configs(_ANY_STEPS)[0])
+    elif cfg.reward_model.enable:
+        builders["reward_model"] = ("reward_model", cfg.reward_model.engine_config)
+    engines = {}
+    for role, (key, build) in builders.items():
+        try:
+            engines[role] = (key, build())
+        except ValueError as err:
+            raise ValueError(f"{key} (its training engine): {err}") from err
+    return engines
+
+
 def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
     """Tensor / sequence parallel layouts of the trained models: sizes that divide the ranks and the model's
-    heads, settings they need (packed sequences) or cannot take (LoRA, shared prompts); returns the layouts."""
-    arr, world = cfg.actor_rollout_ref, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    models = {"actor": ("actor_rollout_ref.actor", arr.actor.fsdp_config, arr.actor.ulysses_sequence_parallel_size,
-                        arr.model, arr.actor.use_prefix_grouper)}
-    if cfg.critic_enabled:
-        models["critic"] = ("critic", cfg.critic.model.fsdp_config, cfg.critic.ulysses_sequence_parallel_size,
-                            cfg.critic.model, cfg.critic.use_prefix_grouper)
-    if cfg.reward_model.enable:
-        rm_model = cfg.reward_model.model
-        models["reward_model"] = ("reward_model", rm_model.fsdp_config, 1, rm_model, False)
+    heads, and the engine's own rules (packed rows for sequence parallelism, no LoRA with tensor parallelism);
+    returns the layouts."""
+    arr, world = cfg.actor_rollout_ref, cfg.trainer.world_size
     layouts = {}
-    for role, (prefix, fsdp, sp, model, shares_prompts) in models.items():
+    for role, (prefix, engine) in engine_configs(cfg).items():
+        if role == "ref":
+            continue  # shares the actor's workers and layout (checked below)
         ranks = (cfg.reward_model.num_pool_processes or world) if role == "reward_model" else world
-        tp = fsdp.tensor_parallel_size
-        tp_key, sp_key = f"{prefix}.fsdp_config.tensor_parallel_size", f"{prefix}.ulysses_sequence_parallel_size"
-        if role != "actor":
-            tp_key = f"{prefix}.model.fsdp_config.tensor_parallel_size"
+        tp, sp = engine.fsdp.tensor_parallel_size, engine.ulysses_sequence_parallel_size
+        tp_key = f"{prefix}.fsdp_config.tensor_parallel_size" if role == "actor" else (
+            f"{prefix}.model.fsdp_config.tensor_parallel_size")
+        sp_key = f"{prefix}.ulysses_sequence_parallel_size"
         try:
             layouts[role] = ParallelLayout(ranks, tp, sp)
         except ValueError as err:
             raise ValueError(f"{tp_key}={tp}, {sp_key}={sp} over {ranks} ranks: {err}") from err
-        if tp == 1 and sp == 1:
-            continue
-        if sp > 1 and not model.use_remove_padding:
-            raise ValueError(f"{sp_key}={sp} splits packed sequences; set {_model_key(role)}.use_remove_padding=True")
-        if sp > 1 and shares_prompts:
-            raise ValueError(
-                f"{sp_key}={sp} with {prefix}.use_prefix_grouper=True: sequence parallelism over shared-prompt rows is "
-                "not implemented; turn one of them off"
-            )
-        if tp > 1 and model.use_lora:
-            raise ValueError(f"{tp_key}={tp} with LoRA ({_model_key(role)}.lora_rank > 0) is not implemented; use {tp_key}=1")
-        model_config = load_model_config(model.path, trust_remote_code=model.trust_remote_code)
-        check_tp_layout(model_config, tp, tp_key)
-        check_sp_layout(model_config, sp, sp_key)
+        if tp > 1 or sp > 1:
+            model_config = _model_config(engine.model.path, trust_remote_code=engine.model.trust_remote_code)
+            check_tp_layout(model_config, tp, tp_key)
+            check_sp_layout(model_config, sp, sp_key)
     ref = arr.ref
     if cfg.uses_reference:
         actor_layout = layouts["actor"]
@@ -235,11 +244,15 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
             f"{key}={tp} does not divide the {world} ranks of the colocated pool (trainer.nnodes x "
             f"trainer.n_gpus_per_node): each rollout replica takes {tp} consecutive ranks; pick a divisor of {world}"
         )
-    check_tp_layout(load_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code), tp, key)
+    check_tp_layout(_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code), tp, key)
 
 
-def _model_key(role: str) -> str:
-    return "actor_rollout_ref.model" if role == "actor" else f"{role}.model"
+def _model_config(path: str, trust_remote_code: bool = False) -> Any:
+    """A model's HF config. Imported here, not at the top: transformers and torch take seconds to import, and only
+    the checks that read a model's shape need them (a config error prints before they load)."""
+    from hybridflow.models.loader import load_model_config
+
+    return load_model_config(path, trust_remote_code=trust_remote_code)
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:
@@ -386,8 +399,7 @@ def _check_files(cfg: PPOConfig) -> None:
     elif cfg.reward_model.enable:
         _check_reward_model(cfg)
     _check_prime_keys_unused(cfg)
-    check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
-    check_run_dir(cfg.trainer)
+    cfg.trainer.check_paths()
 
 
 def _check_teacher(cfg: PPOConfig) -> None:
@@ -421,7 +433,7 @@ def _check_prime(cfg: PPOConfig) -> None:
         check_model_location(f"reward_model.model.{key}", location)
         if location is None:
             continue
-        architectures = getattr(load_model_config(location), "architectures", None) or []
+        architectures = getattr(_model_config(location), "architectures", None) or []
         if not any(name.endswith("ForCausalLM") for name in architectures):
             raise ValueError(
                 f"reward_model.model.{key}={location!r} lists architectures {architectures or 'none'}: PRIME's implicit "
@@ -442,32 +454,30 @@ def _check_prime(cfg: PPOConfig) -> None:
         )
 
 
-_PRIME_DEFAULTS = {
-    "reward_model.model.update": "none", "reward_model.model.ref_path": None, "reward_model.model.beta_train": 0.05,
-    "reward_model.prime_granularity": "token", "reward_model.prime_norm": "batch_norm",
-    "algorithm.reward_dpo_coef": 5.0, "algorithm.reward_gt_coef": 5.0,
+_PRIME_FIELDS = {
+    "reward_model.model": ("update", "ref_path", "beta_train"),
+    "reward_model": ("prime_granularity", "prime_norm"),
+    "algorithm": ("reward_dpo_coef", "reward_gt_coef"),
 }
+"""PRIME's settings, by section."""
 
 
 def _check_prime_keys_unused(cfg: PPOConfig) -> None:
-    """PRIME's settings configure nothing in other runs: a changed one is refused, not ignored."""
+    """PRIME's settings configure nothing in other runs: one changed from its section's default is refused, not
+    ignored."""
     if cfg.uses_prime:
         return
-    values = {
-        "reward_model.model.update": cfg.reward_model.model.update,
-        "reward_model.model.ref_path": cfg.reward_model.model.ref_path,
-        "reward_model.model.beta_train": cfg.reward_model.model.beta_train,
-        "reward_model.prime_granularity": cfg.reward_model.prime_granularity,
-        "reward_model.prime_norm": cfg.reward_model.prime_norm,
-        "algorithm.reward_dpo_coef": cfg.algorithm.reward_dpo_coef,
-        "algorithm.reward_gt_coef": cfg.algorithm.reward_gt_coef,
-    }
-    for key, value in values.items():
-        if value != _PRIME_DEFAULTS[key]:
-            raise ValueError(
-                f"{key}={value!r} configures PRIME's implicit process reward model, but "
-                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}; set algorithm.adv_estimator=prime or drop it"
-            )
+    sections = {"reward_model.model": cfg.reward_model.model, "reward_model": cfg.reward_model, "algorithm": cfg.algorithm}
+    for prefix, section in sections.items():
+        defaults = type(section)()
+        for name in _PRIME_FIELDS[prefix]:
+            value = getattr(section, name)
+            if value != getattr(defaults, name):
+                raise ValueError(
+                    f"{prefix}.{name}={value!r} configures PRIME's implicit process reward model, but "
+                    f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}; set algorithm.adv_estimator=prime or "
+                    "drop it"
+                )
 
 
 def _check_reward_model(cfg: PPOConfig) -> None:
@@ -511,42 +521,6 @@ def check_model_location(key: str, location: str | None, weights: bool = True) -
             "folder has only the config and tokenizer: write a model with `hybridflow merge --local_dir "
             "<global_step_N> --target_dir <dir>` and point the key there"
         )
-
-
-def check_run_dir(run: RunConfig) -> None:
-    """`trainer.resume_mode=disable` starts at step 0: refuse when the run directory already holds checkpoints, which
-    the new run's saves would collide with (nothing is ever overwritten)."""
-    from hybridflow.trainer import checkpoint_dirs
-
-    for key, value in (("default_local_dir", run.default_local_dir), ("resume_from_path", run.resume_from_path)):
-        if value is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(value)):
-            raise ValueError(
-                f"trainer.{key}={value!r} is a URL, but checkpoints are written to a filesystem path (on several "
-                "nodes, one shared by all of them at the same path, e.g. an NFS mount); remote stores such as HDFS "
-                "or S3 are not supported: mount them, or give a local path"
-            )
-    steps = checkpoint_dirs.list_steps(expand_path(run.default_local_dir))
-    if run.resume_mode == "disable" and steps:
-        raise ValueError(
-            f"trainer.resume_mode=disable starts a new run, but trainer.default_local_dir={run.default_local_dir!r} "
-            f"already holds checkpoints (steps {steps}); give the new run its own directory, or resume "
-            "(trainer.resume_mode=auto)"
-        )
-
-
-def check_resume_path(resume_mode: str, resume_from_path: str | None) -> None:
-    """With resume_mode=resume_path, the directory must be a global_step_N checkpoint that exists."""
-    if resume_mode != "resume_path" or resume_from_path is None:
-        return
-    from hybridflow.trainer import checkpoint_dirs
-
-    path = expand_path(resume_from_path)
-    if not path.is_dir():
-        raise ValueError(f"trainer.resume_from_path={resume_from_path!r} does not exist")
-    try:
-        checkpoint_dirs.step_of(path)
-    except ValueError as err:
-        raise ValueError(f"trainer.resume_from_path={resume_from_path!r}: {err}") from None
 
 
 def _check_rows(cfg: PPOConfig) -> None:
@@ -625,11 +599,7 @@ def _check_rewards(cfg: PPOConfig) -> None:
         raise ValueError(
             f"reward_model.overlong_buffer.enable=True needs reward_model.reward_manager=dapo, got {manager!r}"
         )
-    if not 0 < buffer.len < cfg.data.max_response_length:
-        raise ValueError(
-            f"reward_model.overlong_buffer.len={buffer.len} must be in 1..{cfg.data.max_response_length - 1} "
-            "(below data.max_response_length)"
-        )
+    buffer.check_len(cfg.data.max_response_length)
 
 
 def _check_agent_loops(cfg: PPOConfig) -> None:
@@ -689,31 +659,4 @@ def _check_lengths(cfg: PPOConfig) -> None:
         raise ValueError(
             f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of {context} "
             f"tokens ({cfg.actor_rollout_ref.model.path}); lower one of them"
-        )
-
-
-def check_logger_packages(loggers: list[str]) -> None:
-    """Each tracking backend's package is importable."""
-    for name in loggers:
-        package = LOGGER_PACKAGES.get(name)
-        if package and importlib.util.find_spec(package) is None:
-            raise ValueError(f"trainer.logger includes {name!r} but {package} is not installed; pip install {package}")
-
-
-def _check_environment(cfg: PPOConfig) -> None:
-    check_logger_packages(cfg.trainer.logger)
-    check_device(cfg.trainer, cfg.ray_kwargs.ray_init.address)
-
-
-def check_device(run: RunConfig, ray_address: str | None) -> None:
-    """`trainer.device=cuda` needs a GPU where the workers run: in the driver's process (local mode) or on the
-    embedded cluster this machine starts. A cluster given by address is checked once joined (`use_accelerator`)."""
-    from hybridflow import env
-    from hybridflow.utils.device import device_count
-
-    joins_cluster = not run.local_mode and bool(ray_address or env.ray_address())
-    if run.device == "cuda" and not joins_cluster and device_count() == 0:
-        raise ValueError(
-            "trainer.device='cuda' but this machine has no CUDA device for its workers; use trainer.device=auto or "
-            "cpu, or join a GPU cluster (ray_kwargs.ray_init.address / RAY_ADDRESS)"
         )

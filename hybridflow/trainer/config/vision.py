@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from hybridflow.data.config import expand_path
 from hybridflow.trainer.config.schema import PPOConfig
 
@@ -79,6 +77,8 @@ def _vision_language_config(cfg: PPOConfig) -> Any:
 
 def _check_no_images(cfg: PPOConfig) -> None:
     """A text actor's training and validation files hold no images in `data.image_key` (reads only that column)."""
+    import pyarrow.parquet as pq  # here, not at the top: a config error prints before pyarrow (and numpy) load
+
     key = cfg.data.image_key
     for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in paths:

@@ -6,33 +6,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
-from hybridflow.utils.config import check_positive, check_range
+from hybridflow.trainer.guards.config import MemoryWatchConfig
 from hybridflow.utils.process_memory import MemoryReport
 
 logger = logging.getLogger(__name__)
 
 GB = 1e9
 MemoryLevel = Literal["ok", "warn", "stop"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryWatchConfig:
-    """trainer.guards.memory: the per-node host-memory budget of the run's worker processes."""
-
-    enable: bool = True
-    """Ask every worker process for its memory after each step (memory/* metrics) and hold it against the budget."""
-    host_memory_budget_gb: Optional[float] = None
-    """GB (1e9 bytes) that the peak RSS of this run's worker processes on one node may sum to; past it the run saves a
-    checkpoint and stops. None: 90% of the node's physical memory (the rest for the OS, Ray and the driver)."""
-    warn_fraction: float = 0.9
-    """Share of the budget at which a warning names the process that grew (logged once per node)."""
-
-    def __post_init__(self) -> None:
-        check_positive("host_memory_budget_gb", self.host_memory_budget_gb, allow_none=True)
-        check_range("warn_fraction", self.warn_fraction, 0.0, 1.0, low_open=True)
 
 
 class MemoryBudgetError(RuntimeError):

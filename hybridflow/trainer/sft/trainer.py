@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader
 
 from hybridflow.data.config import SFTDataConfig
 from hybridflow.data.sft_dataset import SFTDataset
-from hybridflow.engines.training import FSDPEngineConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.ray import RayClassWithInitArgs
 from hybridflow.trainer import checkpointing
@@ -58,15 +57,7 @@ def build_sft_dataloaders(data: SFTDataConfig, tokenizer: Any) -> tuple[DataLoad
 
 def build_sft_workers(cfg: SFTConfig, total_training_steps: int) -> WorkerProcesses:
     """One SFTWorker per rank (in the driver with `trainer.local_mode`), models loaded."""
-    engine_config = FSDPEngineConfig(
-        model=cfg.model,
-        fsdp=cfg.model.fsdp_config,
-        optim=cfg.optim,
-        micro_batch_size_per_gpu=cfg.data.micro_batch_size_per_gpu,
-        total_training_steps=total_training_steps,
-        ulysses_sequence_parallel_size=cfg.ulysses_sequence_parallel_size,
-    )
-    worker = RayClassWithInitArgs(SFTWorker, engine_config, worker_runtime(cfg.trainer, total_training_steps))
+    worker = RayClassWithInitArgs(SFTWorker, cfg.engine_config(total_training_steps), worker_runtime(cfg.trainer, total_training_steps))
     processes = WorkerProcesses(cfg.trainer, worker, name_prefix="hybridflow_sft")
     processes.group.init_model()
     return processes

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from hybridflow.engines.training.mesh import ParallelLayout
+from hybridflow.engines.training.config import ParallelLayout
 from hybridflow.models.loader import load_model_config
 from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.validate import (
     check_data_files,
-    check_device,
-    check_logger_packages,
     check_model_location,
-    check_resume_path,
-    check_run_dir,
     model_context_length,
 )
 
@@ -40,16 +36,14 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
         )
     check_model_location("model.path", cfg.model.path)
     check_model_location("model.tokenizer_path", cfg.model.tokenizer_path, weights=False)
-    check_resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
-    check_run_dir(cfg.trainer)
+    cfg.trainer.check_paths()
     context = model_context_length(cfg.model.path)
     if context is not None and data.max_length > context:
         raise ValueError(
             f"data.max_length={data.max_length} exceeds the model's context of {context} tokens ({cfg.model.path}); "
             "lower it"
         )
-    check_logger_packages(cfg.trainer.logger)
-    check_device(cfg.trainer, cfg.ray_kwargs.ray_init.address)
+    cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
     return [
         ("ranks (nnodes x n_gpus_per_node)", ranks),
         ("data-parallel groups (ranks / tp x sp)", world),
@@ -61,7 +55,8 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
 
 
 def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
-    """The tensor / sequence parallel layout: sizes that divide the ranks and the model, packed rows for Ulysses."""
+    """The tensor / sequence parallel layout: sizes that divide the ranks and the model, and the training engine's
+    own rules (built by the same `SFTConfig.engine_config` the trainer uses)."""
     tp, sp = cfg.model.fsdp_config.tensor_parallel_size, cfg.ulysses_sequence_parallel_size
     try:
         layout = ParallelLayout(cfg.trainer.world_size, tp, sp)
@@ -69,10 +64,10 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
         raise ValueError(
             f"model.fsdp_config.tensor_parallel_size={tp}, ulysses_sequence_parallel_size={sp}: {err}"
         ) from err
-    if sp > 1 and not cfg.model.use_remove_padding:
-        raise ValueError(f"ulysses_sequence_parallel_size={sp} splits packed sequences; set model.use_remove_padding=True")
-    if tp > 1 and cfg.model.use_lora:
-        raise ValueError(f"model.fsdp_config.tensor_parallel_size={tp} with LoRA (model.lora_rank > 0) is not implemented")
+    try:
+        cfg.engine_config(total_training_steps=1)  # the engine's own rules (packed rows for Ulysses, no LoRA with tp)
+    except ValueError as err:
+        raise ValueError(f"the SFT training engine: {err}") from err
     if layout.group_size > 1:
         model_config = load_model_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         check_tp_layout(model_config, tp, "model.fsdp_config.tensor_parallel_size")

@@ -1,0 +1,73 @@
+"""The guards' config sections (`trainer.guards.*`), apart from the guards' torch code so the config schema imports
+them without it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, check_range
+
+__all__ = ["AlarmName", "AlarmsConfig", "GuardsConfig", "MemoryWatchConfig"]
+
+AlarmName = Literal["logprob_mismatch", "entropy_collapse", "length_saturation", "reward_flatline", "zero_advantage"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmsConfig:
+    """trainer.guards.alarms: thresholds of the alarms on a step's metrics."""
+
+    enable: bool = True
+    """Watch the step metrics below and log (once per alarm) when one stays past its threshold."""
+    patience_steps: int = 3
+    """Consecutive steps a metric must stay past its threshold before its alarm fires."""
+    logprob_mismatch_max: float = 0.1
+    """logprob_mismatch fires when training/rollout_probs_diff_mean (mean |p_rollout - p_train| per token) is above."""
+    entropy_min: float = 0.01
+    """entropy_collapse fires when actor/entropy (nats per token) is below (needs the entropy metric)."""
+    length_clip_ratio_max: float = 0.5
+    """length_saturation fires when response_length/clip_ratio (share of responses at the length limit) is above."""
+    zero_adv_group_frac_max: float = 0.9
+    """zero_advantage fires when guards/zero_adv_group_frac (prompt groups whose advantages are all 0) is above.
+    reward_flatline has no threshold: it fires when every group's rewards are identical (guards/flat_reward_group_frac
+    is 1)."""
+    stop_on: list[AlarmName] = field(default_factory=list)
+    """Alarms that stop the run (after the step's checkpoint) instead of only logging: any of logprob_mismatch,
+    entropy_collapse, length_saturation, reward_flatline, zero_advantage."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+        check_at_least("patience_steps", self.patience_steps, 1)
+        check_at_least("logprob_mismatch_max", self.logprob_mismatch_max, 0.0)
+        check_at_least("entropy_min", self.entropy_min, 0.0)
+        check_range("length_clip_ratio_max", self.length_clip_ratio_max, 0.0, 1.0, high_open=True)
+        check_range("zero_adv_group_frac_max", self.zero_adv_group_frac_max, 0.0, 1.0, high_open=True)
+        if self.stop_on and not self.enable:
+            raise ConfigFieldError("stop_on", f"stop_on={self.stop_on} needs enable=True (the alarms are off)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryWatchConfig:
+    """trainer.guards.memory: the per-node host-memory budget of the run's worker processes."""
+
+    enable: bool = True
+    """Ask every worker process for its memory after each step (memory/* metrics) and hold it against the budget."""
+    host_memory_budget_gb: Optional[float] = None
+    """GB (1e9 bytes) that the peak RSS of this run's worker processes on one node may sum to; past it the run saves a
+    checkpoint and stops. None: 90% of the node's physical memory (the rest for the OS, Ray and the driver)."""
+    warn_fraction: float = 0.9
+    """Share of the budget at which a warning names the process that grew (logged once per node)."""
+
+    def __post_init__(self) -> None:
+        check_positive("host_memory_budget_gb", self.host_memory_budget_gb, allow_none=True)
+        check_range("warn_fraction", self.warn_fraction, 0.0, 1.0, low_open=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardsConfig:
+    """trainer.guards: checks after every step that stop a run from failing silently."""
+
+    alarms: AlarmsConfig = field(default_factory=AlarmsConfig)
+    """Alarms on the step's metrics."""
+    memory: MemoryWatchConfig = field(default_factory=MemoryWatchConfig)
+    """The worker processes' host-memory budget."""
