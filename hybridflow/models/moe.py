@@ -33,8 +33,12 @@ from hybridflow.models.tiny import build_tiny_tokenizer
 
 __all__ = [
     "MOE_ARCHS", "MoeArch", "MoeShape", "build_tiny_moe_model", "save_tiny_moe_model", "moe_shape_of", "find_routers",
-    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights",
+    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights", "ROUTED_EXPERTS_KEY",
 ]
+
+ROUTED_EXPERTS_KEY = "routed_experts"
+"""Batch key of the rollout's recorded experts: (bs, seq, moe_layers, k) integers (uint8 up to 256 experts), one
+row per input position (prompt then response; the last response token, never fed back, holds 0)."""
 
 MoeArch = Literal["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"]
 MOE_ARCHS: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3")
@@ -151,6 +155,15 @@ class RoutingRecorder:
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+    def routed_experts(self, num_rows: int, seq_len: int, num_experts: int) -> torch.Tensor:
+        """`per_token` right-padded with 0 to `seq_len` positions, in the smallest integer type that holds
+        `num_experts`: (num_rows, seq_len, layers, k)."""
+        routed = self.per_token(num_rows)
+        dtype = torch.uint8 if num_experts <= 256 else torch.int32
+        out = routed.new_zeros((num_rows, seq_len, *routed.shape[2:]), dtype=dtype)
+        out[:, : routed.size(1)] = routed[:, :seq_len].to(dtype)
+        return out
 
     def per_token(self, num_rows: int) -> torch.Tensor:
         """(num_rows, tokens, layers, k) int64: every forward's experts in order, each forward's tokens as
