@@ -34,6 +34,7 @@ import torch
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
+from hybridflow.utils.host import write_results
 
 TOPICS = (
     "the history of the printing press", "how volcanoes form", "the water cycle", "why the sky is blue",
@@ -158,7 +159,9 @@ def main() -> None:
     parser.add_argument("--eos", action="store_true", help="let eos end responses (default: fixed length)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load_start = os.getloadavg()[0]
+    load_before = list(os.getloadavg())
+    load_start = load_before[0]
+    rows = []  # raw results, written with the host's facts to benchmarks/results/ at the end
     copy_bandwidth, bandwidth, flops = measure_copy_bandwidth(), measure_read_bandwidth(), measure_matmul_flops()
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
@@ -189,10 +192,12 @@ def main() -> None:
                 peer_tok_s = max(peer_tok_s or 0.0, r["tok_s"])
             print_row(workload, backend, f"{r['tok_s']:.1f}", f"{r['ttft_s']:.2f}", f"{r['seconds']:.1f}",
                       f"{r['mean_len']:.1f}", f"{r['truncated']:.0%}", ratio, f"{r['load']:.2f}")
+            rows.append({"workload": workload, "backend": backend, **r})
         prompt_len = float(prompts.batch["attention_mask"].sum(-1).float().mean())
         mem, compute = decode_ceilings(model, num_prompts, prompt_len + new_tokens / 2, bandwidth, flops)
         print_row(workload, "ceiling: bandwidth", f"{mem:.0f}")
         print_row(workload, "ceiling: compute", f"{compute:.0f}")
+    print("raw results:", write_results("rollout", vars(args), rows, load_before), flush=True)
 
 
 def print_row(*cells: str) -> None:

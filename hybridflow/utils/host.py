@@ -55,3 +55,20 @@ def host_facts() -> dict[str, object]:
 def _read_cpuinfo() -> str:
     path = Path("/proc/cpuinfo")
     return path.read_text() if path.exists() else ""
+
+
+def write_results(name: str, config: dict, rows: list[dict], load_before: list[float],
+                  directory: Path = Path("benchmarks/results")) -> Path:
+    """Write a benchmark's raw results with the host's facts (`host_facts`, the load before and now) to
+    `directory/{name}_{UTC time}.json`; returns the path, which a table in the docs can name."""
+    import json
+    import time
+
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    facts = host_facts()
+    record = {"benchmark": name, "utc": stamp, "host": facts, "load_before": list(load_before),
+              "load_after": facts["load_average"], "config": config, "rows": rows}
+    path = directory / f"{name}_{stamp}.json"
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return path
