@@ -45,6 +45,7 @@ from hybridflow.engines.training.head import build_head
 from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout, host_copies
 from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
+from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
@@ -219,6 +220,7 @@ class FSDPEngine:
             )
         self.head_chunk_size = self.head.chunk_size if self.head is not None else None
         self.forward_model = ForwardModel(self.module, model_kind == "value", self.head, self.sp_group)
+        self.moe = build_moe_routing(self.module) if model_kind == "causal_lm" else None  # None: dense
         # tokens, attention pairs and projected positions computed since `pop_work`, by grad mode (for MFU)
         self._work = {False: ForwardWork(), True: ForwardWork()}
         self.optimizer = build_optimizer(self.module, config.optim)
@@ -261,7 +263,8 @@ class FSDPEngine:
             tensors.update(vision_inputs(micro_batch.non_tensor_batch["multi_modal_inputs"], tensors, self.device))
         self._count_work(plan.work)
         with self._autocast():
-            return forward_layout(self.forward_model, tensors, plan, temperature, calculate_entropy)
+            forward = lambda: forward_layout(self.forward_model, tensors, plan, temperature, calculate_entropy)
+            return moe_forward(self.moe, micro_batch, tensors, plan, forward)
 
     def _count_work(self, work: ForwardWork) -> None:
         mode = torch.is_grad_enabled()
@@ -329,7 +332,7 @@ class FSDPEngine:
             outputs = self.forward_micro_batch(
                 micro_batch, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan
             )
-            loss, metrics = loss_fn(outputs, micro_batch)
+            loss, metrics = add_router_loss(loss_fn(outputs, micro_batch), outputs, 1 if scale_by_rows else len(plans))
             weight = num_rows(micro_batch) / total_rows if scale_by_rows else 1.0
             (loss * weight).backward()
             total_loss += loss.detach() * weight
