@@ -92,23 +92,30 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
     heads, and the engine's own rules (packed rows for sequence parallelism, no LoRA with tensor parallelism);
     returns the layouts."""
     arr, world = cfg.actor_rollout_ref, cfg.trainer.world_size
+    sizes = {"actor": ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.actor", arr.actor.fsdp_config,
+                       arr.actor.ulysses_sequence_parallel_size)}
+    if cfg.critic_enabled:
+        sizes["critic"] = ("critic.model.fsdp_config", "critic", cfg.critic.model.fsdp_config,
+                           cfg.critic.ulysses_sequence_parallel_size)
+    if cfg.reward_model.enable:
+        sizes["reward_model"] = ("reward_model.model.fsdp_config", "reward_model", cfg.reward_model.model.fsdp_config, 1)
     layouts = {}
-    for role, (prefix, engine) in engine_configs(cfg).items():
-        if role == "ref":
-            continue  # shares the actor's workers and layout (checked below)
+    for role, (fsdp_key, prefix, fsdp, sp) in sizes.items():
         ranks = (cfg.reward_model.num_pool_processes or world) if role == "reward_model" else world
-        tp, sp = engine.fsdp.tensor_parallel_size, engine.ulysses_sequence_parallel_size
-        tp_key = f"{prefix}.fsdp_config.tensor_parallel_size" if role == "actor" else (
-            f"{prefix}.model.fsdp_config.tensor_parallel_size")
+        tp, tp_key = fsdp.tensor_parallel_size, f"{fsdp_key}.tensor_parallel_size"
         sp_key = f"{prefix}.ulysses_sequence_parallel_size"
         try:
             layouts[role] = ParallelLayout(ranks, tp, sp)
         except ValueError as err:
             raise ValueError(f"{tp_key}={tp}, {sp_key}={sp} over {ranks} ranks: {err}") from err
-        if tp > 1 or sp > 1:
-            model_config = _model_config(engine.model.path, trust_remote_code=engine.model.trust_remote_code)
-            check_tp_layout(model_config, tp, tp_key)
-            check_sp_layout(model_config, sp, sp_key)
+    engines = engine_configs(cfg)  # the engine's own rules, once the sizes fit the ranks
+    for role, layout in layouts.items():
+        if layout.group_size > 1:
+            fsdp_key, prefix = sizes[role][:2]
+            model = engines[role][1].model
+            model_config = _model_config(model.path, trust_remote_code=model.trust_remote_code)
+            check_tp_layout(model_config, layout.tp, f"{fsdp_key}.tensor_parallel_size")
+            check_sp_layout(model_config, layout.sp, f"{prefix}.ulysses_sequence_parallel_size")
     ref = arr.ref
     if cfg.uses_reference:
         actor_layout = layouts["actor"]
