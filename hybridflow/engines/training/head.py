@@ -51,19 +51,25 @@ class Head:
         temperature: float,
         calculate_entropy: bool,
         *,
+        rows: torch.Tensor | None = None,
         shard: VocabShard | None | str = "head",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run `model` on `inputs` projecting `logits_to_keep` positions; `select` cuts the projected rows
         ((bs, kept, H) hidden states or (bs, kept, V) logits -> (N, H) / (N, V)) that predict `labels` (N,).
         Returns log-probs (N,) float32 under softmax(logits / temperature) and entropy (N,) or None.
+        `rows` (N,) int64: label i reads selected row `rows[i]` (several labels share a row: a shared prompt's last
+        token predicts every response's first one); the plain head then never copies (N, V) logits.
         `shard=None` overrides the head's vocabulary split (Ulysses: each rank projects the whole vocabulary)."""
         shard = self.shard if shard == "head" else shard
         if self.chunk_size is None:
             logits = model(**inputs, logits_to_keep=logits_to_keep).logits
             flat = select(logits).float() / temperature
             entropy = token_entropy(flat, shard) if calculate_entropy else None
-            return token_log_probs(flat, labels, shard=shard), entropy
-        return self._fused(model, inputs, logits_to_keep, select, labels, temperature, calculate_entropy, shard)
+            if entropy is not None and rows is not None:
+                entropy = entropy[rows]
+            return token_log_probs(flat, labels, rows=rows, shard=shard), entropy
+        pick = select if rows is None else (lambda hidden: select(hidden)[rows])
+        return self._fused(model, inputs, logits_to_keep, pick, labels, temperature, calculate_entropy, shard)
 
     def _fused(self, model, inputs, logits_to_keep, select, labels, temperature, calculate_entropy, shard):
         result: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}

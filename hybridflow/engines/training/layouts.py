@@ -269,7 +269,7 @@ def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperat
         return {"values": _scatter(values[layout.predictor_of_valid], layout.valid_index, shape)}
     labels = tensors["input_ids"][:, -layout.response_length :].reshape(-1)[layout.valid_index]
     log_probs, entropy = model.head.log_probs(
-        model.module, inputs, layout.kept, lambda x: x[0, layout.kept_row_of_valid], labels, temperature,
-        calculate_entropy,
+        model.module, inputs, layout.kept, lambda x: x[0], labels, temperature, calculate_entropy,
+        rows=layout.kept_row_of_valid,
     )
     return _outputs(log_probs, entropy, lambda values: _scatter(values, layout.valid_index, shape))

@@ -91,12 +91,12 @@ def token_log_probs(
     label (default: label i reads row i, labels of shape (N,)) -> (...) float32.
     """
     logits = logits.float()
-    if rows is None:
-        rows = torch.arange(logits.size(0), device=logits.device)
     if shard is None:
-        if rows.dim() == 1 and rows.numel() == logits.size(0):
+        if rows is None:
             return compute_log_probs_from_logits(logits, labels)
         return logits[rows, labels] - torch.logsumexp(logits, dim=-1)[rows]
+    if rows is None:
+        rows = torch.arange(logits.size(0), device=logits.device)
     return _ParallelLogProbs.apply(logits, rows, labels, shard)
 
 
