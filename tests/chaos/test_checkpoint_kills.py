@@ -19,14 +19,17 @@ from hybridflow.trainer.config.schema import RunConfig
 
 SAVER = """
 import sys
+import time
 from pathlib import Path
 from hybridflow.trainer import checkpointing
 
 root, step = Path(sys.argv[1]), int(sys.argv[2])
 
 def save_workers(staging):
-    for shard in range(6):  # a few MB of shards, so a kill lands in the middle of the save
+    print("saving", flush=True)  # the test counts the kills that land after this and before "done"
+    for shard in range(6):  # a few MB of shards, 0.05 s apart, so a kill lands in the middle of the save
         (staging / f"model_rank_{shard}.pt").write_bytes(bytes([step % 256]) * 600_000)
+        time.sleep(0.05)
 
 print("ready", flush=True)
 checkpointing.save_checkpoint(root, step, save_workers, {"sampler": {"position": step}, "kl_coef": 0.1 * step}, 2)
@@ -36,13 +39,19 @@ print("done", flush=True)
 
 def save_in_subprocess(root: Path, step: int, kill_after_s: float | None) -> bool:
     """Run a save of `step` in a child process, SIGKILLed `kill_after_s` after it starts; True if it finished."""
+    return _save(root, step, kill_after_s)[0]
+
+
+def _save(root: Path, step: int, kill_after_s: float | None) -> tuple[bool, bool]:
+    """(finished, killed inside the save: after its workers began writing and before it returned)."""
     child = subprocess.Popen([sys.executable, "-c", SAVER, str(root), str(step)], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "ready"
     if kill_after_s is not None:
         time.sleep(kill_after_s)
         child.send_signal(signal.SIGKILL)
+    rest = child.stdout.read().split()
     child.wait(timeout=60)
-    return child.returncode == 0
+    return child.returncode == 0, "saving" in rest and "done" not in rest
 
 
 def assert_resumable(root: Path, at_least: int) -> int:
@@ -59,12 +68,19 @@ def assert_resumable(root: Path, at_least: int) -> int:
 def test_sigkill_at_any_point_of_a_save_leaves_a_complete_checkpoint(tmp_path):
     assert save_in_subprocess(tmp_path, 1, None)
     step = 1
-    # kills during the save (it takes a few ms after "ready") and one after it ends; each attempt is a new process
-    for attempt, delay in enumerate([0.0, 0.002, 0.005, 0.01, 0.02, 0.3]):
-        finished = save_in_subprocess(tmp_path, step + 1, delay)
+    # Kills during the save (its workers write for about 0.3 s after "ready"), then a save left to finish; each
+    # attempt is a new process, and each resumed state is checked in full (step, sampler, kl_coef, every shard).
+    inside = 0
+    for attempt, delay in enumerate([0.0, 0.02, 0.06, 0.12, 0.18, 0.24, None]):
+        finished, killed_inside = _save(tmp_path, step + 1, delay)
+        inside += killed_inside
+        assert finished == (delay is None), f"attempt {attempt} (kill after {delay} s): finished={finished}"
         step = assert_resumable(tmp_path, step + 1 if finished else step)
         if not finished and (tmp_path / f"global_step_{step + 1}").exists():
             pytest.fail(f"attempt {attempt}: a killed save left global_step_{step + 1}")
+    assert step == 2, "only the save that was not killed advanced the checkpoint"
+    # A kill before the workers start writing tests less; most of the six must land inside the save.
+    assert inside >= 4, f"only {inside} of 6 kills landed inside a save"
     assert len(checkpoint_dirs.list_steps(tmp_path)) <= 3  # max 2 kept, +1 only inside a save
 
 
