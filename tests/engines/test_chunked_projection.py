@@ -76,8 +76,11 @@ def _assert_equal(plain: dict, fused: dict, mask: torch.Tensor) -> None:
     for key in ("log_probs", "entropy", "train_log_probs", "train_entropy"):
         torch.testing.assert_close(fused[key][mask], plain[key][mask], atol=1e-6, rtol=0, msg=key)
     assert set(fused["grads"]) == set(plain["grads"])
+    # Gradients sum over every token and (for embed_tokens, tied to the head) over vocabulary chunks in another
+    # order than one matmul: a few float32 ulps of the largest entries. Measured up to 1.6e-6 on the AVX2 host
+    # (under 1e-6 with AVX-512); a wrong chunk or label gives errors of the gradient's own size (1e-2 and up).
     for name, grad in plain["grads"].items():
-        torch.testing.assert_close(fused["grads"][name], grad, atol=1e-6, rtol=0, msg=f"gradient of {name}")
+        torch.testing.assert_close(fused["grads"][name], grad, atol=5e-6, rtol=0, msg=f"gradient of {name}")
 
 
 # ----------------------------------------------------------------------------- the function itself

@@ -33,9 +33,14 @@ def test_grad_accumulation_over_4_micro_batches_equals_one_big_batch(tiny_llama_
     small_metrics = small.train_batch(batch, seq_mean_nll)
     assert small_metrics["loss"] == pytest.approx(big_metrics["loss"], abs=1e-6)
     assert small_metrics["grad_norm"] == pytest.approx(big_metrics["grad_norm"], abs=1e-6)
+    # The accumulated gradient is checked by the loss and grad norm above (1e-6; a wrong scale of the micro-batch
+    # losses moves the norm by far more). The parameters after one AdamW step are looser: its first update is
+    # lr * g / (|g| + eps), so an entry whose gradient is near eps turns float32 reduction-order noise into up to
+    # lr (1e-2) of change. Measured: 0 on the AVX-512 host, 2.4e-5 on the AVX2 host; an update that skipped a
+    # micro-batch moves parameters by about lr.
     a, b = _params(big), _params(small)
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0)
+        torch.testing.assert_close(a[name], b[name], atol=1e-4, rtol=0)
     assert set(small_metrics) >= {"loss", "grad_norm", "lr", "num_skipped_steps", "nll"}
 
 
