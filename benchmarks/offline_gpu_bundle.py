@@ -1,4 +1,4 @@
-"""A bundle that runs the GPU tests and `gpu_smoke.py` on an offline CUDA node whose image has torch and
+"""A bundle that runs the GPU tests, `gpu_profile.py` and `gpu_smoke.py` on an offline CUDA node whose image has torch and
 transformers but not the rest (Ray, hydra, tensordict...), in under 64 MiB: wheels for the node's Python, Ray's
 wheel without its Java jars and the libraries hybridflow never imports (rllib, serve, tune, data, llm, the
 dashboard's web client), the SmolLM2 tokenizer, model configs for random-weight stand-ins (SmolLM2-135M's
@@ -91,8 +91,9 @@ def write_model_configs(target: Path) -> None:
 
 
 RUN_SH = r"""#!/usr/bin/env bash
-# Run from the repository root on the GPU node: installs the bundle's wheels into /tmp/site, then the gpu tests
-# and gpu_smoke.py (random-weight stand-ins), each phase under a time limit. Logs and metrics go to $OUT.
+# Run from the repository root on the GPU node: installs the bundle's wheels into /tmp/site, then the gpu tests,
+# gpu_profile.py and gpu_smoke.py (random-weight stand-ins), each phase under a time limit (RUN_TESTS=0 or
+# RUN_PROFILE=0 skips a phase). Logs and metrics go to $OUT.
 set -u
 B=$(cd "$(dirname "$0")" && pwd); OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 T0=$(date +%s); el(){ echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -106,6 +107,11 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   timeout ${TESTS_S:-240} python3 -m pytest -m gpu -p no:cacheprovider -q --timeout 150 -n ${NPROC:-4} -rfEs \
     ${TESTS:-tests/gpu tests/engines/test_gpu.py tests/engines/test_parallel_training.py tests/engines/rollout_native/test_tensor_parallel.py tests/algorithms/test_device.py} \
     > "$OUT/tests.log" 2>&1; echo "tests rc $?"; grep -E "passed|failed" "$OUT/tests.log" | tail -2
+fi
+if [ "${RUN_PROFILE:-1}" = 1 ]; then
+  el gpu_profile  # no Ray; raw JSON into benchmarks/results/, tables into the log
+  timeout ${PROFILE_S:-600} python3 benchmarks/gpu_profile.py ${PROFILE_ARGS:-} > "$OUT/gpu_profile.log" 2>&1
+  echo "gpu_profile rc $?"; grep -E "^#|^\|" "$OUT/gpu_profile.log"; cp benchmarks/results/gpu_profile_*.json "$OUT"/ 2>/dev/null
 fi
 for model in ${MODELS:-smollm2 llama1b}; do
   el "smoke $model"
