@@ -26,5 +26,5 @@ def test_tiny_cpu_run_prints_every_table(tmp_path):
     report = json.loads((tmp_path / "gpu_profile_cpu_tiny.json").read_text())
     assert {row["rollout"] for row in report["decode"]} == {"hf", "native"}
     assert [row["batch"] for row in report["decode"]] == [2, 4, 8, 2, 4, 8]
-    assert all(row["tok_s"] > 0 and row["step_s"] > 0 for row in report["steps"])
+    assert all(row["tokens_per_s"] > 0 and row["step_s"] > 0 for row in report["steps"])
     assert report["engine"]["update"]["wall_s"] > 0
