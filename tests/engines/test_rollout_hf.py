@@ -144,7 +144,8 @@ def test_registry_names_backends_and_rejects_unknown():
 @pytest.mark.parametrize("shares", [False, True])
 def test_sleep_never_moves_the_trainers_own_module(tiny_llama_dir, tiny_tokenizer, monkeypatch, shares):
     """On an accelerator, sleep/wake move a rollout's own copy off and back, but a module shared with the
-    training engine (one rank) must stay where the trainer keeps it; only caches are freed."""
+    training engine (one rank) must stay where the trainer keeps it, and the device cache is not emptied then (the
+    trainer's next update reuses those blocks)."""
     from hybridflow.engines.rollout import HFRollout, SamplingParams
 
     rollout = HFRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=2))
@@ -155,4 +156,4 @@ def test_sleep_never_moves_the_trainers_own_module(tiny_llama_dir, tiny_tokenize
     monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: moves.append("empty_cache"))
     rollout.sleep()
     rollout.wake_up()
-    assert moves == (["empty_cache"] if shares else ["cpu", "empty_cache", "cuda:0"])
+    assert moves == ([] if shares else ["cpu", "empty_cache", "cuda:0"])
