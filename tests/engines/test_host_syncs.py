@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import hybridflow
 from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
@@ -43,34 +44,65 @@ def _is_bool_index(index) -> bool:
 
 
 class SyncCounter:
-    """Counts blocking calls made from the watched files, by call site."""
+    """Counts blocking calls made from the watched files, by call site.
+
+    Tensor methods are patched on the class, except indexing: assigning `__getitem__`/`__setitem__` on
+    `torch.Tensor` gives the type a sequence slot that survives the undo (a 0-d tensor then looks like a sequence to
+    `torch.tensor([...])` in every later test), so boolean-mask indexing is seen through a TorchFunctionMode instead.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: Counter[str] = Counter()
-        self.active = False
+        self._mode: _BoolIndexMode | None = None
         for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy", "nonzero",
                      "unique", "masked_select"):
             monkeypatch.setattr(torch.Tensor, name, self._wrap(f"Tensor.{name}", getattr(torch.Tensor, name)))
         for name in ("nonzero", "unique", "masked_select", "argwhere"):
             monkeypatch.setattr(torch, name, self._wrap(f"torch.{name}", getattr(torch, name)))
-        for name in ("__getitem__", "__setitem__"):
-            original = getattr(torch.Tensor, name)
-            monkeypatch.setattr(
-                torch.Tensor, name, self._wrap(f"Tensor.{name}[bool]", original, lambda t, i, *a: _is_bool_index(i))
-            )
 
-    def _wrap(self, label, original, condition=None):
+    @property
+    def active(self) -> bool:
+        return self._mode is not None
+
+    @active.setter
+    def active(self, on: bool) -> None:
+        if on and self._mode is None:
+            self._mode = _BoolIndexMode(self)
+            self._mode.__enter__()
+        elif not on and self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+
+    def record(self, label: str, frame) -> None:
+        # While the mode is on, a patched method is reached twice: from the caller, then from the mode's dispatch.
+        if frame.f_code is _BoolIndexMode.__torch_function__.__code__:
+            return
+        if frame.f_code.co_filename.startswith(WATCHED):
+            self.calls[f"{label} at {Path(frame.f_code.co_filename).name}:{frame.f_lineno}"] += 1
+
+    def _wrap(self, label, original):
         def counted(*args, **kwargs):
             if self.active:
-                frame = sys._getframe(1)
-                if frame.f_code.co_filename.startswith(WATCHED) and (condition is None or condition(*args, **kwargs)):
-                    self.calls[f"{label} at {Path(frame.f_code.co_filename).name}:{frame.f_lineno}"] += 1
+                self.record(label, sys._getframe(1))
             return original(*args, **kwargs)
 
         return counted
 
     def total(self) -> int:
         return sum(self.calls.values())
+
+
+class _BoolIndexMode(TorchFunctionMode):
+    """Sees `tensor[mask]` and `tensor[mask] = ...` with a boolean index (output size depends on the values)."""
+
+    def __init__(self, counter: SyncCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _is_bool_index(args[1]):
+            self.counter.record(f"Tensor.{func.__name__}[bool]", sys._getframe(1))
+        return func(*args, **(kwargs or {}))
 
 
 def _grouped_batch(vocab_size: int) -> DataProto:
@@ -107,16 +139,18 @@ def _counted_passes(engine, data: DataProto, micro_batch_size: int, counter: Syn
     )
     counter.calls.clear()
     counter.active = True
-    metrics = run_update(
-        engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1, shuffle=False,
-        seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts), calculate_entropy=True,
-        metric_prefix="actor",
-    )
-    update = Counter(counter.calls)
-    counter.calls.clear()
-    engine.compute_log_prob(data, calculate_entropy=True, micro_batch_size=micro_batch_size)
-    log_prob = Counter(counter.calls)
-    counter.active = False
+    try:
+        metrics = run_update(
+            engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1, shuffle=False,
+            seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts), calculate_entropy=True,
+            metric_prefix="actor",
+        )
+        update = Counter(counter.calls)
+        counter.calls.clear()
+        engine.compute_log_prob(data, calculate_entropy=True, micro_batch_size=micro_batch_size)
+        log_prob = Counter(counter.calls)
+    finally:
+        counter.active = False
     assert {"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"} <= set(metrics)
     assert all(isinstance(values[0], float) for values in metrics.values())
     return update, log_prob
@@ -137,3 +171,21 @@ def test_micro_batch_loop_does_not_wait_on_the_device(tiny_llama_dir, tiny_token
     assert log_prob_2 == log_prob_6, f"per-micro-batch syncs in the log-prob pass: {log_prob_6 - log_prob_2}"
     assert 0 < sum(update_2.values()) <= MAX_UPDATE_SYNCS, update_2  # (0: the counter saw nothing)
     assert 0 < sum(log_prob_2.values()) <= MAX_LOG_PROB_SYNCS, log_prob_2
+
+
+def test_the_counter_sees_each_kind_of_blocking_call(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "WATCHED", (__file__,))
+    counter = SyncCounter(monkeypatch)
+    values = torch.arange(6.0)
+    counter.active = True
+    try:
+        values[values > 2]  # boolean gather
+        values[values > 4] = 0.0  # boolean scatter
+        values.sum().item()
+        values[torch.tensor([0, 1])]  # integer index: no sync
+    finally:
+        counter.active = False
+    values[values > 2]  # not counted once inactive
+    kinds = sorted(label.split(" at ")[0] for label in counter.calls.elements())
+    assert kinds == ["Tensor.__getitem__[bool]", "Tensor.__setitem__[bool]", "Tensor.item"]
+    assert torch.tensor([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]  # no sequence slot left behind
