@@ -20,6 +20,7 @@ from hybridflow.trainer.dynamic_sampling import (
     merge_generation_metrics,
 )
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
+from hybridflow.trainer.reward_stage import build_reward_stage
 
 RESPONSE_LEN = 3
 PROMPT_LEN = 2
@@ -81,6 +82,7 @@ def make_trainer(overrides: list[str], reward_fn, reward_model=None) -> RayPPOTr
     trainer.generator = ScriptedGenerator()
     trainer.pass_rows = False
     trainer.workers = SimpleNamespace(reward_model=reward_model)
+    trainer.rewards = build_reward_stage(config, reward_fn, reward_model)  # as init_workers does
     return trainer
 
 
