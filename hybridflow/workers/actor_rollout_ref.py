@@ -11,7 +11,6 @@ each update the driver has the trainer's rank 0 broadcast the weights to the rol
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.rollout.base import compute_rollout_copy_dtype, copy_buffers
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
-from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
 from hybridflow.models.loader import resolve_dtype
@@ -90,15 +89,7 @@ class ActorRolloutRefWorker(Worker):
         self._model_path = model_path
         actor = self.config.actor
         if self.is_actor:
-            engine_config = FSDPEngineConfig(
-                model=model,
-                fsdp=actor.fsdp_config,
-                optim=actor.optim,
-                micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
-                total_training_steps=runtime.total_training_steps,
-                share_prompts=actor.use_prefix_grouper,
-                ulysses_sequence_parallel_size=actor.ulysses_sequence_parallel_size,
-            )
+            engine_config = actor.engine_config(model, runtime.total_training_steps)
             self.actor_engine = build_fsdp_engine(model_path, engine_config, tokenizer=self.tokenizer)
         ref = self.config.ref
         is_teacher = ref.model.path not in (None, model.path)  # another checkpoint: KL terms distil toward it
@@ -111,14 +102,7 @@ class ActorRolloutRefWorker(Worker):
                 teacher_tokenizer = resolve_model_path(ref.model.tokenizer_path or ref.model.path)
                 check_same_vocabulary(self.tokenizer, load_tokenizer(teacher_tokenizer))
             # A separate reference is a plain model: never wrapped in (or loaded with) LoRA adapters.
-            ref_model = ref.model if ref.model.path is not None else model  # None: the actor's model config
-            ref_config = FSDPEngineConfig(
-                model=dataclasses.replace(ref_model, lora_rank=0, lora_adapter_path=None),
-                fsdp=ref.fsdp_config,
-                micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
-                share_prompts=actor.use_prefix_grouper,
-                ulysses_sequence_parallel_size=ref.ulysses_sequence_parallel_size,
-            )
+            ref_config = ref.engine_config(model, share_prompts=actor.use_prefix_grouper)
             self.ref_engine = build_fsdp_engine(ref_path, ref_config, tokenizer=self.tokenizer)
         if self.is_actor or self.is_ref:
             # Tensor/sequence-parallel peers take the same data shard; one of them reports the result.
