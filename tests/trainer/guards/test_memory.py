@@ -4,6 +4,7 @@ passes it, with the process that grew and the step it grew from named."""
 from __future__ import annotations
 
 import logging
+import mmap
 from types import SimpleNamespace
 
 import pytest
@@ -29,11 +30,15 @@ class GrowingWorker(Worker):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kept: list[torch.Tensor] = []
+        self.kept: list[mmap.mmap] = []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def grow(self, mb: int) -> None:
-        self.kept.append(torch.ones(mb * 2**20 // 4))  # written, so resident
+        # Fresh anonymous pages: in a long test process the allocator may hand back memory that earlier tests
+        # freed but that is still resident, and the resident set would then not grow (seen in the full suite).
+        block = mmap.mmap(-1, mb * 2**20)
+        torch.frombuffer(block, dtype=torch.uint8).fill_(1)  # written, so resident
+        self.kept.append(block)
 
 
 def test_memory_level_and_growth_hand_computed():
