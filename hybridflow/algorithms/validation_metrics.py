@@ -23,6 +23,7 @@ __all__ = [
     "compute_mean_interval",
     "process_validation_metrics",
     "flatten_validation_metrics",
+    "interval_keys",
     "validation_intervals",
 ]
 
@@ -210,6 +211,13 @@ def compute_mean_interval(values: Sequence[float], z: float = Z_95) -> tuple[flo
     return mean - half, mean + half
 
 
+def interval_keys(core_key: str) -> tuple[str, str]:
+    """The `(low, high)` interval keys that `validation_intervals` logs for the core mean `core_key`
+    (`val-core/{data_source}/{var}/mean@{N}`)."""
+    aux_key = "val-aux/" + core_key.removeprefix("val-core/")
+    return f"{aux_key}/ci95_low", f"{aux_key}/ci95_high"
+
+
 def validation_intervals(
     data_sources: Sequence[str], sample_uids: Sequence[Any], infos_dict: Mapping[str, Sequence[Any]]
 ) -> dict[str, float]:
@@ -239,8 +247,7 @@ def validation_intervals(
         if not prompt_means:
             continue
         low, high = compute_mean_interval(prompt_means)
-        prefix = f"val-aux/{data_source}/{core_var}"
-        flat[f"{prefix}/mean@{num_samples}/ci95_low"] = low
-        flat[f"{prefix}/mean@{num_samples}/ci95_high"] = high
-        flat[f"{prefix}/num_prompts"] = float(len(prompt_means))
+        low_key, high_key = interval_keys(f"val-core/{data_source}/{core_var}/mean@{num_samples}")
+        flat[low_key], flat[high_key] = low, high
+        flat[f"val-aux/{data_source}/{core_var}/num_prompts"] = float(len(prompt_means))
     return flat

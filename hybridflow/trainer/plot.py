@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.trainer.tracking import METRICS_FILE
 
 SMOOTHING = 0.6  # weight of the running average: each point moves it by 40% of the gap
@@ -84,11 +85,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 
 def _plot_with_interval(axis, records: list[dict], key: str, steps: Sequence[int], values: Sequence[float]) -> None:
     line = axis.plot(steps, values, marker="o", markersize=3, label=key)[0]
-    aux_key = "val-aux/" + key.removeprefix("val-core/")
+    low_key, high_key = interval_keys(key)
     bands = [
-        (r["step"], r[f"{aux_key}/ci95_low"], r[f"{aux_key}/ci95_high"])
+        (r["step"], r[low_key], r[high_key])
         for r in records
-        if r.get(f"{aux_key}/ci95_low") is not None and r.get(f"{aux_key}/ci95_high") is not None
+        if r.get(low_key) is not None and r.get(high_key) is not None
     ]
     if bands:
         band_steps, lows, highs = zip(*bands)

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.data import RLHFDataset, collate_fn
 from hybridflow.data.config import RLHFDataConfig
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
@@ -106,8 +107,8 @@ def _with_interval(metrics: dict[str, float], core_key: str) -> str:
     if core_key not in metrics:
         return "-"
     text = f"{metrics[core_key]:.4f}"
-    aux_key = "val-aux/" + core_key.removeprefix("val-core/")
-    low, high = metrics.get(f"{aux_key}/ci95_low"), metrics.get(f"{aux_key}/ci95_high")
+    low_key, high_key = interval_keys(core_key)
+    low, high = metrics.get(low_key), metrics.get(high_key)
     if low is not None and high is not None:
         text += f" [{low:.3f}, {high:.3f}]"
     return text
