@@ -16,7 +16,7 @@ from hybridflow.single_controller.ray import (
     ResourcePoolManager,
     create_colocated_worker_cls,
 )
-from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, CriticRole
+from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, CriticRole, RendezvousProbe
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,20 @@ def test_worker_exception_names_rank_method_and_remote_traceback(group):
     assert "rank 1" in message and "'fail_on'" in message
     assert "boom from rank 1" in message and "toy_workers.py" in message
     assert group.add([1, 1], [0, 0]) == [1, 101]  # the group still works afterwards
+
+
+def test_ranks_start_together_and_learn_the_rendezvous_before_their_first_call(ray_cluster):
+    """Every rank is constructed at once (rank 1 could not know rank 0's address in `__init__`: rank 0 chooses it
+    after its own construction); the address reaches it before `init_model`, and the gloo group forms."""
+    pool = RayResourcePool([2], num_cpus_per_worker=0.5)
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(RendezvousProbe), name_prefix="rendezvous")
+    try:
+        (master_at_init_0, master_0, total_0), (master_at_init_1, master_1, total_1) = wg.rendezvous_seen()
+        assert master_at_init_0 is None and master_at_init_1 is None
+        assert master_0 == master_1 is not None and total_0 == total_1 == 2.0
+    finally:
+        wg.shutdown()
+        pool.release()
 
 
 def test_tensor_parallel_peers_share_a_shard_and_one_is_collected(ray_cluster):

@@ -122,3 +122,19 @@ class CriticRole(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
+
+
+class RendezvousProbe(Worker):
+    """Records whether rank 0's rendezvous was known when `__init__` ran; joins the group in `init_model`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.master_at_init = os.environ.get("MASTER_ADDR") or None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rendezvous_seen(self) -> tuple[str | None, str | None, float]:
+        self.init_distributed()
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        return self.master_at_init, os.environ.get("MASTER_ADDR") or None, total.item()
+

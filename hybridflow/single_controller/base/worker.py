@@ -72,10 +72,12 @@ class ProcessInfo(NamedTuple):
 class Worker:
     """Knows its rank, world size and rendezvous; subclasses add `@register`ed methods.
 
-    The worker group exports `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`
-    before constructing the worker, so a subclass may call `self.init_distributed()` (or
-    `torch.distributed.init_process_group()` with `env://` on ranks other than 0: rank 0 already listens on the
-    port through `listen_for_rendezvous`) in `__init__` or `init_model`.
+    The worker group exports `RANK`, `WORLD_SIZE` and `LOCAL_RANK` before constructing the worker. It starts all
+    ranks at once (each process imports torch and the model code: seconds per rank), and rank 0 chooses the
+    rendezvous after its construction, so every rank learns `MASTER_ADDR`/`MASTER_PORT` just after its
+    `__init__`, before any other call. Join the process group with `self.init_distributed()` (or
+    `init_process_group()` with `env://` on ranks other than 0: rank 0 already listens on the port through
+    `listen_for_rendezvous`) in `init_model` or later, never in `__init__`.
     """
 
     def __init__(self) -> None:
@@ -163,6 +165,11 @@ class Worker:
             self._master_addr, self._master_port = get_node_ip(), port
             env.set_dist_env(self._rank, self._world_size, self._local_rank, self._master_addr, self._master_port)
         return self._master_addr, self._master_port
+
+    def set_master_addr_port(self, master_addr: str, master_port: str) -> None:
+        """Learn rank 0's rendezvous after construction (the group calls it on every other rank at start)."""
+        self._master_addr, self._master_port = master_addr, master_port
+        env.set_dist_env(self._rank, self._world_size, self._local_rank, master_addr, master_port)
 
     def process_info(self) -> ProcessInfo:
         """Where this worker runs. A Ray group asks once at start, to log the placement and name hung ranks."""

@@ -304,17 +304,16 @@ class RayWorkerGroup(WorkerGroup):
         master = {"MASTER_ADDR": "", "MASTER_PORT": ""}  # rank 0 must not inherit a stale rendezvous
         # Starting a process and importing torch may take long on a busy machine, but not forever.
         start_timeout_s = None if self.rpc_timeout_s is None else max(ACTOR_START_TIMEOUT_S, self.rpc_timeout_s)
+        # All ranks start at once; rank 0 then chooses the rendezvous and the others learn it before any other call.
         for rank, (node, local_rank) in enumerate(slots):
             env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)}
             env_vars.update(master)
             suffix = f"{name_prefix}_{ray.get_runtime_context().get_job_id()}_{id(self):x}_{rank}"
-            actor = cls_with_init.create_actor(group, node, num_cpus, num_gpus, env_vars, suffix)
-            workers.append(actor)
-            if rank == 0:
-                # Rank 0 chooses the rendezvous address; the other ranks get it in their environment.
-                handles = [actor.get_master_addr_port.remote()]
-                addr, port = self._wait(handles, "get_master_addr_port", [0], start_timeout_s, _START_SETTING)[0]
-                master = {"MASTER_ADDR": addr, "MASTER_PORT": port}
+            workers.append(cls_with_init.create_actor(group, node, num_cpus, num_gpus, env_vars, suffix))
+        handles = [workers[0].get_master_addr_port.remote()]
+        addr, port = self._wait(handles, "get_master_addr_port", [0], start_timeout_s, _START_SETTING)[0]
+        handles = [actor.set_master_addr_port.remote(addr, port) for actor in workers[1:]]
+        self._wait(handles, "__init__", list(range(1, world_size)), start_timeout_s, _START_SETTING)
         handles = [actor.process_info.remote() for actor in workers]
         self._process_info = self._wait(handles, "__init__", list(range(world_size)), start_timeout_s, _START_SETTING)
         logger.info("%s", self.describe_ranks())
