@@ -133,6 +133,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_grpo_with_tool_agent_end_to_end(tmp_path, ray_cluster):
     """hybridflow train with rollout.mode=async, the tool agent, a calculator tool and a feedback interaction."""
     from hybridflow.models import save_tiny_model

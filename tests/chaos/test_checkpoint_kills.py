@@ -65,6 +65,7 @@ def assert_resumable(root: Path, at_least: int) -> int:
     return step
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_sigkill_at_any_point_of_a_save_leaves_a_complete_checkpoint(tmp_path):
     assert save_in_subprocess(tmp_path, 1, None)
     step = 1

@@ -42,6 +42,7 @@ def grpo_run(root: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_sigkill_during_the_actor_update_stops_the_run_and_the_last_checkpoint_resumes(workspace, monkeypatch):
     run_dir = workspace / "run"
     killed: dict[str, float] = {}

@@ -245,6 +245,7 @@ def test_lora_rl_worker_on_two_ranks_hands_over_merged_weights(ray_cluster, mode
         pool.release()
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_lora_grpo_end_to_end_and_export(ray_cluster, tmp_path):
     """GRPO through `run_ppo` with actor_rollout_ref.model.lora_rank=8 on 2 Ray workers, then `hybridflow merge`."""
     from hybridflow.trainer.config import load_config, validate_config

@@ -144,6 +144,7 @@ def test_val_only_validates_without_training(workspace):
     assert list_steps(run_dir) == [], "nothing was trained, so nothing is saved"
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_reward_model_remax_and_dynamic_sampling_run_together(workspace):
     """Three dataflows in one GRPO-style run on Ray: a reward-model worker joined with the rule reward, ReMax's
     greedy baseline, and DAPO's dynamic sampling drawing generation batches of 4 prompts for steps of 2."""
@@ -172,6 +173,7 @@ def test_reward_model_remax_and_dynamic_sampling_run_together(workspace):
         assert record["critic/score/mean"] != record["reward/rule_score/mean"], "the reward model's score counts"
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     """Token TIS and a token rejection rule on the driver: verl's `rollout_corr/*` metrics are logged, and with
     the trainer's and the hf rollout's log-probs agreeing the weights are about 1 and nothing is rejected."""

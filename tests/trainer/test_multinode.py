@@ -76,6 +76,7 @@ def assert_trained(step: dict) -> None:
     assert not bad, f"non-finite metrics: {bad}"
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_grpo_step_runs_one_rank_on_each_node_of_a_two_node_cluster(workspace, ray_tmpdir):
     from ray.cluster_utils import Cluster
 

@@ -41,6 +41,7 @@ def test_tensor_parallel_ppo_with_critic(workspace, ray_cluster):
         assert math.isfinite(records[step]["critic/vf_loss"]) and records[step]["critic/grad_norm"] > 0
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_sequence_parallel_grpo(workspace, ray_cluster):
     records, digests = train(overrides(
         workspace, workspace / "sp2",

@@ -86,6 +86,7 @@ def weight_digests(trainer) -> tuple[dict, list[dict]]:
     return actor, workers.rollout.weight_digests() if workers.rollout is not None else []
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_split_placement_matches_colocated_and_syncs_weights_bitwise(workspace, ray_cluster):
     colocated, _ = train(overrides(workspace, workspace / "colocated"))
     split, digests = train(overrides(workspace, workspace / "split", *SPLIT, "trainer.save_freq=1"))

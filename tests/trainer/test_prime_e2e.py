@@ -29,6 +29,7 @@ def prime(root, run_dir, *extra):
     )
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_prime_trains_the_implicit_prm_online(workspace, ray_cluster):
     records, _ = train(prime(workspace, workspace / "run", "trainer.save_freq=2"))
     assert sorted(records) == [1, 2]

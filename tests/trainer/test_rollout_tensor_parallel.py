@@ -42,6 +42,7 @@ def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster):
     _check_run(records, digests)
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
     # Training TP=2 hands each DTensor over as its full tensor; the rollout keeps its own TP=2 block of it.
     records, digests = train(overrides(

@@ -196,6 +196,7 @@ print("RESULT " + json.dumps({"private": private, "error": error}))
 """
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_a_node_with_its_own_copy_of_the_dir_stops_the_run_naming_its_rank_and_node(tmp_path, ray_tmpdir):
     from hybridflow.single_controller.base.worker import find_free_port
     from tests.trainer.test_multinode import start_ray, stop_ray

@@ -29,6 +29,7 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_grpo_steps_on_a_tiny_vlm_train_the_vision_tower_on_two_workers(workspace, ray_cluster):
     records, digests = train(overrides(workspace, workspace / "run", "actor_rollout_ref.rollout.name=hf"))
     assert sorted(records) == [1, 2]

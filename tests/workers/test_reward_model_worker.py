@@ -114,6 +114,7 @@ def test_a_causal_lm_is_refused_as_reward_model(models):
         rm_group(models["policy"], None)
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_tensor_parallel_reward_model_on_two_ranks_scores_like_one(models, ray_cluster):
     """Both ranks of a tensor-parallel pair score the same rows; the group returns each row once."""
     from hybridflow.engines.training import FSDPConfig

@@ -28,6 +28,7 @@ def workspace(tmp_path_factory, ray_cluster):
     return root
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_a_flat_reward_stops_the_run_after_its_checkpoint(workspace):
     run_dir = workspace / "flat"
     args = overrides(workspace, run_dir, *GRPO, "trainer.val_before_train=False",

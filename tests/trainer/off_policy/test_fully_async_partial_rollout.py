@@ -62,6 +62,7 @@ def run(workspace, name: str, *extra: str, events=None):  # noqa: F811
     return records, dict(ScriptedTrainer.trained), list(ScriptedTrainer.chunks), list(ScriptedTrainer.history)
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_a_partial_sample_spans_two_versions_counts_its_oldest_token_and_is_corrected(workspace, ray_cluster):  # noqa
     # Batch 1 in 3 chunks (v0); batch 2's first chunk (v0); step 1 trains and syncs (v1); batch 2's last two chunks
     # (v1); step 2 trains batch 2 (v1 -> v2); step 3 generates batch 3 (v2) and trains it.
@@ -121,6 +122,7 @@ def test_a_seeded_schedule_reproduces_a_run(workspace, ray_cluster):  # noqa: F8
     assert max(first[step]["fully_async/partial/partial_ratio"] for step in (1, 2, 3)) > 0, "seed 1 pauses a batch"
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_staleness_0_is_the_synchronous_run(workspace, ray_cluster):  # noqa: F811
     sync, _ = train(overrides(workspace, workspace / "sync", *ONE_PLUS_ONE, *STEPS))
     scheduled, _, chunks, _ = run(

@@ -54,6 +54,7 @@ def test_threshold_0_is_synchronous(workspace, ray_cluster):  # noqa: F811
     assert all(rank == actor_end for rank in rollout_end), "the last sync leaves the rollout equal to the trainer"
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_staleness_bound_versions_and_sync_schedule(workspace, ray_cluster):  # noqa: F811
     """The real threads, with partial rollout: syncs pause the rollouter between chunks."""
     args = (*ONE_PLUS_ONE, "trainer.total_training_steps=5", "trainer.total_epochs=3",

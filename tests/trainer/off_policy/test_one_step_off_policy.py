@@ -14,6 +14,7 @@ from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_samples_after_the_first_batch_are_one_version_stale(workspace, ray_cluster):  # noqa: F811
     args = (*SPLIT, "trainer.total_training_steps=3", "trainer.total_epochs=2",
             "algorithm.rollout_correction.rollout_is=token")  # importance weights against the stale rollout

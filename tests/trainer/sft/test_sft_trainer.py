@@ -84,6 +84,7 @@ def test_multiturn_sft_trains_only_assistant_turns_padded_or_packed(sft_workspac
         assert abs(packed[step]["train/loss"] - records[step]["train/loss"]) < 1e-5, step
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_lora_sft_on_two_ray_ranks_matches_one_rank(sft_workspace, ray_cluster):
     lora = ("model.lora_rank=8", "model.lora_alpha=16", "trainer.total_training_steps=2", "trainer.val_before_train=false")
     _, one = run(sft_overrides(sft_workspace, sft_workspace / "lora_one", "trainer.local_mode=true", *lora))
