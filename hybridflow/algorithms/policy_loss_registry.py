@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hybridflow.algorithms.config import PolicyLossConfig, PPOLossConfig
 from hybridflow.utils.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "POLICY_LOSSES",
@@ -25,7 +27,8 @@ __all__ = [
     "compute_policy_loss_from_config",
 ]
 
-PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+PolicyLossFn = Callable[..., tuple[Any, dict[str, float]]]
+"""(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **hyper-parameters) -> (loss, metrics)."""
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
@@ -106,3 +109,9 @@ def loss_hyperparameters(config: PPOLossConfig) -> dict[str, object]:
         (f.name, getattr(config.policy_loss, f.name)) for f in dataclasses.fields(PolicyLossConfig) if f.name != "loss_mode"
     )
     return values
+
+
+# The built-in losses register lazily: `policy_losses` (torch) loads on the first `get`, so the config checks
+# before Ray read the names without torch.
+for _name in ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "cispo", "geo_mean"):
+    POLICY_LOSSES.register_lazy(_name, f"hybridflow.algorithms.policy_losses:compute_policy_loss_{_name}")

@@ -32,7 +32,7 @@ import torch
 from hybridflow.algorithms.loss_agg import agg_loss
 from hybridflow.algorithms.masked import masked_mean
 from hybridflow.algorithms.config import PPOLossConfig
-from hybridflow.algorithms.policy_loss_registry import loss_hyperparameters, register_policy_loss
+from hybridflow.algorithms.policy_loss_registry import loss_hyperparameters
 
 __all__ = [
     "compute_policy_loss_vanilla",
@@ -71,7 +71,6 @@ def _rank_in(keys: torch.Tensor) -> torch.Tensor:
     return ranks.view(keys.shape)
 
 
-@register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -125,7 +124,6 @@ def compute_policy_loss_vanilla(
     return loss, _floats(pg_clipfrac=pg_clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=pg_clipfrac_lower)
 
 
-@register_policy_loss("gspo")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -170,7 +168,6 @@ def compute_policy_loss_gspo(
     return loss, _floats(pg_clipfrac=pg_clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=torch.zeros(()))
 
 
-@register_policy_loss("sapo")
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -208,7 +205,6 @@ def compute_policy_loss_sapo(
     return loss, _floats(pg_clipfrac=zero, ppo_kl=ppo_kl, pg_clipfrac_lower=zero)
 
 
-@register_policy_loss("gpg")
 def compute_policy_loss_gpg(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -231,7 +227,6 @@ def compute_policy_loss_gpg(
     return loss, {}
 
 
-@register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -294,7 +289,6 @@ def compute_policy_loss_clip_cov(
     return loss, _floats(pg_clipfrac=pg_clipfrac, ppo_kl=ppo_kl)
 
 
-@register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -338,7 +332,6 @@ def compute_policy_loss_kl_cov(
     return loss, _floats(ppo_kl=ppo_kl_abs)
 
 
-@register_policy_loss("cispo")
 def compute_policy_loss_cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -373,7 +366,6 @@ def compute_policy_loss_cispo(
     return loss, _floats(pg_clipfrac=pg_clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=torch.zeros(()))
 
 
-@register_policy_loss("geo_mean")
 def compute_policy_loss_geo_mean(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

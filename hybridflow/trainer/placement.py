@@ -17,9 +17,12 @@ Under split placement the rollout pool receives the actor's weights after each u
 
 from __future__ import annotations
 
-from hybridflow.single_controller.ray.base import node_ranks
-from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
+from typing import TYPE_CHECKING
+
 from hybridflow.trainer.config.schema import PPOConfig, RolloutPoolConfig
+
+if TYPE_CHECKING:  # the Ray controller imports torch: the config checks here must not wait for it
+    from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
 
 TRAINER_ROLES = ("actor", "ref", "critic", "reward_model")
 """Roles placed with the actor, in this order."""
@@ -45,6 +48,8 @@ def run_roles(cfg: PPOConfig) -> list[str]:
 
 def build_pool_manager(cfg: PPOConfig, use_gpu: bool = False) -> ResourcePoolManager:
     """The run's pools (name -> processes per node) and which pool hosts each role."""
+    from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
+
     trainer = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
     roles = run_roles(cfg)
     if not is_split(cfg):
@@ -117,6 +122,8 @@ def describe_placement(cfg: PPOConfig) -> str:
 
 def _node_lines(process_on_nodes: list[int]) -> list[str]:
     """`node i: ranks a-b` for each node of a multi-node pool; nothing for one node."""
+    from hybridflow.single_controller.ray.base import node_ranks
+
     if len(process_on_nodes) == 1:
         return []
     spans = [f"ranks {r[0]}-{r[-1]}" if len(r) > 1 else f"rank {r[0]}" for r in node_ranks(process_on_nodes)]

@@ -127,3 +127,47 @@ def test_dry_run_prints_config_and_batch_table_without_ray(train_file, capsys, m
 def test_cfg_job_prints_composed_config(train_file, capsys):
     assert train_main(["--cfg", "job", *good(train_file)]) == 0
     assert "ppo_mini_batch_size: 4" in capsys.readouterr().out
+
+
+# Errors between sections that the checks find before any model, device or backend is read.
+CROSS_SECTION_ERRORS = [
+    ("actor_rollout_ref.rollout.n=1", "rollout.n >= 2"),
+    ("algorithm.adv_estimator=nope", "algorithm.adv_estimator='nope' is unknown"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=nope", "policy_loss.loss_mode='nope' is unknown"),
+    ("reward_model.reward_manager=nope", "reward_model.reward_manager='nope' is unknown"),
+    ("actor_rollout_ref.rollout.name=nope", "actor_rollout_ref.rollout.name='nope' is unknown"),
+    ("trainer.critic_warmup=1", "trainer.critic_warmup=1 needs a critic"),
+    ("data.train_batch_size=64", "larger than the 16 training rows"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=50",
+     "below the longest sequence"),
+    ("trainer.n_gpus_per_node=3", "trainer.n_gpus_per_node"),
+    ("actor_rollout_ref.hybrid_engine=True rollout.n_gpus_per_node=4", "rollout.n_gpus_per_node=4"),
+]
+
+
+def test_cross_section_errors_print_before_torch_transformers_or_ray_load(train_file):
+    """What makes a config error slow is importing the runtime (torch alone takes seconds on a 2-core host): in a
+    fresh interpreter each of these errors exits 2 with its message, and none of them has loaded torch,
+    transformers or Ray."""
+    import json
+    import subprocess
+    import sys
+
+    cases = [good(train_file) + override.split() for override, _ in CROSS_SECTION_ERRORS]
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from hybridflow.trainer.main_ppo import main\n"
+        "results = []\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        results.append((main(args), err.getvalue()))\n"
+        "loaded = sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)\n"
+        "print(json.dumps({'results': results, 'loaded': loaded}))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    for (override, words), (exit_code, message) in zip(CROSS_SECTION_ERRORS, report["results"], strict=True):
+        assert exit_code == 2 and "config error" in message and words in message, (override, message)
+    assert report["loaded"] == [], f"a config error loaded {report['loaded']}"

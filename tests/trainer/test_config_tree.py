@@ -369,12 +369,10 @@ def test_packaged_yaml_configs_compose_and_type(name):
     ],
 )
 def test_old_log_prob_source(files, extra, source):
-    from hybridflow.trainer.config import old_log_prob_source
-
     base = [f"data.train_files={files['train']}", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     cfg = load_config(base + extra)
     validate_config(cfg)
-    assert old_log_prob_source(cfg) == source
+    assert cfg.old_log_prob_source == source
 
 
 def test_rollout_correction_needs_an_engine_that_returns_rollout_log_probs(files):

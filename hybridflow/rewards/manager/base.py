@@ -18,7 +18,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
 from hybridflow.rewards.score import resolve_scorer, scorer_kwargs
 from hybridflow.sandbox import SandboxLimits
-from hybridflow.utils.registry import Registry
+from hybridflow.rewards.manager_registry import REWARD_MANAGERS
 
 __all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardManager", "RewardResult", "ScoredBatch", "bind_scorers",
            "build_reward_result", "decode_batch", "get_reward_manager_cls", "log_examples", "precomputed_reward",
@@ -26,7 +26,6 @@ __all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardManager", "RewardResult", "
 
 logger = logging.getLogger(__name__)
 
-REWARD_MANAGERS: Registry[type] = Registry("reward manager")
 
 
 def get_reward_manager_cls(name: str) -> type:

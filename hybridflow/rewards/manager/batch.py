@@ -7,7 +7,7 @@ import logging
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
+    DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
     log_examples, unpack_outcomes)
 from hybridflow.rewards.pool import ScoreOutcome
 from hybridflow.rewards.score import default_compute_score_batched, resolve_scorer
@@ -17,7 +17,6 @@ __all__ = ["BatchRewardManager"]
 logger = logging.getLogger(__name__)
 
 
-@REWARD_MANAGERS.register("batch")
 class BatchRewardManager(RewardManager):
     """Rewards from one `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` call
     returning one float or dict per sample. The call runs in a scorer process with `scoring.timeout_s` for

@@ -14,7 +14,7 @@ from typing import Any
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.config import OverlongBufferConfig
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
+    DecodedBatch, RewardManager, RewardResult, build_reward_result, check_error_fraction,
     log_examples)
 from hybridflow.rewards.manager.naive import score_each
 from hybridflow.rewards.pool import ScoringConfig
@@ -29,7 +29,6 @@ def compute_overlong_penalty(response_lengths: Sequence[int], max_resp_len: int,
     return [min(-(length - expected_len) / buffer_len * penalty_factor, 0.0) for length in response_lengths]
 
 
-@REWARD_MANAGERS.register("dapo")
 class DAPORewardManager(RewardManager):
     """`NaiveRewardManager` scoring plus the overlong penalty.
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import (
-    REWARD_MANAGERS, DecodedBatch, RewardManager, RewardResult, bind_scorers, build_reward_result,
+    DecodedBatch, RewardManager, RewardResult, bind_scorers, build_reward_result,
     check_error_fraction, log_examples, unpack_outcomes)
 from hybridflow.rewards.pool import ScorerPool
 
@@ -25,7 +25,6 @@ def score_each(pool: ScorerPool, decoded: Any, compute_score: Callable[..., Any]
     return unpack_outcomes(pool.run(calls))
 
 
-@REWARD_MANAGERS.register("naive")
 class NaiveRewardManager(RewardManager):
     """Rule-based rewards, one scorer call per sample, in worker processes with a timeout (arguments: see
     `RewardManager`)."""

@@ -5,11 +5,6 @@ from hybridflow.trainer.config.schema import PPOConfig, SFTConfig
 from hybridflow.trainer.config.validate import BatchSizes, validate_config
 
 
-def old_log_prob_source(cfg: PPOConfig) -> str:
-    """`cfg.old_log_prob_source`, under its former name until its last caller (a test) reads the property."""
-    return cfg.old_log_prob_source
-
-
 __all__ = [
     "PPO_TREE",
     "SFT_TREE",
@@ -19,7 +14,6 @@ __all__ = [
     "SFTConfig",
     "compose_config",
     "load_config",
-    "old_log_prob_source",
     "to_typed",
     "validate_config",
 ]

@@ -82,9 +82,10 @@ def _check_no_images(cfg: PPOConfig) -> None:
     key = cfg.data.image_key
     for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in paths:
-            if key not in pq.read_schema(expand_path(path)).names:
+            parquet = pq.ParquetFile(expand_path(path))  # not read_table, which imports pandas
+            if key not in parquet.schema_arrow.names:
                 continue
-            column = pq.read_table(expand_path(path), columns=[key]).column(key).to_pylist()
+            column = parquet.read(columns=[key]).column(key).to_pylist()
             if any(images for images in column):
                 raise ValueError(
                     f"{name} entry {path!r}: column {key!r} (data.image_key) holds images but {_MODEL_KEY}="

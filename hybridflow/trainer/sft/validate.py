@@ -6,11 +6,8 @@ from hybridflow.engines.training.config import ParallelLayout
 from hybridflow.models.loader import load_model_config
 from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import SFTConfig
-from hybridflow.trainer.config.validate import (
-    check_data_files,
-    check_model_location,
-    model_context_length,
-)
+from hybridflow.trainer.config.data_checks import check_data_files
+from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
 
 
 def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:

@@ -1,0 +1,86 @@
+"""The data files of a run, checked before Ray starts: they exist and are parquet, every data_source has a scorer,
+every agent_name a loop, and the batch fits the rows. Only the needed columns are read."""
+
+from __future__ import annotations
+
+from hybridflow.data.config import DataFilesConfig, expand_path
+from hybridflow.trainer.config.schema import PPOConfig
+
+
+def check_data_files(data: DataFilesConfig) -> None:
+    """Training files are given, and every training and validation file exists (`~` expanded)."""
+    if not data.train_files:
+        raise ValueError("data.train_files is empty; give parquet files, e.g. data.train_files=[data/train.parquet]")
+    for key, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        for path in paths:
+            if not expand_path(path).is_file():
+                raise ValueError(f"{key} entry {path!r} does not exist; hybridflow/data/preprocess/ writes parquet files")
+
+
+def check_rows(cfg: PPOConfig) -> None:
+    """Every data_source of the training and validation files has a scorer (unless a custom function scores
+    them), and every agent_name is a registered agent loop; reads only those columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    key = cfg.data.reward_fn_key
+    num_train_rows = 0
+    for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        for path in paths:
+            try:  # ParquetFile, not read_table: the dataset reader would import pandas (0.3 s) for nothing
+                parquet = pq.ParquetFile(expand_path(path))
+            except (OSError, pa.ArrowException) as err:
+                raise ValueError(f"{name} entry {path!r} is not a readable parquet file: {err}") from None
+            columns = parquet.schema_arrow.names
+            if key not in columns:
+                raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
+            table = parquet.read(columns=[c for c in (key, "agent_name") if c in columns])
+            num_train_rows += table.num_rows if name == "data.train_files" else 0
+            if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
+                _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
+            if "agent_name" in columns:
+                _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)
+    _check_steps(cfg, num_train_rows)
+
+
+def _check_steps(cfg: PPOConfig, num_train_rows: int) -> None:
+    """The batch fits the rows, and critic warm-up leaves actor steps (rows before overlong-prompt filtering)."""
+    data, trainer = cfg.data, cfg.trainer
+    if data.train_max_samples > 0:
+        num_train_rows = min(num_train_rows, data.train_max_samples)
+    if num_train_rows < data.train_batch_size:
+        raise ValueError(
+            f"data.train_batch_size={data.train_batch_size} is larger than the {num_train_rows} training rows; lower "
+            "it or add data"
+        )
+    if data.gen_batch_size is not None and num_train_rows < data.gen_batch_size:
+        raise ValueError(
+            f"data.gen_batch_size={data.gen_batch_size} is larger than the {num_train_rows} training rows; lower it"
+        )
+    most_steps = trainer.total_epochs * (num_train_rows // (data.gen_batch_size or data.train_batch_size))
+    steps = min(most_steps, trainer.total_training_steps or most_steps)
+    if trainer.critic_warmup and trainer.critic_warmup >= steps:
+        raise ValueError(
+            f"trainer.critic_warmup={trainer.critic_warmup} leaves no actor update in the run's {steps} steps "
+            "(trainer.total_training_steps, or total_epochs x rows // data.train_batch_size); lower it"
+        )
+
+
+def _check_scorers(data_sources: list[str], where: str) -> None:
+    from hybridflow.rewards.score import has_scorer
+
+    missing = [source for source in data_sources if not has_scorer(source)]
+    if missing:
+        raise ValueError(
+            f"{where}: no reward scorer for data_source {missing}; register one in hybridflow.rewards.score.SCORERS "
+            "or set custom_reward_function.path"
+        )
+
+
+def _check_agent_names(names: list[str], path: str) -> None:
+    from hybridflow.agents.base import AGENT_LOOPS
+    from hybridflow.agents.manager import AgentLoopManager  # noqa: F401  (registers the built-in loops)
+
+    unknown = [name for name in names if name not in AGENT_LOOPS]
+    if unknown:
+        raise ValueError(f"{path}: agent_name {unknown} is not a registered agent loop; known: {AGENT_LOOPS.names()}")

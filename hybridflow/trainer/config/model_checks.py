@@ -1,0 +1,163 @@
+"""The models a PPO run names, checked before Ray starts or weights load: each location holds weights, a teacher
+is used, PRIME's implicit reward model and a reward model have the right heads, and the sequence fits the
+context."""
+
+from __future__ import annotations
+
+import json
+
+from hybridflow.data.config import expand_path
+from hybridflow.trainer.config.parallel_checks import model_config
+from hybridflow.trainer.config.schema import PPOConfig
+
+# Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
+REWARD_MODEL_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
+
+def check_teacher(cfg: PPOConfig) -> None:
+    """A reference model other than the actor's (a distillation teacher) must exist and be used by a KL term."""
+    ref_model, actor_model = cfg.actor_rollout_ref.ref.model, cfg.actor_rollout_ref.model
+    if ref_model.path == actor_model.path:
+        return
+    check_model_location("actor_rollout_ref.ref.model.path", ref_model.path)
+    check_model_location("actor_rollout_ref.ref.model.tokenizer_path", ref_model.tokenizer_path, weights=False)
+    if not cfg.uses_reference:
+        raise ValueError(
+            f"actor_rollout_ref.ref.model.path={ref_model.path!r} sets a teacher, but no KL term uses the reference: "
+            "set actor_rollout_ref.actor.use_kl_loss=True (KL loss) or algorithm.use_kl_in_reward=True (KL reward)"
+        )
+
+
+def check_prime(cfg: PPOConfig) -> None:
+    """PRIME: the implicit PRM is a causal LM (trained, with a frozen reference); outcomes are the rule rewards."""
+    section, model = cfg.reward_model, cfg.reward_model.model
+    if not section.enable:
+        raise ValueError(
+            "algorithm.adv_estimator=prime trains an implicit process reward model: set reward_model.enable=True and "
+            "reward_model.model.path to a causal LM (usually the actor's initial model)"
+        )
+    if section.rule_reward_coef != 0:
+        raise ValueError(
+            f"reward_model.rule_reward_coef={section.rule_reward_coef} with PRIME: the outcome reward is the rule "
+            "reward, weighted in the advantage by algorithm.reward_gt_coef; leave rule_reward_coef at 0"
+        )
+    for key, location in (("path", model.path), ("ref_path", model.ref_path)):
+        check_model_location(f"reward_model.model.{key}", location)
+        if location is None:
+            continue
+        architectures = getattr(model_config(location), "architectures", None) or []
+        if not any(name.endswith("ForCausalLM") for name in architectures):
+            raise ValueError(
+                f"reward_model.model.{key}={location!r} lists architectures {architectures or 'none'}: PRIME's implicit "
+                "reward model is a causal LM (...ForCausalLM), e.g. the actor's initial model"
+            )
+    check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path, weights=False)
+    if model.update == "none" and model.ref_path in (None, model.path):
+        raise ValueError(
+            "reward_model.model.update=none with the implicit PRM's reference equal to its weights: its rewards "
+            "beta * (log pi_prm - log pi_ref) would be 0 forever; set reward_model.model.update=before (or after)"
+        )
+    if model.lora_rank:
+        raise ValueError("reward_model.model.lora_rank with PRIME: LoRA on the implicit PRM is not implemented")
+    if model.input_tokenizer not in (None, cfg.actor_rollout_ref.model.path):
+        raise ValueError(
+            "reward_model.model.input_tokenizer with PRIME: the implicit PRM scores the policy's token ids, so it must "
+            "share the policy's tokenizer; leave input_tokenizer unset"
+        )
+
+
+_PRIME_FIELDS = {
+    "reward_model.model": ("update", "ref_path", "beta_train"),
+    "reward_model": ("prime_granularity", "prime_norm"),
+    "algorithm": ("reward_dpo_coef", "reward_gt_coef"),
+}
+"""PRIME's settings, by section."""
+
+
+def check_prime_keys_unused(cfg: PPOConfig) -> None:
+    """PRIME's settings configure nothing in other runs: one changed from its section's default is refused, not
+    ignored."""
+    if cfg.uses_prime:
+        return
+    sections = {"reward_model.model": cfg.reward_model.model, "reward_model": cfg.reward_model, "algorithm": cfg.algorithm}
+    for prefix, section in sections.items():
+        defaults = type(section)()
+        for name in _PRIME_FIELDS[prefix]:
+            value = getattr(section, name)
+            if value != getattr(defaults, name):
+                raise ValueError(
+                    f"{prefix}.{name}={value!r} configures PRIME's implicit process reward model, but "
+                    f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}; set algorithm.adv_estimator=prime or "
+                    "drop it"
+                )
+
+
+def check_reward_model(cfg: PPOConfig) -> None:
+    """The reward model is a local classification checkpoint with one label, used for inference only."""
+    model = cfg.reward_model.model
+    check_model_location("reward_model.model.path", model.path)
+    check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path, weights=False)
+    check_model_location("reward_model.model.input_tokenizer", model.input_tokenizer, weights=False)
+    for key, value in (("lora_rank", model.lora_rank), ("enable_gradient_checkpointing", model.enable_gradient_checkpointing)):
+        if value:
+            raise ValueError(f"reward_model.model.{key}={value!r}: the reward model is not trained; leave it unset")
+    config_file = expand_path(model.path) / "config.json"
+    architectures = []
+    if config_file.is_file():
+        architectures = json.loads(config_file.read_text()).get("architectures") or []
+    if not any(name.endswith(REWARD_MODEL_HEADS) for name in architectures):
+        raise ValueError(
+            f"reward_model.model.path={model.path!r} is not a reward model: its config.json lists architectures "
+            f"{architectures or 'none'}, but a reward model is a ...ForSequenceClassification (or "
+            "...ForTokenClassification) checkpoint with one label and a trained score head"
+        )
+
+
+def check_model_location(key: str, location: str | None, weights: bool = True) -> None:
+    """A catalogue name, an existing directory or a .gguf file (`~` expanded as the loader does); None passes.
+    With `weights`, a directory must hold weight files (tokenizer locations pass `weights=False`)."""
+    from hybridflow.models.catalogue import MODEL_CATALOGUE
+
+    if location is None or location in MODEL_CATALOGUE:
+        return
+    path = expand_path(location)
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+        raise ValueError(
+            f"{key}={location!r} is not a catalogue name ({', '.join(MODEL_CATALOGUE.names())}), an existing model "
+            "directory, nor a .gguf file"
+        )
+    weight_files = ("*.safetensors", "*.bin", "*.gguf", "*.safetensors.index.json")
+    if weights and path.is_dir() and not any(any(path.glob(pattern)) for pattern in weight_files):
+        raise ValueError(
+            f"{key}={location!r} holds no weights (no .safetensors, .bin or .gguf file). A checkpoint's huggingface/ "
+            "folder has only the config and tokenizer: write a model with `hybridflow merge --local_dir "
+            "<global_step_N> --target_dir <dir>` and point the key there"
+        )
+
+
+def model_context_length(model_path: str) -> int | None:
+    """max_position_embeddings from a model directory's config.json (catalogue models once converted), else None."""
+    from hybridflow.models.catalogue import MODEL_CATALOGUE, catalogue_gguf_path
+
+    from hybridflow import env
+
+    directory = expand_path(model_path)
+    if model_path in MODEL_CATALOGUE:
+        catalogue_gguf_path(model_path)  # raises with the install command if the package is missing
+        directory = env.cache_dir() / "models" / model_path
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        if not directory.exists() and not model_path.endswith(".gguf") and model_path not in MODEL_CATALOGUE:
+            raise ValueError(f"actor_rollout_ref.model.path={model_path!r} is not a catalogue name, directory or .gguf file")
+        return None
+    return json.loads(config_file.read_text()).get("max_position_embeddings")
+
+
+def check_lengths(cfg: PPOConfig) -> None:
+    total = cfg.data.max_prompt_length + cfg.data.max_response_length
+    context = model_context_length(cfg.actor_rollout_ref.model.path)
+    if context is not None and total > context:
+        raise ValueError(
+            f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of {context} "
+            f"tokens ({cfg.actor_rollout_ref.model.path}); lower one of them"
+        )
