@@ -31,7 +31,7 @@ from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
-from hybridflow.trainer.guards import StepGuards
+from hybridflow.trainer.guards import WEIGHT_VERSION_KEY, StepGuards, WeightVersionWatch
 from hybridflow.trainer.reward_stage import RewardStage, build_reward_stage
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, timer, total_steps, worker_metrics
@@ -53,6 +53,10 @@ _OLD_LOG_PROB_SOURCES = {
 class RayPPOTrainer:
     """Runs PPO-family algorithms over worker groups built from a `PPOConfig`."""
 
+    on_policy_rollouts = True
+    """Each step generates with the actor's latest weights (the off-policy trainers, which sample ahead, say False):
+    the samples' `rollout_weight_version` must then advance after every update (`guards.versions`)."""
+
     def __init__(
         self,
         config: PPOConfig,
@@ -73,6 +77,7 @@ class RayPPOTrainer:
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
         self.global_steps = 0
         self.guards = StepGuards(config.trainer.guards)
+        self.weight_versions = WeightVersionWatch() if self.on_policy_rollouts else None
         self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
         self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
@@ -146,6 +151,9 @@ class RayPPOTrainer:
         algo = self.config.algorithm
         actor_rollout, critic = self.workers.actor_rollout, self.workers.critic
         batch = self.sample(batches, metrics, timing)
+        if self.weight_versions is not None:
+            versions = batch.batch[WEIGHT_VERSION_KEY] if WEIGHT_VERSION_KEY in batch.batch.keys() else None
+            metrics.update(self.weight_versions.observe(self.global_steps, versions))
         if self.config.trainer.balance_batch:
             metrics.update(self._balance(batch))
         if self.old_log_probs == "recompute":
@@ -180,6 +188,8 @@ class RayPPOTrainer:
         if self.global_steps > self.config.trainer.critic_warmup:
             with timer("update_actor", timing):
                 self._collect(actor_rollout.update_actor(batch), metrics)
+            if self.weight_versions is not None:
+                self.weight_versions.mark_update()
             self.sync_rollout_weights(metrics, timing)
         return batch
 

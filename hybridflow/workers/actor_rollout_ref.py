@@ -34,7 +34,7 @@ from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, mean_metrics, run_update
-from hybridflow.workers.weight_check import WeightDeliveryCheck
+from hybridflow.workers.weight_check import WEIGHT_VERSION_KEY, WeightDeliveryCheck
 from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe_tensors, digest_tensors
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class ActorRolloutRefWorker(Worker):
         self._weight_sync: WeightSyncGroup | None = None
         self._weight_sync_info: WeightInfo = []
         self._policy_version = 0
+        self._served_version = 0  # the policy version of the weights the rollout serves (set at each hand-over)
         # Each hand-over to a rollout with its own copy of the weights is verified (`workers.weight_check`).
         self._weight_check: WeightDeliveryCheck | None = None
         self._weight_check_metrics: dict[str, float] = {}
@@ -212,6 +213,8 @@ class ActorRolloutRefWorker(Worker):
         update_weights_s = self._sync_rollout_weights()
         self._seed_sampling(prompts.meta_info.get("sampling_seed_offset", 0))
         output = self.rollout.generate_sequences(prompts)
+        # Which weights sampled each row: the trainer checks that on-policy steps never reuse old ones.
+        output.batch[WEIGHT_VERSION_KEY] = torch.full((len(output),), self._served_weight_version(), dtype=torch.int64)
         if self.config.rollout.free_cache_engine:
             self.rollout.sleep()
         output.meta_info["metrics"] = {
@@ -238,6 +241,11 @@ class ActorRolloutRefWorker(Worker):
         replica = self.rollout_layout.dp_rank(self.rank)
         torch.manual_seed(self.runtime.seed + 1_000_003 * (replica + 1) + version + (offset << 32))
 
+    def _served_weight_version(self) -> int:
+        """The policy version of the weights the rollout generates with: the actor's own when it shares the actor's
+        module, else the version of the last hand-over (an update that never reached it leaves it behind)."""
+        return self._actor_version() if self._rollout_shares_module else self._served_version
+
     def _actor_version(self) -> int:
         """The actor's policy version: its learning-rate schedule's steps (restored with checkpoints)."""
         return self.actor_engine.lr_scheduler.last_epoch
@@ -255,6 +263,7 @@ class ActorRolloutRefWorker(Worker):
         """Load `named_tensors` into the rollout engine, then check that it serves them (`workers.weight_check`)."""
         check = self._weight_check
         self.rollout.update_weights(named_tensors if check is None else check.record(named_tensors))
+        self._served_version = version
         if check is not None:
             self._weight_check_metrics = check.verify(version)
 

@@ -19,6 +19,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+WEIGHT_VERSION_KEY = "rollout_weight_version"
+"""(bs,) int64 column the rollout stamps on every generated batch: the policy version (actor updates) of the weights
+that sampled each row (`trainer.guards.versions` checks it)."""
+
 SAMPLE_SIZE = 8
 RTOL = 1e-6
 """Relative tolerance of a sum (the same values summed on another device may round differently)."""

@@ -77,6 +77,9 @@ def test_generate_logprob_update_and_weight_handover(group):
     # The next generation first receives the updated weights from the FSDP shards (hand-over is timed)...
     second = group.generate_sequences(prompts())
     assert min(second.meta_info["metrics"]["timing_s/update_weights"]) > 0
+    # Every sample carries the version of the weights that sampled it: the initial ones, then the one update's.
+    assert batch.batch["rollout_weight_version"].tolist() == [0] * BATCH
+    assert second.batch["rollout_weight_version"].tolist() == [1] * BATCH
     second.meta_info = {}
     # ...so the rollout's log-probs match the updated actor, which no longer matches the reference.
     new_old = group.compute_log_prob(second)

@@ -66,6 +66,8 @@ class FullyAsyncTrainer(RayPPOTrainer):
     """`RayPPOTrainer` fed by a rollouter (a thread, or a seeded schedule) through a bounded queue under a staleness
     bound; weight syncs every `async_training.trigger_parameter_sync_step` steps. See the module docstring."""
 
+    on_policy_rollouts = False  # samples come from the previous versions: staleness is tagged instead
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         async_cfg = self.config.async_training

@@ -33,6 +33,8 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
     """`RayPPOTrainer` whose experience stage returns the batch generated during the previous step and starts the
     next one; the rest of the step (log-probs, advantages, updates, weight sync) is the same."""
 
+    on_policy_rollouts = False  # samples come from the previous versions: staleness is tagged instead
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_flight: Generation | None = None
