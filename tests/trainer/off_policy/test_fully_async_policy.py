@@ -33,7 +33,7 @@ class RecordingTrainer(FullyAsyncTrainer):
         return batch
 
 
-@pytest.mark.slow  # two runs; the staleness-bound test below runs the trainer in every CI run
+@pytest.mark.slow  # two runs; the fully async trainer runs end to end in `make test-all` (test below too)
 def test_threshold_0_is_synchronous(workspace, ray_cluster):  # noqa: F811
     args = (*ONE_PLUS_ONE, "trainer.total_training_steps=3", "trainer.total_epochs=2")
     sync, _ = train(overrides(workspace, workspace / "sync", *args))
