@@ -21,6 +21,31 @@ THINKING_TEMPLATE = (  # ChatML that, like Qwen3's, drops the thinking block of 
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 REWRITING_TEMPLATE = THINKING_TEMPLATE.replace("c.split('</think>')[-1].strip()", "'(an earlier answer)'")
+# The shape of Qwen2.5's template: a default system prompt, `tools` rendered inside it, and tool results sent back
+# as a user turn of <tool_response> blocks (consecutive tool messages share one turn).
+QWEN25_STYLE_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}{% set rest = messages[1:] %}"
+    "{% else %}{% set system = 'You are a helpful assistant.' %}{% set rest = messages %}{% endif %}"
+    "{{ '<|im_start|>system\\n' + system }}"
+    "{% if tools %}{{ '\\n\\n# Tools\\n\\n<tools>' }}{% for tool in tools %}{{ '\\n' + tool | tojson }}{% endfor %}"
+    "{{ '\\n</tools>\\n\\nCall a function inside <tool_call></tool_call> tags.' }}{% endif %}{{ '<|im_end|>\\n' }}"
+    "{% for m in rest %}"
+    "{% if m['role'] == 'tool' %}"
+    "{% if loop.first or rest[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{% if loop.last or rest[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# The shape of Llama 3.1's template: bos, a dated system header, header tokens per turn, <|eot_id|> as the
+# end of turn (and the model's eos), tool results as `ipython` turns, contents trimmed.
+LLAMA3_STYLE_TEMPLATE = (
+    "{{ bos_token }}{{ '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\n"
+    "Today Date: 26 Jul 2024\\n\\n<|eot_id|>' }}"
+    "{% for m in messages %}{% set role = 'ipython' if m['role'] == 'tool' else m['role'] %}"
+    "{{ '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
 
 
 def with_template(tokenizer, template: str):
@@ -70,3 +95,38 @@ def test_a_template_that_rewrites_history_is_refused_with_the_reason(chat_tokeni
     tokenizer = with_template(chat_tokenizer, REWRITING_TEMPLATE)
     with pytest.raises(ValueError, match=r"renders earlier turns differently.*\(an earlier answer\)"):
         ChatEncoder(tokenizer)
+
+
+def llama3_style(tokenizer):
+    """SmolLM2's vocabulary with Llama 3's turn tokens added and `<|eot_id|>` as eos (the model's end of turn)."""
+    tokenizer = with_template(tokenizer, LLAMA3_STYLE_TEMPLATE)
+    tokenizer.add_special_tokens({"eos_token": "<|eot_id|>",
+                                  "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    ("family", "tool_turn"),
+    [("qwen2.5", "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+     ("llama3", "<|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|><|start_header_id|>assistant")],
+)
+def test_qwen_and_llama_style_templates_are_append_only_over_three_turns(chat_tokenizer, family, tool_turn):
+    """Each family's own end of turn, tool turn and system prompt: the trainer's ids are the prompts the server saw
+    plus what it generated, token for token, and the tool results are rendered the family's way."""
+    if family == "llama3":
+        tokenizer = llama3_style(chat_tokenizer)
+    else:
+        tokenizer = with_template(chat_tokenizer, QWEN25_STYLE_TEMPLATE)
+    encoder = ChatEncoder(tokenizer, tools=[CalculatorTool().tool_schema.to_dict()])
+    assert encoder.turn_end_text == ("<|eot_id|>" if family == "llama3" else "<|im_end|>\n")
+    # Qwen's template renders `tools` itself; the Llama-style one ignores them, so the loop adds its tool prompt.
+    assert (encoder.tool_prompt is None) == (family == "qwen2.5")
+    server, out = run_tool_agent(tokenizer, [
+        call("calculator", expression="2 + 3"), call("calculator", expression="2 + 3"), "The answer is 5."])
+    assert len(server.prompts) == 3
+    assert_continuous(server, out)
+    trajectory = tokenizer.decode(out.prompt_ids + out.response_ids)
+    assert trajectory.count(tool_turn) == 2, trajectory
+    # The model's own eos closed each turn: nothing was inserted between a generated turn and the next message.
+    for ids in server.outputs[:-1]:
+        assert ids[-1] == tokenizer.eos_token_id
