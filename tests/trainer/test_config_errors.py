@@ -171,3 +171,15 @@ def test_cross_section_errors_print_before_torch_transformers_or_ray_load(train_
     for (override, words), (exit_code, message) in zip(CROSS_SECTION_ERRORS, report["results"], strict=True):
         assert exit_code == 2 and "config error" in message and words in message, (override, message)
     assert report["loaded"] == [], f"a config error loaded {report['loaded']}"
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_the_native_rollout_refuses_a_moe_checkpoint_before_ray_and_hf_takes_it(tmp_path, train_file, arch):
+    from hybridflow.models.moe import save_tiny_moe_model
+
+    model_dir = save_tiny_moe_model(tmp_path / arch, arch)
+    overrides = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
+    with nothing_started(), pytest.raises(ValueError, match=rf"rollout.name='native' cannot run .*model type '{arch}' "
+                                                            r"is a mixture-of-experts model.*rollout.name=hf"):
+        check(overrides + ["actor_rollout_ref.rollout.name=native"])
+    check(overrides + ["actor_rollout_ref.rollout.name=hf"])

@@ -135,8 +135,9 @@ def check_model_location(key: str, location: str | None, weights: bool = True) -
         )
 
 
-def model_context_length(model_path: str) -> int | None:
-    """max_position_embeddings from a model directory's config.json (catalogue models once converted), else None."""
+def model_config_json(model_path: str) -> dict | None:
+    """A model directory's config.json (catalogue models once converted), or None where there is none yet (a .gguf
+    file, a catalogue model before its first conversion)."""
     from hybridflow.models.catalogue import MODEL_CATALOGUE, catalogue_gguf_path
 
     from hybridflow import env
@@ -150,7 +151,30 @@ def model_context_length(model_path: str) -> int | None:
         if not directory.exists() and not model_path.endswith(".gguf") and model_path not in MODEL_CATALOGUE:
             raise ValueError(f"actor_rollout_ref.model.path={model_path!r} is not a catalogue name, directory or .gguf file")
         return None
-    return json.loads(config_file.read_text()).get("max_position_embeddings")
+    return json.loads(config_file.read_text())
+
+
+def model_context_length(model_path: str) -> int | None:
+    """max_position_embeddings from a model's config.json, else None."""
+    config = model_config_json(model_path)
+    return None if config is None else config.get("max_position_embeddings")
+
+
+def check_native_rollout_model(cfg: PPOConfig) -> None:
+    """The native rollout runs dense Llama-family decoders only: another model is refused now, not when a worker
+    builds it after Ray started."""
+    from hybridflow.engines.rollout.native_support import native_unsupported_reason
+
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.name != "native":
+        return
+    config = model_config_json(arr.model.path)
+    reason = None if config is None else native_unsupported_reason(config)
+    if reason is not None:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name='native' cannot run actor_rollout_ref.model.path={arr.model.path!r}: "
+            f"{reason}; set actor_rollout_ref.rollout.name=hf"
+        )
 
 
 def check_lengths(cfg: PPOConfig) -> None:

@@ -13,6 +13,7 @@ from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
     check_lengths,
     check_model_location,
+    check_native_rollout_model,
     check_prime,
     check_prime_keys_unused,
     check_reward_model,
@@ -43,6 +44,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_agent_loops(cfg)
     check_rows(cfg)
     check_lengths(cfg)
+    check_native_rollout_model(cfg)
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)

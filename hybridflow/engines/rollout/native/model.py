@@ -28,14 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.engines.rollout.native.kv_cache import KVCache
+from hybridflow.engines.rollout.native_support import NATIVE_ROPE_TYPES, native_unsupported_reason
 from hybridflow.engines.rollout.native.tensor_parallel import RolloutTensorParallel
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 _PRODUCT_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
 """`LayerWeights` fields that the kernels multiply by (packed once per weight version)."""
-_STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -91,14 +90,9 @@ class PackedWeights:
 
 def check_supported(model: nn.Module) -> None:
     """Raise ValueError if `model` is not a causal LM this forward reproduces exactly."""
-    config = model.config
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"the native rollout supports model types {SUPPORTED_MODEL_TYPES}, got {config.model_type!r}; "
-            "use rollout name 'hf' for this model"
-        )
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError("the native rollout does not implement sliding-window attention; use rollout name 'hf'")
+    reason = native_unsupported_reason(model.config.to_dict())
+    if reason is not None:
+        raise ValueError(f"the native rollout cannot run this model: {reason}; use rollout name 'hf'")
     if any(hasattr(module, "lora_A") for module in model.modules()):
         raise ValueError(
             "the native rollout reads plain weights and would ignore LoRA adapters in this module; give it the "
@@ -106,9 +100,9 @@ def check_supported(model: nn.Module) -> None:
             "rollout name 'hf'"
         )
     rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
-    if rope_type not in _STATIC_ROPE_TYPES:
+    if rope_type not in NATIVE_ROPE_TYPES:
         raise ValueError(
-            f"the native rollout supports rope types {_STATIC_ROPE_TYPES}, got {rope_type!r}; use rollout name 'hf'"
+            f"the native rollout supports rope types {NATIVE_ROPE_TYPES}, got {rope_type!r}; use rollout name 'hf'"
         )
 
 

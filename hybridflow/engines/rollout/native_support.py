@@ -1,0 +1,28 @@
+"""Which checkpoints the `native` rollout can run, read from a model's config alone (no torch): the config checks
+refuse the others before Ray starts, and the engine checks the loaded module with the same rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+NATIVE_MODEL_TYPES = ("llama", "qwen2")
+"""Model types whose forward the native engine reproduces exactly (dense Llama-family decoders)."""
+NATIVE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+"""RoPE scalings whose frequencies do not change with the sequence length."""
+
+
+def native_unsupported_reason(config: Mapping[str, Any]) -> str | None:
+    """Why the native rollout cannot run a model with this HF config (a config.json mapping), or None if it can."""
+    model_type = config.get("model_type")
+    if model_type not in NATIVE_MODEL_TYPES:
+        moe = any(key in config for key in ("num_experts", "num_local_experts", "n_routed_experts"))
+        kind = "a mixture-of-experts model: the native engine has no expert routing yet" if moe else "not implemented"
+        return f"model type {model_type!r} is {kind} (it runs {NATIVE_MODEL_TYPES})"
+    if config.get("use_sliding_window"):
+        return "it does not implement sliding-window attention"
+    scaling = config.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in NATIVE_ROPE_TYPES:
+        return f"it supports rope types {NATIVE_ROPE_TYPES}, not {rope_type!r}"
+    return None
