@@ -92,17 +92,19 @@ def build_tiny_moe_model(
     top_k: int = 2,
     seed: int = 0,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    initializer_range: float = 0.1,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A small random MoE causal LM (float32, sdpa) and its tokenizer; the same `seed` gives the same weights.
 
     `num_experts` routed experts per MoE layer of `hidden` units each, `top_k` per token; Qwen2-MoE adds a gated
-    shared expert, DeepSeek-V3 a shared expert and a dense first layer. The global torch RNG is left untouched.
+    shared expert, DeepSeek-V3 a shared expert and a dense first layer. A larger `initializer_range` gives peaked
+    output distributions (greedy decoding then has no near-ties). The global torch RNG is left untouched.
     """
     tokenizer = prepare_tokenizer(tokenizer if tokenizer is not None else build_tiny_tokenizer())
     common = dict(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
-        initializer_range=0.1, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        initializer_range=initializer_range, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     config = _tiny_config(arch, common, num_experts, top_k, hidden)

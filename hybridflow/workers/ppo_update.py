@@ -183,7 +183,9 @@ def run_update(
             scale_by_rows=False,
         )
         for key, value in step.items():
-            name = key if "/" in key else f"{metric_prefix}/{key}"
+            # The engine's own keys (`grad_norm`) and an MoE's router metrics (`moe/...`) belong to the updated
+            # model: `actor/moe/...` and `critic/moe/...` stay apart.
+            name = key if "/" in key and not key.startswith("moe/") else f"{metric_prefix}/{key}"
             metrics[name].append(float(value))
     return dict(metrics)
 

@@ -173,8 +173,8 @@ def test_cross_section_errors_print_before_torch_transformers_or_ray_load(train_
     assert report["loaded"] == [], f"a config error loaded {report['loaded']}"
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
-def test_the_native_rollout_refuses_a_moe_checkpoint_before_ray_and_hf_takes_it(tmp_path, train_file, arch):
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_the_native_rollout_refuses_a_moe_it_cannot_run_before_ray_and_hf_takes_it(tmp_path, train_file, arch):
     from hybridflow.models.moe import save_tiny_moe_model
 
     model_dir = save_tiny_moe_model(tmp_path / arch, arch)
@@ -183,3 +183,11 @@ def test_the_native_rollout_refuses_a_moe_checkpoint_before_ray_and_hf_takes_it(
                                                             r"is a mixture-of-experts model.*rollout.name=hf"):
         check(overrides + ["actor_rollout_ref.rollout.name=native"])
     check(overrides + ["actor_rollout_ref.rollout.name=hf"])
+
+
+def test_the_native_rollout_takes_mixtral_and_qwen2_moe(tmp_path, train_file):
+    from hybridflow.models.moe import save_tiny_moe_model
+
+    for arch in ("mixtral", "qwen2_moe"):
+        model_dir = save_tiny_moe_model(tmp_path / arch, arch)
+        check(good(train_file) + [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=native"])

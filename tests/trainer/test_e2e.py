@@ -216,3 +216,21 @@ def save_tiny_model_like(path: Path) -> None:
     from hybridflow.models import save_tiny_model
 
     save_tiny_model(path, num_layers=2, hidden=64, seed=11)
+
+
+def test_grpo_on_a_mixtral_with_the_native_rollout_hands_the_experts_over(workspace):
+    """Two GRPO steps of a tiny Mixtral on 2 FSDP ranks: the native rollout runs the model's own routing, and after
+    the first update it receives every expert's new weights (its log-probs still match the trainer's)."""
+    from hybridflow.models.moe import save_tiny_moe_model
+
+    model_dir = save_tiny_moe_model(workspace / "tiny_mixtral", "mixtral")
+    records = by_step(run(overrides(
+        workspace, workspace / "mixtral", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.name=native", f"actor_rollout_ref.model.path={model_dir}",
+        "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    for step in (1, 2):
+        record = records[step]
+        assert record["actor/grad_norm"] > 0 and record["actor/moe/router_entropy"] > 0
+        assert record["training/rollout_probs_diff_max"] < 1e-3, (step, record["training/rollout_probs_diff_max"])
+    assert records[2]["rollout/weight_version"] > records[1]["rollout/weight_version"]

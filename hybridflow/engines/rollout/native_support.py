@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-NATIVE_MODEL_TYPES = ("llama", "qwen2")
-"""Model types whose forward the native engine reproduces exactly (dense Llama-family decoders)."""
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "mixtral", "qwen2_moe")
+"""Model types whose forward the native engine reproduces: Llama-family attention, with dense MLPs or with
+mixture-of-experts blocks (Mixtral, Qwen2-MoE), which it runs through the model's own routing code."""
 NATIVE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """RoPE scalings whose frequencies do not change with the sequence length."""
 
@@ -17,9 +18,11 @@ def native_unsupported_reason(config: Mapping[str, Any]) -> str | None:
     model_type = config.get("model_type")
     if model_type not in NATIVE_MODEL_TYPES:
         moe = any(key in config for key in ("num_experts", "num_local_experts", "n_routed_experts"))
-        kind = "a mixture-of-experts model: the native engine has no expert routing yet" if moe else "not implemented"
+        kind = "a mixture-of-experts model whose attention the native engine lacks" if moe else "not implemented"
         return f"model type {model_type!r} is {kind} (it runs {NATIVE_MODEL_TYPES})"
-    if config.get("use_sliding_window"):
+    # Qwen families switch the window on with use_sliding_window; Mistral's set it by its size alone.
+    sliding = config.get("use_sliding_window") if "use_sliding_window" in config else config.get("sliding_window")
+    if sliding:
         return "it does not implement sliding-window attention"
     scaling = config.get("rope_scaling") or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))

@@ -39,7 +39,8 @@ _PRODUCT_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """References to one decoder layer's parameters (biases may be None)."""
+    """References to one decoder layer's parameters (biases may be None). A mixture-of-experts layer has no dense
+    MLP weights (`gate`, `up`, `down` are None) and keeps its HF block in `moe`, which routes and runs the experts."""
 
     input_norm: torch.Tensor
     q: torch.Tensor
@@ -51,13 +52,14 @@ class LayerWeights:
     o: torch.Tensor
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate: torch.Tensor
+    gate: torch.Tensor | None
     gate_bias: torch.Tensor | None
-    up: torch.Tensor
+    up: torch.Tensor | None
     up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: torch.Tensor | None
     down_bias: torch.Tensor | None
-    act: nn.Module
+    act: nn.Module | None
+    moe: nn.Module | None = None
 
 
 class PackedWeights:
@@ -104,6 +106,19 @@ def check_supported(model: nn.Module) -> None:
         raise ValueError(
             f"the native rollout supports rope types {NATIVE_ROPE_TYPES}, got {rope_type!r}; use rollout name 'hf'"
         )
+
+
+def is_moe_block(mlp: nn.Module) -> bool:
+    """A decoder layer's MLP that routes over experts (an HF sparse-MoE block) rather than a dense gated MLP."""
+    return not hasattr(mlp, "gate_proj") and hasattr(mlp, "experts")
+
+
+def _run_moe_block(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The HF MoE block on normalised states h (..., hidden) -> (..., hidden): its own router (softmax, top-k,
+    normalisation, shared experts) and experts, so routing matches the training engine's exactly."""
+    out = block(h.reshape(1, -1, h.shape[-1]))
+    out = out[0] if isinstance(out, tuple) else out  # some families also return the router logits
+    return out.reshape(h.shape)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -177,12 +192,15 @@ class LlamaFamilyForward:
         Called at the start of each generation, so replaced parameter objects are picked up too.
         """
         self._layers = [self._layer_weights(layer) for layer in self.model.model.layers]
+        if self.has_moe and self.tp is not None:
+            raise ValueError("the native rollout does not shard mixture-of-experts layers; use tensor_model_parallel_size=1")
         if self.kernels is not None and not self._kernel_ready_weights():
             logger.warning("native rollout: weights are not contiguous float32 CPU tensors; decoding with torch ops")
             self.kernels = self._packed = None
         if self._packed is not None:
             self._packed_layers = [
-                {name: self._packed.get(getattr(w, name)) for name in _PRODUCT_WEIGHTS} for w in self._layers
+                {name: self._packed.get(getattr(w, name)) for name in _PRODUCT_WEIGHTS if getattr(w, name) is not None}
+                for w in self._layers
             ]
             self._packed_head = self._packed.get(self.model.lm_head.weight)
         if self._cos is None or self._cos.shape[0] < max_position:
@@ -194,6 +212,7 @@ class LlamaFamilyForward:
 
     def _kernel_ready_weights(self) -> bool:
         weights = [self.model.lm_head.weight] + [getattr(w, name) for w in self._layers for name in _PRODUCT_WEIGHTS]
+        weights = [t for t in weights if t is not None]  # an MoE layer's experts run in its own block
         return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in weights)
 
     def operand_addresses(self) -> tuple[int, ...]:
@@ -204,6 +223,7 @@ class LlamaFamilyForward:
         model = self.model
         tensors = [self._cos, self._sin, model.model.embed_tokens.weight, model.model.norm.weight, model.lm_head.weight]
         tensors += [t for w in self._layers for t in vars(w).values() if isinstance(t, torch.Tensor)]
+        tensors += [t for w in self._layers if w.moe is not None for t in w.moe.parameters()]
         return tuple(t.data_ptr() for t in tensors)
 
     def release(self) -> None:
@@ -214,9 +234,21 @@ class LlamaFamilyForward:
         if self._packed is not None:
             self._packed.clear()
 
+    @property
+    def has_moe(self) -> bool:
+        """Whether some layer routes over experts (the routing has data-dependent shapes: no decode graphs)."""
+        return any(is_moe_block(layer.mlp) for layer in self.model.model.layers)
+
     @staticmethod
     def _layer_weights(layer: nn.Module) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
+        if is_moe_block(mlp):
+            return LayerWeights(
+                input_norm=layer.input_layernorm.weight, q=attn.q_proj.weight, q_bias=attn.q_proj.bias,
+                k=attn.k_proj.weight, k_bias=attn.k_proj.bias, v=attn.v_proj.weight, v_bias=attn.v_proj.bias,
+                o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
+                gate=None, gate_bias=None, up=None, up_bias=None, down=None, down_bias=None, act=None, moe=mlp,
+            )
         return LayerWeights(
             input_norm=layer.input_layernorm.weight,
             q=attn.q_proj.weight,
@@ -253,6 +285,8 @@ class LlamaFamilyForward:
 
     def _mlp(self, x: torch.Tensor, w: LayerWeights, linear=F.linear) -> torch.Tensor:
         h = _rms_norm(x, w.post_norm, self.eps)
+        if w.moe is not None:
+            return x + _run_moe_block(w.moe, h)
         gated = w.act(linear(h, w.gate, w.gate_bias)) * linear(h, w.up, w.up_bias)
         return x + self._rowwise(gated, w.down, w.down_bias, linear)
 
@@ -383,6 +417,9 @@ class LlamaFamilyForward:
             attn = kern.decode_attention(q, cache.keys[layer], cache.values[layer], visible)
             self._rowwise_add_(x, attn.view(rows, -1), packed["o"], w.o_bias)
             h = kern.rms_norm(x, w.post_norm, eps)
+            if w.moe is not None:  # the HF block routes and runs the experts (torch ops)
+                x.add_(_run_moe_block(w.moe, h))
+                continue
             gate = kern.linear_rows(h, packed["gate"], w.gate.shape[0], w.gate_bias)
             up = kern.linear_rows(h, packed["up"], w.up.shape[0], w.up_bias)
             if self._silu:

@@ -122,7 +122,8 @@ class NativeRollout(BaseRollout):
             self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device
         )
         default_interval = 1 if self.device.type == "cpu" else ACCELERATOR_DONE_CHECK_INTERVAL
-        graphs = cuda_graphs and self.device.type == "cuda" and self.tp is None
+        # Expert routing has data-dependent shapes: MoE models decode eagerly.
+        graphs = cuda_graphs and self.device.type == "cuda" and self.tp is None and not self.forward.has_moe
         self.batcher = ContinuousBatcher(
             self.forward,
             self.cache,

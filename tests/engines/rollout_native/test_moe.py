@@ -1,0 +1,63 @@
+"""The native rollout on mixture-of-experts models (Mixtral, Qwen2-MoE with its gated shared expert): greedy tokens
+equal transformers', sampled log-probs equal the training engine's, and families it cannot run are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.engines.rollout import HFRollout, NativeRollout, SamplingParams
+from hybridflow.engines.rollout.native_support import native_unsupported_reason
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.models import build_causal_lm
+from hybridflow.models.loader import save_model_and_tokenizer
+from hybridflow.models.moe import build_tiny_moe_model
+from tests.engines.helpers import encode_prompts
+
+PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x", "def add(a, b):\n    return"]
+GREEDY = SamplingParams(max_new_tokens=10, do_sample=False)
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen2_moe"])
+def moe_dir(request, tmp_path_factory, tiny_tokenizer):
+    model, tokenizer = build_tiny_moe_model(request.param, seed=1, tokenizer=tiny_tokenizer, initializer_range=0.3)
+    return str(save_model_and_tokenizer(model, tokenizer, tmp_path_factory.mktemp(request.param)))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+def test_moe_greedy_equals_transformers_token_for_token(moe_dir, tiny_tokenizer, kernels):
+    model = build_causal_lm(moe_dir)
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS)
+    expected = HFRollout(model, tiny_tokenizer, GREEDY).generate_sequences(prompts)
+    rollout = NativeRollout(model, tiny_tokenizer, GREEDY, max_num_seqs=3, kernels=kernels)
+    assert rollout.forward.has_moe and (rollout.forward.kernels is not None) == (kernels == "cpu")
+    out = rollout.generate_sequences(prompts)
+    assert len(set(out.batch["responses"].flatten().tolist())) > 10  # varied tokens: routing matters
+    for key in ("responses", "input_ids", "attention_mask", "position_ids", "response_mask"):
+        assert torch.equal(out.batch[key], expected.batch[key]), key
+    torch.testing.assert_close(out.batch["rollout_log_probs"], expected.batch["rollout_log_probs"], atol=1e-4, rtol=0)
+
+
+def test_moe_sampled_log_probs_match_the_training_engine(moe_dir, tiny_tokenizer):
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=8, n=2)
+    rollout = NativeRollout(build_causal_lm(moe_dir), tiny_tokenizer, params, max_num_seqs=4, kernels="cpu")
+    torch.manual_seed(0)
+    out = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS))
+    engine = build_fsdp_engine(moe_dir, FSDPEngineConfig(micro_batch_size_per_gpu=4))
+    log_probs, _ = engine.compute_log_prob(out, temperature=0.7)
+    mask = out.batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs[mask], out.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_moe_families_with_other_attention_are_refused(tiny_tokenizer, arch):
+    model, _ = build_tiny_moe_model(arch, tokenizer=tiny_tokenizer)
+    assert "mixture-of-experts" in native_unsupported_reason(model.config.to_dict())
+    with pytest.raises(ValueError, match=rf"cannot run this model: model type '{arch}'.*rollout name 'hf'"):
+        NativeRollout(model, tiny_tokenizer, GREEDY)
+
+
+def test_a_mistral_style_sliding_window_is_refused():
+    assert "sliding-window" in native_unsupported_reason({"model_type": "mixtral", "sliding_window": 4096})
+    assert native_unsupported_reason({"model_type": "mixtral", "sliding_window": None}) is None
+    assert native_unsupported_reason({"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 4096}) is None
