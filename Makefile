@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-all
+.PHONY: demo demo-moe test test-all
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ demo: $(STAMP)
 	test -f $(DEMO_DATA)/train.parquet || $(PY) -m hybridflow.data.preprocess.reasoning_gym --preset smollm2_easy \
 		--local_dir $(DEMO_DATA) --train_size 512 --test_size 64 --seed 0
 	RAY_AUTH_MODE=disabled $(PY) -m hybridflow.trainer.main_ppo --config-name grpo_smollm2_demo
+
+# The demo on SmolLM2 upcycled into a 4-expert Mixtral (built once into outputs/smollm2_moe).
+demo-moe: $(STAMP)
+	test -f $(DEMO_DATA)/train.parquet || $(PY) -m hybridflow.data.preprocess.reasoning_gym --preset smollm2_easy \
+		--local_dir $(DEMO_DATA) --train_size 512 --test_size 64 --seed 0
+	test -f outputs/smollm2_moe/config.json || $(PY) -m hybridflow.models.upcycle --model smollm2-135m-instruct \
+		--target_dir outputs/smollm2_moe
+	RAY_AUTH_MODE=disabled $(PY) -m hybridflow.trainer.main_ppo --config-name grpo_smollm2_moe_demo
 
 test: $(STAMP)
 	$(PY) -m pytest

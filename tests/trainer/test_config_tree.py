@@ -348,7 +348,17 @@ def test_frozen_sections_are_dataclasses_all_the_way_down(files):
         cfg.actor_rollout_ref.actor.clip_ratio = 0.3
 
 
-@pytest.mark.parametrize("name", ["ppo_trainer", "grpo_smollm2_demo", "grpo_smollm2_calculator_agent"])
+PACKAGED_PPO_CONFIGS = sorted(
+    path.stem for path in (Path(__file__).parents[2] / "hybridflow" / "trainer" / "config").glob("*.yaml")
+    if path.stem != "sft_trainer"  # the SFT tree's root: tests/trainer/sft
+)
+
+
+def test_the_packaged_configs_are_all_found():
+    assert {"ppo_trainer", "grpo_smollm2_demo", "grpo_smollm2_moe_demo", "dapo_smollm2"} <= set(PACKAGED_PPO_CONFIGS)
+
+
+@pytest.mark.parametrize("name", PACKAGED_PPO_CONFIGS)
 def test_packaged_yaml_configs_compose_and_type(name):
     cfg = load_config([], config_name=name)
     assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
