@@ -191,3 +191,19 @@ def test_the_native_rollout_takes_mixtral_and_qwen2_moe(tmp_path, train_file):
     for arch in ("mixtral", "qwen2_moe"):
         model_dir = save_tiny_moe_model(tmp_path / arch, arch)
         check(good(train_file) + [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=native"])
+
+
+def test_tensor_and_sequence_parallel_sizes_are_checked_against_the_model_shape(tmp_path, train_file):
+    """The layout checks that read the model's config (heads, key/value heads) run before Ray: sizes that fit pass,
+    one that splits the key/value heads is refused naming the count and the sizes that would fit."""
+    from hybridflow.models import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "tiny")  # 4 heads, 2 key/value heads
+    base = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
+    with nothing_started():
+        check(base + ["actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2"])
+        check(base + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                      "actor_rollout_ref.model.use_remove_padding=True"])
+        with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not divide the model's "
+                                             r"num_key_value_heads=2.*\(2\)"):
+            check(base + ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=4"])

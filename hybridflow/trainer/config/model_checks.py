@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from hybridflow.data.config import expand_path
-from hybridflow.trainer.config.parallel_checks import model_config
+from hybridflow.trainer.config.parallel_checks import hf_model_config
 from hybridflow.trainer.config.schema import PPOConfig
 
 # Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
@@ -45,7 +45,7 @@ def check_prime(cfg: PPOConfig) -> None:
         check_model_location(f"reward_model.model.{key}", location)
         if location is None:
             continue
-        architectures = getattr(model_config(location), "architectures", None) or []
+        architectures = getattr(hf_model_config(location), "architectures", None) or []
         if not any(name.endswith("ForCausalLM") for name in architectures):
             raise ValueError(
                 f"reward_model.model.{key}={location!r} lists architectures {architectures or 'none'}: PRIME's implicit "

@@ -62,7 +62,7 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         if layout.group_size > 1:
             fsdp_key, prefix = sizes[role][:2]
             model = engines[role][1].model
-            model_config = model_config(model.path, trust_remote_code=model.trust_remote_code)
+            model_config = hf_model_config(model.path, trust_remote_code=model.trust_remote_code)
             check_tp_layout(model_config, layout.tp, f"{fsdp_key}.tensor_parallel_size")
             check_sp_layout(model_config, layout.sp, f"{prefix}.ulysses_sequence_parallel_size")
     ref = arr.ref
@@ -99,10 +99,10 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
             f"{key}={tp} does not divide the {world} ranks of the colocated pool (trainer.nnodes x "
             f"trainer.n_gpus_per_node): each rollout replica takes {tp} consecutive ranks; pick a divisor of {world}"
         )
-    check_tp_layout(model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code), tp, key)
+    check_tp_layout(hf_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code), tp, key)
 
 
-def model_config(path: str, trust_remote_code: bool = False) -> Any:
+def hf_model_config(path: str, trust_remote_code: bool = False) -> Any:
     """A model's HF config. Imported here, not at the top: transformers and torch take seconds to import, and only
     the checks that read a model's shape need them (a config error prints before they load)."""
     from hybridflow.models.loader import load_model_config
