@@ -159,7 +159,8 @@ class ActorRolloutRefWorker(Worker):
         self._rollout_weights_stale = self.actor_engine is not None and not shares
         # Backend-specific settings of the rollout config, for the backends that take them.
         # vllm reads its keys from the section; hf and native take the memory share the rollout may use
-        extra = {"config": rollout} if rollout.name == "vllm" else {"memory_utilization": rollout.gpu_memory_utilization}
+        extra = {"config": rollout} if rollout.backend_spec.reads_engine_keys else {
+            "memory_utilization": rollout.gpu_memory_utilization}
         if tp_mesh is not None:
             extra["tp_mesh"] = tp_mesh
         self.rollout = rollout_cls(

@@ -48,9 +48,9 @@ def test_requesting_vllm_raises_the_import_error_with_the_install_command():
 @without_vllm
 def test_config_validation_rejects_vllm_before_ray_with_the_install_command(tmp_path):
     from hybridflow.trainer.config import load_config, validate_config
+    from tests.helpers import write_rows
 
-    train_file = tmp_path / "train.parquet"
-    train_file.write_bytes(b"")
+    train_file = write_rows(tmp_path / "train.parquet", ["gsm8k"] * 16)
     overrides = [
         f"data.train_files=[{train_file}]",
         "data.train_batch_size=8",

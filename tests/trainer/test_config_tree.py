@@ -227,7 +227,7 @@ INVALID = [
     ("critic.model.path=/nonexistent/critic algorithm.adv_estimator=gae", ["critic.model.path", "/nonexistent/critic"]),
     ("actor_rollout_ref.model.tokenizer_path=/nonexistent/tok", ["actor_rollout_ref.model.tokenizer_path"]),
     ("trainer.resume_mode=resume_path trainer.resume_from_path=/nonexistent/global_step_3", ["trainer.resume_from_path"]),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", ["tensor_model_parallel_size=2", "only the native engine"]),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", ["tensor_model_parallel_size=2", "only ['native'] split a replica"]),
     ("rollout.n_gpus_per_node=4", ["rollout.n_gpus_per_node=4", "actor_rollout_ref.hybrid_engine=False"]),
     ("actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500",
      ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500", "longest sequence", "1024"]),
@@ -386,10 +386,10 @@ def test_old_log_prob_source(files, extra, source):
 
 
 def test_rollout_correction_needs_an_engine_that_returns_rollout_log_probs(files):
-    from hybridflow.engines.rollout import ROLLOUTS
-    from hybridflow.trainer.config.validate import LOG_PROB_ENGINES, _check_rollout_correction
+    from hybridflow.engines.rollout import ROLLOUTS, rollout_spec
+    from hybridflow.trainer.config.validate import _check_rollout_correction
 
-    assert set(ROLLOUTS.names()) <= set(LOG_PROB_ENGINES), "every built-in engine returns rollout_log_probs"
+    assert all(rollout_spec(name).returns_log_probs for name in ROLLOUTS.names()), "every built-in returns them"
     cfg = load_config([f"data.train_files={files['train']}", "algorithm.rollout_correction.rollout_is=token"])
     rollout = dataclasses.replace(cfg.actor_rollout_ref.rollout, name="my_engine")  # e.g. a registered plug-in
     cfg = dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(cfg.actor_rollout_ref, rollout=rollout))

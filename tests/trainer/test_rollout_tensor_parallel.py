@@ -56,9 +56,9 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
     ("extra", "words"),
     [
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size"),
-        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "only the native engine"),  # name=hf
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "only ['native'] split a replica"),  # name=hf
         (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-         "only the native engine"),
+         "only ['native'] split a replica"),
         ([*TP2, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"], "mode='async'"),
         (["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
          "does not divide the 2 ranks"),

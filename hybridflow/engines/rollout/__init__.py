@@ -6,22 +6,13 @@
 `hf` (transformers' `generate`) and `native` (continuous batching over a preallocated KV cache, Llama/Qwen2
 models) are always available. `vllm` (a vLLM engine; optional, see `vllm.py`) registers lazily: its module is
 imported when the name is first requested, and without the vllm package that raises ImportError with the
-install command.
+install command. What each backend can do is its `RolloutSpec` (`registry.py`), which the config checks read.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from hybridflow.engines.rollout.registry import ROLLOUTS, RolloutSpec, register_rollout, rollout_spec
 from hybridflow.utils.lazy import lazy_exports
-from hybridflow.utils.registry import Registry
-
-# Every backend registers by import path, so the config section (`engines.rollout.config`) and the names imports
-# without torch; `get` imports the backend.
-ROLLOUTS: Registry[Any] = Registry("rollout")
-ROLLOUTS.register_lazy("hf", "hybridflow.engines.rollout.hf:HFRollout")
-ROLLOUTS.register_lazy("native", "hybridflow.engines.rollout.native:NativeRollout")
-ROLLOUTS.register_lazy("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout")
 
 # Public name -> the submodule holding it; loaded on first use (see utils/lazy.py).
 _EXPORTS = {
@@ -35,5 +26,5 @@ _EXPORTS = {
     "HFRollout": "hf",
     "NativeRollout": "native",
 }
-__all__ = ["ROLLOUTS", *_EXPORTS]
+__all__ = ["ROLLOUTS", "RolloutSpec", "register_rollout", "rollout_spec", *_EXPORTS]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

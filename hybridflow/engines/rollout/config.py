@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from hybridflow.engines.rollout.registry import ROLLOUTS, RolloutSpec, rollout_spec
 from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
@@ -201,15 +202,13 @@ class RolloutConfig(SamplingConfig):
         check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
         check_positive("tensor_model_parallel_size", self.tensor_model_parallel_size)
         tp = self.tensor_model_parallel_size
-        if tp > 1 and self.name != "native":
-            vllm_note = (
-                " (vllm: each rank runs its own vLLM engine; vLLM's own tensor parallel, one trainer rank per vLLM "
-                "rank, is not wired up yet)" if self.name == "vllm" else ""
-            )
+        spec = self.backend_spec
+        if tp > 1 and not spec.tensor_parallel:
+            splitting = [name for name in ROLLOUTS.names() if rollout_spec(name).tensor_parallel]
             raise ConfigFieldError(
                 "tensor_model_parallel_size",
-                f"tensor_model_parallel_size={tp} with name={self.name!r}: only the native engine splits a replica "
-                f"over ranks{vllm_note}; use name=native or tensor_model_parallel_size=1",
+                f"tensor_model_parallel_size={tp} with name={self.name!r}: only {splitting} split a replica over "
+                f"ranks{spec.tensor_parallel_note}; use name={splitting[0]} or tensor_model_parallel_size=1",
             )
         if tp > 1 and self.mode != "sync":
             raise ConfigFieldError(
@@ -219,10 +218,16 @@ class RolloutConfig(SamplingConfig):
                 "tensor_model_parallel_size=1",
             )
         self._check_moe()
-        if self.name == "vllm":
+        if spec.reads_engine_keys:
             self._check_vllm_engine()
         else:
             self._refuse_vllm_only_keys()
+
+    @property
+    def backend_spec(self) -> RolloutSpec:
+        """What the backend `name` can do (`engines/rollout/registry.py`); an unknown name (refused with the known
+        ones by the checks before Ray) declares nothing."""
+        return rollout_spec(self.name) if self.name in ROLLOUTS else RolloutSpec()
 
     def _check_moe(self) -> None:
         """Routing is recorded by the hf engine's batch generation only; expert parallelism is not implemented."""
@@ -232,11 +237,13 @@ class RolloutConfig(SamplingConfig):
                 f"expert_parallel_size={self.expert_parallel_size}: expert parallelism is not implemented; every "
                 "rank holds all experts (set it to 1)",
             )
-        if self.enable_rollout_routing_replay and (self.name != "hf" or self.mode != "sync"):
+        if self.enable_rollout_routing_replay and (not self.backend_spec.records_routing or self.mode != "sync"):
+            recording = [name for name in ROLLOUTS.names() if rollout_spec(name).records_routing]
             raise ConfigFieldError(
                 "enable_rollout_routing_replay",
-                f"enable_rollout_routing_replay=True with name={self.name!r}, mode={self.mode!r}: only the hf engine's "
-                "sync generation records the routed experts; use name=hf mode=sync or leave it False",
+                f"enable_rollout_routing_replay=True with name={self.name!r}, mode={self.mode!r}: only the sync "
+                f"generation of {recording} records the routed experts; use name={recording[0]} mode=sync or leave "
+                "it False",
             )
 
     def _refuse_vllm_only_keys(self) -> None:

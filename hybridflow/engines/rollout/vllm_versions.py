@@ -87,3 +87,8 @@ def check_vllm_versions(installed: Mapping[str, str | None]) -> None:
             + "; ".join(problems)
             + f". Fix: {_SETUP_HINT}"
         )
+
+
+def check_installed_vllm_versions() -> None:
+    """`check_vllm_versions` on what is installed here (the vllm backend's `RolloutSpec.install_check`)."""
+    check_vllm_versions(installed_vllm_versions())

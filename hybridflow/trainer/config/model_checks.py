@@ -160,20 +160,17 @@ def model_context_length(model_path: str) -> int | None:
     return None if config is None else config.get("max_position_embeddings")
 
 
-def check_native_rollout_model(cfg: PPOConfig) -> None:
-    """The native rollout runs dense Llama-family decoders only: another model is refused now, not when a worker
-    builds it after Ray started."""
-    from hybridflow.engines.rollout.native_support import native_unsupported_reason
-
+def check_rollout_model(cfg: PPOConfig) -> None:
+    """The rollout backend can run the actor's model (its spec's `model_check` on config.json, e.g. the native
+    engine runs Llama-family attention only): another model is refused now, not when a worker builds it."""
     arr = cfg.actor_rollout_ref
-    if arr.rollout.name != "native":
-        return
-    config = model_config_json(arr.model.path)
-    reason = None if config is None else native_unsupported_reason(config)
+    spec = arr.rollout.backend_spec
+    config = None if spec.model_check is None else model_config_json(arr.model.path)
+    reason = None if config is None else spec.unsupported_model_reason(config)
     if reason is not None:
         raise ValueError(
-            f"actor_rollout_ref.rollout.name='native' cannot run actor_rollout_ref.model.path={arr.model.path!r}: "
-            f"{reason}; set actor_rollout_ref.rollout.name=hf"
+            f"actor_rollout_ref.rollout.name={arr.rollout.name!r} cannot run actor_rollout_ref.model.path="
+            f"{arr.model.path!r}: {reason}; set actor_rollout_ref.rollout.name=hf"
         )
 
 

@@ -13,7 +13,7 @@ from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
     check_lengths,
     check_model_location,
-    check_native_rollout_model,
+    check_rollout_model,
     check_prime,
     check_prime_keys_unused,
     check_reward_model,
@@ -23,19 +23,14 @@ from hybridflow.trainer.config.parallel_checks import check_parallelism, check_r
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
 
-BYPASS_ENGINES = ("native",)
-"""Rollout engines whose sampled log-probs match the training engine's (to about 1e-4): bypass mode may use them."""
-LOG_PROB_ENGINES = ("hf", "native", "vllm")
-"""Rollout engines that return `rollout_log_probs` (the agent-loop servers run these too): rollout correction
-(`rollout_is`, `rollout_rs`) compares them with the trainer's."""
-
 
 def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     """Run every cross-component check; return the derived batch sizes per updated model."""
     from hybridflow.trainer.placement import check_placement  # here: the trainer package imports the runtime
 
-    # The config alone first, then the files it names; torch and transformers load only in the last checks (a
-    # model's shape, a vision tower, devices, the rollout backend), so most errors print before them.
+    # The config alone first, then the files it names; torch and transformers load only where a check needs them
+    # (a vision-language model, a model's shape for tp/sp, and last the device count and the rollout backend), so
+    # most errors print before they load.
     _check_names(cfg)
     _check_algorithm(cfg)
     check_placement(cfg)
@@ -43,8 +38,9 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_rewards(cfg)
     _check_agent_loops(cfg)
     check_rows(cfg)
+    check_vision_language(cfg)  # imports the vision code only for a vision-language model
     check_lengths(cfg)
-    check_native_rollout_model(cfg)
+    check_rollout_model(cfg)
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
@@ -61,7 +57,6 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
             cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
             critic.update_token_budget, layouts["critic"].group_size,
         )
-    check_vision_language(cfg)
     cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
     check_rollout_backend(cfg)
     return sizes
@@ -95,13 +90,13 @@ def check_rollout_backend(cfg: PPOConfig) -> None:
     """The rollout backend imports (e.g. vllm installed, in a supported version set); the import error carries the
     install command. Run last: importing a backend loads torch and transformers, seconds that a config error
     found by the other checks does not wait for."""
-    from hybridflow.engines.rollout import ROLLOUTS, vllm_versions
+    from hybridflow.engines.rollout import ROLLOUTS
 
-    name = cfg.actor_rollout_ref.rollout.name
+    rollout = cfg.actor_rollout_ref.rollout
+    name = rollout.name
     try:
         ROLLOUTS.get(name)
-        if name == "vllm":  # the supported vllm/torch/transformers set, read without importing vllm
-            vllm_versions.check_vllm_versions(vllm_versions.installed_vllm_versions())
+        rollout.backend_spec.check_installed()  # e.g. vllm's supported vllm/torch/transformers set
     except (ImportError, ValueError) as err:
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} cannot be used: {err}") from err
 
@@ -118,11 +113,11 @@ def _check_algorithm(cfg: PPOConfig) -> None:
     if cfg.estimator.needs_critic and cfg.critic.enable is False:
         raise ValueError(f"algorithm.adv_estimator={estimator!r} needs a critic, but critic.enable=False; enable it or use grpo")
     rollout = cfg.actor_rollout_ref.rollout
-    if cfg.algorithm.rollout_correction.bypass_mode and rollout.name not in BYPASS_ENGINES:
+    if cfg.algorithm.rollout_correction.bypass_mode and not rollout.backend_spec.log_probs_match_trainer:
         raise ValueError(
             f"algorithm.rollout_correction.bypass_mode=True takes the rollout's log-probs as the old log-probs, but "
             f"actor_rollout_ref.rollout.name={rollout.name!r} does not report log-probs that match the training "
-            f"engine's; use rollout.name in {list(BYPASS_ENGINES)} or bypass_mode=False"
+            f"engine's; use rollout.name in {_backends('log_probs_match_trainer')} or bypass_mode=False"
         )
     _check_filter_groups(cfg)
     _check_rollout_correction(cfg)
@@ -160,13 +155,14 @@ def _check_filter_groups(cfg: PPOConfig) -> None:
 def _check_rollout_correction(cfg: PPOConfig) -> None:
     """Rollout correction needs the rollout's log-probs next to the trainer's (bypass mode, which takes one for
     the other, is refused with it by `RolloutCorrectionConfig`)."""
-    correction, name = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.rollout.name
-    if correction.enabled and name not in LOG_PROB_ENGINES:
+    correction, rollout = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.rollout
+    name = rollout.name
+    if correction.enabled and not rollout.backend_spec.returns_log_probs:
         key = "rollout_is" if correction.rollout_is is not None else "rollout_rs"
         raise ValueError(
             f"algorithm.rollout_correction.{key}={getattr(correction, key)!r} compares the trainer's log-probs with "
             f"the rollout's, but actor_rollout_ref.rollout.name={name!r} does not return rollout_log_probs; use "
-            f"rollout.name in {list(LOG_PROB_ENGINES)} or {key}=null"
+            f"rollout.name in {_backends('returns_log_probs')} or {key}=null"
         )
 
 
@@ -232,3 +228,10 @@ def _check_agent_loops(cfg: PPOConfig) -> None:
         from hybridflow.tools.loader import load_tools
 
         load_tools(multi_turn.tool_config_path)  # a malformed entry fails now, naming it
+
+
+def _backends(capability: str) -> list[str]:
+    """The registered rollout backends whose spec has `capability`."""
+    from hybridflow.engines.rollout import ROLLOUTS, rollout_spec
+
+    return [name for name in ROLLOUTS.names() if getattr(rollout_spec(name), capability)]

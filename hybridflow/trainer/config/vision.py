@@ -31,9 +31,9 @@ def check_vision_language(cfg: PPOConfig) -> None:
     arr = cfg.actor_rollout_ref
     path = arr.model.path
     refusals = (
-        (arr.rollout.name != "hf",
-         f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the native and vllm rollouts do not run "
-         "vision-language models (no image inputs); set actor_rollout_ref.rollout.name=hf"),
+        (not arr.rollout.backend_spec.runs_vision,
+         f"actor_rollout_ref.rollout.name={arr.rollout.name!r} does not run vision-language models (no image "
+         f"inputs); set actor_rollout_ref.rollout.name to one of {_vision_backends()}"),
         (arr.rollout.mode != "sync",
          f"actor_rollout_ref.rollout.mode={arr.rollout.mode!r}: agent loops send token ids only, not images; "
          "set actor_rollout_ref.rollout.mode=sync"),
@@ -64,15 +64,17 @@ def check_vision_language(cfg: PPOConfig) -> None:
 def _vision_language_config(cfg: PPOConfig) -> Any:
     """The actor's HF config when its config.json has a vision tower, else None (catalogue names, .gguf files and
     locations without a config.json, which other checks report, are text models here)."""
-    from hybridflow.models.loader import load_model_config
-
     model = cfg.actor_rollout_ref.model
     config_file = expand_path(model.path) / "config.json"
     try:
         has_vision = "vision_config" in json.loads(config_file.read_text())
     except (OSError, ValueError):
         return None
-    return load_model_config(model.path, trust_remote_code=model.trust_remote_code) if has_vision else None
+    if not has_vision:
+        return None
+    from hybridflow.models.loader import load_model_config  # transformers: only for a vision-language model
+
+    return load_model_config(model.path, trust_remote_code=model.trust_remote_code)
 
 
 def _check_no_images(cfg: PPOConfig) -> None:
@@ -92,3 +94,9 @@ def _check_no_images(cfg: PPOConfig) -> None:
                     f"{cfg.actor_rollout_ref.model.path!r} is a text-only model; use a vision-language model "
                     "(e.g. Qwen2-VL) or drop the column"
                 )
+
+
+def _vision_backends() -> list[str]:
+    from hybridflow.engines.rollout import ROLLOUTS, rollout_spec
+
+    return [name for name in ROLLOUTS.names() if rollout_spec(name).runs_vision]
