@@ -32,6 +32,7 @@ from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.guards import WEIGHT_VERSION_KEY, StepGuards, WeightVersionWatch
+from hybridflow.trainer.guards.memory import arm_within_step_watch
 from hybridflow.trainer.reward_stage import RewardStage, build_reward_stage
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, timer, total_steps, worker_metrics
@@ -89,6 +90,8 @@ class RayPPOTrainer:
         """Start the worker processes and load the models (before the first step)."""
         logger.info("old log-probs: %s", _OLD_LOG_PROB_SOURCES[self.old_log_probs])
         self.workers = build_worker_groups(self.config, self.total_training_steps)
+        armed = arm_within_step_watch(self.workers.processes, self.config.trainer.guards.memory)
+        logger.info("memory budget watched within steps in %d worker processes", armed)
         self.generator = build_generator(self.config, self.workers.generation, self.reward_fn.tokenizer)
         self.rewards = build_reward_stage(self.config, self.reward_fn, self.workers.reward_model)
 

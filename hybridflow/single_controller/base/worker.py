@@ -171,6 +171,20 @@ class Worker:
         self._master_addr, self._master_port = master_addr, master_port
         env.set_dist_env(self._rank, self._world_size, self._local_rank, master_addr, master_port)
 
+    def arm_memory_watchdog(self, budget_gb: float | None, node_pids: list[int], interval_s: float) -> bool:
+        """Watch this node's worker processes (`node_pids`) against the memory budget during calls
+        (`utils.memory_watchdog`; 90% of the node's memory when `budget_gb` is None). The trainer calls it on every
+        process once the workers are up; True when armed (Linux /proc only)."""
+        from hybridflow.utils.memory_watchdog import MemoryWatchdog, node_budget_bytes
+
+        if not Path("/proc/self/statm").is_file():
+            return False
+        if getattr(self, "_memory_watchdog", None) is not None:
+            self._memory_watchdog.stop()
+        self._memory_watchdog = MemoryWatchdog(node_budget_bytes(budget_gb), node_pids, interval_s)
+        self._memory_watchdog.start()
+        return True
+
     def process_info(self) -> ProcessInfo:
         """Where this worker runs. A Ray group asks once at start, to log the placement and name hung ranks."""
         return ProcessInfo(get_node_ip(), os.getpid(), get_node_id())

@@ -57,10 +57,17 @@ class MemoryWatchConfig:
     checkpoint and stops. None: 90% of the node's physical memory (the rest for the OS, Ray and the driver)."""
     warn_fraction: float = 0.9
     """Share of the budget at which a warning names the process that grew (logged once per node)."""
+    within_step: bool = True
+    """Also hold the budget during each call: a thread in every worker process sums its node's worker processes'
+    resident memory every poll_interval_s and, at the budget, stops the largest one's call (the run stops with its
+    error; the last checkpoint stays). Ray workers on Linux."""
+    poll_interval_s: float = 0.5
+    """Seconds between two looks of the within-step watch."""
 
     def __post_init__(self) -> None:
         check_positive("host_memory_budget_gb", self.host_memory_budget_gb, allow_none=True)
         check_range("warn_fraction", self.warn_fraction, 0.0, 1.0, low_open=True)
+        check_positive("poll_interval_s", self.poll_interval_s)
 
 
 @dataclass(frozen=True, kw_only=True)

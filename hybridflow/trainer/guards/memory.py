@@ -107,3 +107,28 @@ class MemoryWatch:
             f"Peak RSS per process (GB): {each}. Check for tensors kept across steps (a leak), a larger batch or "
             "response length, or offload settings; raise the budget only if the node has the memory."
         )
+
+
+def arm_within_step_watch(pools: Sequence[Any], config: MemoryWatchConfig, timeout_s: float = 120.0) -> int:
+    """Arm the within-step watch (`utils.memory_watchdog`) in every Ray worker process of `pools`
+    (`WorkerProcesses`), each with the pids of the run's worker processes on its node; the number armed. Local mode
+    (workers in the driver) is not watched this way."""
+    import ray
+
+    from hybridflow.single_controller.ray import RayWorkerGroup
+
+    if not (config.enable and config.within_step):
+        return 0
+    members = [
+        (actor, info)
+        for processes in pools if isinstance(processes.group, RayWorkerGroup)
+        for actor, info in zip(processes.group.workers, processes.group.process_info or [], strict=True)
+    ]
+    by_node: dict[str, list[int]] = {}
+    for _, info in members:
+        by_node.setdefault(info.node_id, []).append(info.pid)
+    handles = [
+        actor.arm_memory_watchdog.remote(config.host_memory_budget_gb, by_node[info.node_id], config.poll_interval_s)
+        for actor, info in members
+    ]
+    return sum(ray.get(handles, timeout=timeout_s))

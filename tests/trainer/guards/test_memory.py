@@ -92,3 +92,58 @@ def test_config_errors_name_the_field():
         MemoryWatchConfig(host_memory_budget_gb=0)
     with pytest.raises(ValueError, match="warn_fraction"):
         MemoryWatchConfig(warn_fraction=1.5)
+
+
+class SpikingWorker(Worker):
+    """Allocates fresh pages block after block within one call, as a step that would not end would."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def spike(self, total_mb: int, chunk_mb: int) -> int:
+        import time
+
+        blocks = []
+        for _ in range(total_mb // chunk_mb):
+            block = mmap.mmap(-1, chunk_mb * 2**20)
+            torch.frombuffer(block, dtype=torch.uint8).fill_(1)
+            blocks.append(block)
+            time.sleep(0.02)
+        return len(blocks)
+
+
+def test_the_within_step_watch_stops_the_largest_process_only_at_the_budget(monkeypatch):
+    from hybridflow.utils import memory_watchdog
+    from hybridflow.utils.memory_watchdog import MemoryWatchdog
+
+    sizes = {1: 3 * 2**30, 2: 2**30}
+    monkeypatch.setattr(memory_watchdog, "resident_bytes", sizes.get)
+    monkeypatch.setattr(memory_watchdog.os, "getpid", lambda: 1)
+    assert not MemoryWatchdog(5 * 2**30, [1, 2]).check_once()  # under the budget
+    over = MemoryWatchdog(4 * 2**30, [1, 2])
+    assert over.check_once() and "pid 1 3.22 GB, pid 2 1.07 GB" in over.message and "(pid 1, the largest)" in over.message
+    sizes[2] = 4 * 2**30
+    assert not MemoryWatchdog(4 * 2**30, [1, 2]).check_once()  # over, but pid 2's watch stops pid 2's call
+
+
+def test_a_call_that_grows_past_the_budget_is_stopped_inside_the_step_and_the_worker_lives_on(ray_cluster):
+    from hybridflow.single_controller import WorkerError
+    from hybridflow.single_controller.ray import RayResourcePool, RayWorkerGroup
+    from hybridflow.trainer.guards.memory import arm_within_step_watch
+    from hybridflow.utils.memory_watchdog import resident_bytes
+
+    pool = RayResourcePool([1], num_cpus_per_worker=0.5)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(SpikingWorker), name_prefix="spiking")
+    try:
+        pid = group.process_info[0].pid
+        budget_gb = (resident_bytes(pid) + 300 * 2**20) / GB
+        config = MemoryWatchConfig(host_memory_budget_gb=budget_gb, poll_interval_s=0.05)
+        assert arm_within_step_watch([SimpleNamespace(group=group)], config) == 1
+        with pytest.raises(WorkerError, match=r"WorkerMemoryBudgetError.*memory budget of .* GB "
+                                              r"\(trainer.guards.memory.host_memory_budget_gb\)") as info:
+            group.spike(3000, 20)  # 3 GB, stopped after about 300 MB
+        assert f"pid {pid}" in str(info.value)
+        assert group.check_alive(30) == 1
+        assert resident_bytes(pid) < budget_gb * GB, "the stopped call's memory was freed"
+        assert group.spike(40, 20) == [2], "the worker takes calls again"
+    finally:
+        group.shutdown()
+        pool.release()
