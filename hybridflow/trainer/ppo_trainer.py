@@ -31,6 +31,7 @@ from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
+from hybridflow.trainer.generation_dump import dump_generations, generation_rows
 from hybridflow.trainer.guards import WEIGHT_VERSION_KEY, StepGuards, WeightVersionWatch
 from hybridflow.trainer.guards.memory import arm_within_step_watch
 from hybridflow.trainer.reward_stage import RewardStage, build_reward_stage
@@ -194,6 +195,10 @@ class RayPPOTrainer:
             if self.weight_versions is not None:
                 self.weight_versions.mark_update()
             self.sync_rollout_weights(metrics, timing)
+        if self.config.trainer.rollout_data_dir is not None:
+            scores = batch.batch["token_level_scores"].sum(-1).tolist()
+            rows = generation_rows(batch, self.reward_fn.tokenizer, scores)
+            dump_generations(self.config.trainer.rollout_data_dir, self.global_steps, rows)
         return batch
 
     def sync_rollout_weights(self, metrics: dict[str, float], timing: dict[str, float]) -> int | None:
@@ -297,6 +302,8 @@ class RayPPOTrainer:
             n=rollout.val_kwargs.n,
             pass_rows=self.pass_rows,
             num_examples=self.config.trainer.log_val_generations,
+            data_dir=self.config.trainer.validation_data_dir,
+            step=self.global_steps,
         )
 
     # ------------------------------------------------------------------ checkpoints

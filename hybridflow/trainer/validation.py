@@ -17,22 +17,26 @@ from hybridflow.algorithms.validation_metrics import (
 )
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.generation import generate_batch
+from hybridflow.trainer.generation_dump import dump_generations, generation_rows
 
 logger = logging.getLogger(__name__)
 
 
 def run_validation(
-    generator: Any, val_batches: Iterable[dict], reward_fn: Any, *, n: int, pass_rows: bool, num_examples: int = 0
+    generator: Any, val_batches: Iterable[dict], reward_fn: Any, *, n: int, pass_rows: bool, num_examples: int = 0,
+    data_dir: str | None = None, step: int = 0,
 ) -> dict[str, float]:
     """Validation metrics of `generator`'s policy over `val_batches`, scored by `reward_fn`.
 
     `n` samples per prompt (validation sampling), `pass_rows` as in `generate_batch`; `num_examples` decoded
-    responses are logged with their scores.
+    responses are logged with their scores; with `data_dir` (`trainer.validation_data_dir`) every sample is written
+    to `data_dir/<step>.jsonl` (`generation_dump`).
     """
     data_sources: list[str] = []
     uids: list[str] = []
     infos: dict[str, list[Any]] = defaultdict(list)
     examples: list[tuple[str, float]] = []
+    dumped: dict[str, list[Any]] = defaultdict(list)
     for batch_dict in val_batches:
         batch, _ = generate_batch(generator, batch_dict, n, pass_rows=pass_rows, validate=True)
         result = reward_fn(batch)
@@ -41,12 +45,19 @@ def run_validation(
         for key, values in result.extra_info.items():
             if len(values) == len(batch):
                 infos[key].extend(values)
+        if data_dir is not None:
+            rows = {**generation_rows(batch, reward_fn.tokenizer, scores), **result.extra_info}
+            for key, values in rows.items():
+                if len(values) == len(batch):
+                    dumped[key].extend(values)
         data_sources.extend(batch.non_tensor_batch["data_source"].tolist())
         uids.extend(batch.non_tensor_batch["uid"].tolist())
         if len(examples) < num_examples:
             examples.extend(_decode_examples(reward_fn.tokenizer, batch, scores, num_examples))
     for text, score in examples[:num_examples]:
         logger.info("validation sample (score %.2f): %s", score, text)
+    if data_dir is not None and dumped:
+        dump_generations(data_dir, step, dumped)
     infos = {key: values for key, values in infos.items() if len(values) == len(uids)}
     metrics = flatten_validation_metrics(process_validation_metrics(data_sources, uids, infos))
     return {**metrics, **validation_intervals(data_sources, uids, infos)}

@@ -66,7 +66,8 @@ def by_step(records: list[dict]) -> dict[int, dict]:
 
 def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
     full_dir = workspace / "full"
-    full = by_step(run(overrides(workspace, full_dir, *GRPO)))
+    dumps = (f"trainer.rollout_data_dir={full_dir / 'rollouts'}", f"trainer.validation_data_dir={full_dir / 'val'}")
+    full = by_step(run(overrides(workspace, full_dir, *GRPO, *dumps)))
     assert sorted(full) == [0, 1, 2, 3]
     assert "val-core/reasoning_gym/basic_arithmetic/acc/mean@1" in full[0]  # validation before training
     assert "val-core/reasoning_gym/basic_arithmetic/acc/mean@1" in full[3]  # and after the last step
@@ -86,6 +87,7 @@ def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
     assert full[3]["actor/kl_loss"] > 0, "the policy moved away from the reference"
     assert list_steps(full_dir) == [2, 3] and (full_dir / LATEST_FILE).read_text() == "3"
     assert (full_dir / "plots" / "reward.png").is_file()
+    check_grpo_dumps(full_dir, steps=3, prompts=4, n=4, val_rows=4)
 
     # Resume from step 2 in a fresh directory: step 3 must reproduce the uninterrupted run.
     resumed_dir = start_from_checkpoint(full_dir / "global_step_2", workspace / "resumed")
@@ -94,6 +96,30 @@ def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/kl_loss",
                 "actor/grad_norm", "val-core/reasoning_gym/basic_arithmetic/acc/mean@1"):
         assert resumed[3][key] == full[3][key], f"{key}: resumed {resumed[3][key]} vs uninterrupted {full[3][key]}"
+
+
+def check_grpo_dumps(run_dir: Path, steps: int, prompts: int, n: int, val_rows: int) -> None:
+    """verl's rollout and validation dumps: one line per sample, and what a broken GRPO would change: each prompt
+    group's advantages are its scores whitened within the group, (s - mean) / (std + 1e-6)."""
+    import torch
+
+    assert sorted(path.name for path in (run_dir / "rollouts").iterdir()) == [f"{s}.jsonl" for s in range(1, steps + 1)]
+    for step in range(1, steps + 1):
+        rows = [json.loads(line) for line in (run_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == prompts * n and all(row["step"] == step and row["output"] for row in rows)
+        assert {"input", "output", "gts", "score", "uid", "advantage"} <= set(rows[0])
+        groups: dict[str, list[dict]] = {}
+        for row in rows:
+            groups.setdefault(row["uid"], []).append(row)
+        assert sorted(len(group) for group in groups.values()) == [n] * prompts
+        for group in groups.values():
+            scores = torch.tensor([row["score"] for row in group], dtype=torch.float64)
+            expected = (scores - scores.mean()) / (scores.std() + 1e-6)
+            got = torch.tensor([row["advantage"] for row in group], dtype=torch.float64)
+            assert torch.allclose(got, expected, atol=1e-4), (got.tolist(), scores.tolist())
+    for step in (0, steps):
+        rows = [json.loads(line) for line in (run_dir / "val" / f"{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == val_rows and {"input", "output", "gts", "score", "step"} <= set(rows[0])
 
 
 def test_ppo_with_gae_trains_a_critic(workspace):

@@ -177,6 +177,12 @@ class PPOTrainerConfig(RunConfig):
     """verl's separate critic limit; checkpoints hold actor and critic together, so it must equal the actor's."""
     log_val_generations: int = 0
     """Validation samples printed per validation."""
+    rollout_data_dir: Optional[str] = None
+    """Directory where each training step's generations are written, one JSON line per sample in <step>.jsonl
+    (input, output, gts, score, step, uid, advantage); None writes nothing. A file is never overwritten."""
+    validation_data_dir: Optional[str] = None
+    """Directory where each validation's generations are written (<step>.jsonl: input, output, gts, score, step and
+    the reward's per-sample details); None writes nothing."""
     balance_batch: bool = True
     """Reorder each step's samples so every data-parallel rank gets about the same number of tokens."""
     guards: GuardsConfig = field(default_factory=GuardsConfig)
