@@ -6,7 +6,9 @@ run's worker processes on its node every `interval_s` and, at the budget, stops 
 The thread cannot raise in the main thread directly: it records the message and sends the process SIGUSR1, whose
 handler (installed from the main thread when armed) raises the error there, between two Python operations. The
 call fails like any raising call (the driver's `WorkerError` names the rank and carries the message); the worker
-frees what the call held and stays up. Linux only (/proc); elsewhere arming logs why and does nothing.
+frees what the call held and stays up. A worker whose calls run on other threads (a threaded actor: the agent
+loops' generation servers) cannot take a signal handler: there the watch logs the message and ends the process,
+which the driver reports as a dead worker pointing to that log. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,13 +64,20 @@ class MemoryWatchdog:
         self.pids = sorted(set(pids) | {os.getpid()})
         self.interval_s = interval_s
         self.message: str | None = None
+        self.mode = "raise"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hybridflow-memory-watchdog", daemon=True)
 
-    def start(self) -> None:
-        """Install the SIGUSR1 handler (call from the main thread) and start watching."""
-        signal.signal(signal.SIGUSR1, self._raise_in_main_thread)
+    def start(self) -> str:
+        """Start watching; returns how a call is stopped: `raise` (the SIGUSR1 handler, installed when called from
+        the main thread) or `exit` (the process ends, from any other thread)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._raise_in_main_thread)
+            self.mode = "raise"
+        else:
+            self.mode = "exit"
         self._thread.start()
+        return self.mode
 
     def stop(self) -> None:
         self._stop.set()
@@ -85,6 +95,9 @@ class MemoryWatchdog:
         while not self._stop.wait(self.interval_s):
             if self.check_once():
                 logger.error("%s", self.message)
+                if self.mode == "exit":
+                    print(f"hybridflow memory watch: {self.message}", file=sys.stderr, flush=True)
+                    os._exit(1)
                 os.kill(os.getpid(), signal.SIGUSR1)
                 self._stop.wait(10 * self.interval_s)  # let the call unwind and free its memory before looking again
 

@@ -147,3 +147,19 @@ def test_a_call_that_grows_past_the_budget_is_stopped_inside_the_step_and_the_wo
     finally:
         group.shutdown()
         pool.release()
+
+
+def test_a_watch_armed_off_the_main_thread_ends_the_process_instead_of_raising():
+    """Threaded actors (the agent loops' servers) run calls off the main thread, where no signal handler can be
+    installed: the watch then stops by ending the process."""
+    import threading
+
+    from hybridflow.utils.memory_watchdog import MemoryWatchdog
+
+    modes = []
+    watch = MemoryWatchdog(float("inf"), [], interval_s=60)
+    thread = threading.Thread(target=lambda: modes.append(watch.start()))
+    thread.start()
+    thread.join()
+    watch.stop()
+    assert modes == ["exit"]
