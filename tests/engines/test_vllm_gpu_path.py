@@ -178,8 +178,9 @@ def test_config_validation_refuses_a_mismatched_vllm_environment(tmp_path, monke
 
     monkeypatch.setattr(ROLLOUTS, "get", lambda name: object)
     monkeypatch.setattr(vllm_versions, "installed_vllm_versions", lambda: {**SUPPORTED, "transformers": "5.23.0"})
-    train_file = tmp_path / "train.parquet"
-    train_file.write_bytes(b"")
+    from tests.helpers import write_rows
+
+    train_file = write_rows(tmp_path / "train.parquet", ["gsm8k"] * 16)  # the backend is checked after the files
     overrides = [
         f"data.train_files=[{train_file}]", "data.train_batch_size=8", "data.max_prompt_length=64",
         "data.max_response_length=32", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",

@@ -145,6 +145,7 @@ def test_ppo_with_gae_trains_a_critic(workspace):
     assert step["critic/returns/mean"] != step["critic/values/mean"], "returns carry the rewards"
 
 
+@pytest.mark.slow  # the suite's time budget; tests/workers/test_old_log_prob_sources.py covers the source choice
 def test_on_policy_grpo_skips_the_old_log_prob_pass(workspace):
     """One epoch, one mini-batch: the update's own forward gives the old log-probs; entropy and the gap between
     the rollout's and the trainer's log-probs are still logged (here from shared-prompt forwards)."""

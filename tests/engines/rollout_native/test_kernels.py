@@ -164,3 +164,23 @@ def test_sample_rows_follows_the_distribution(cpu_kernels):
     frequencies = torch.bincount(tokens, minlength=4).double() / 20000
     torch.testing.assert_close(frequencies, probs.double(), rtol=0, atol=0.015)
     assert frequencies[3] == 0
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """torch waits forever on a leftover `lock`: one older than STALE_LOCK_S goes, a building peer's stays."""
+    import os
+    import time
+
+    from hybridflow.engines.rollout.native import kernels
+
+    from torch.utils import cpp_extension
+
+    lock = tmp_path / "lock"
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    lock.touch()
+    kernels._remove_stale_build_lock()
+    assert lock.exists(), "a build in progress keeps its lock"
+    old = time.time() - kernels.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    kernels._remove_stale_build_lock()
+    assert not lock.exists()

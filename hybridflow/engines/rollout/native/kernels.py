@@ -85,6 +85,7 @@ def _build() -> ModuleType:
     if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
+    _remove_stale_build_lock()
     flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for's OpenMP region
     return load(
         name="hybridflow_decode_kernels",
@@ -93,3 +94,31 @@ def _build() -> ModuleType:
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )
+
+
+STALE_LOCK_S = 600.0
+"""A build lock older than this (a build takes about 30 s) was left by a build that was killed."""
+
+
+def _remove_stale_build_lock() -> None:
+    """torch's extension builder waits while its build directory's `lock` file exists; a build killed midway (Ctrl-C,
+    a killed job) leaves it behind and every later build would wait forever. Remove one older than `STALE_LOCK_S`."""
+    import time
+
+    from torch.utils import cpp_extension
+
+    try:
+        lock = Path(cpp_extension._get_build_directory("hybridflow_decode_kernels", verbose=False)) / "lock"
+        age = time.time() - lock.stat().st_mtime
+    except (AttributeError, OSError):  # no lock (the usual case), or another torch layout
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("native rollout: removing the kernel build lock %s left %.0f s ago by a killed build", lock, age)
+        lock.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # `make` builds them at install, so a first rollout does not wait ~30 s for g++
+    logging.basicConfig(level=logging.INFO)
+    reason = unsupported_reason()
+    built = reason is None and load_cpu_kernels("auto") is not None
+    print("native rollout CPU decode kernels:", "built" if built else f"not available ({reason or _unavailable})")
