@@ -11,7 +11,7 @@ install command. What each backend can do is its `RolloutSpec` (`registry.py`), 
 
 from __future__ import annotations
 
-from hybridflow.engines.rollout.registry import ROLLOUTS, RolloutSpec, register_rollout, rollout_spec
+from hybridflow.engines.rollout.registry import ROLLOUTS, RolloutSpec, backends_with, register_rollout, rollout_spec
 from hybridflow.utils.lazy import lazy_exports
 
 # Public name -> the submodule holding it; loaded on first use (see utils/lazy.py).
@@ -26,5 +26,5 @@ _EXPORTS = {
     "HFRollout": "hf",
     "NativeRollout": "native",
 }
-__all__ = ["ROLLOUTS", "RolloutSpec", "register_rollout", "rollout_spec", *_EXPORTS]
+__all__ = ["ROLLOUTS", "RolloutSpec", "backends_with", "register_rollout", "rollout_spec", *_EXPORTS]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

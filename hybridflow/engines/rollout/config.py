@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from hybridflow.engines.rollout.registry import ROLLOUTS, RolloutSpec, rollout_spec
+from hybridflow.engines.rollout.registry import ROLLOUTS, RolloutSpec, backends_with, rollout_spec
 from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
@@ -204,7 +204,7 @@ class RolloutConfig(SamplingConfig):
         tp = self.tensor_model_parallel_size
         spec = self.backend_spec
         if tp > 1 and not spec.tensor_parallel:
-            splitting = [name for name in ROLLOUTS.names() if rollout_spec(name).tensor_parallel]
+            splitting = backends_with("tensor_parallel")
             raise ConfigFieldError(
                 "tensor_model_parallel_size",
                 f"tensor_model_parallel_size={tp} with name={self.name!r}: only {splitting} split a replica over "
@@ -238,7 +238,7 @@ class RolloutConfig(SamplingConfig):
                 "rank holds all experts (set it to 1)",
             )
         if self.enable_rollout_routing_replay and (not self.backend_spec.records_routing or self.mode != "sync"):
-            recording = [name for name in ROLLOUTS.names() if rollout_spec(name).records_routing]
+            recording = backends_with("records_routing")
             raise ConfigFieldError(
                 "enable_rollout_routing_replay",
                 f"enable_rollout_routing_replay=True with name={self.name!r}, mode={self.mode!r}: only the sync "

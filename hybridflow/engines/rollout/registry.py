@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridflow.utils.registry import Registry
 
-__all__ = ["ROLLOUTS", "RolloutSpec", "register_rollout", "rollout_spec"]
+__all__ = ["ROLLOUTS", "RolloutSpec", "backends_with", "register_rollout", "rollout_spec"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +71,11 @@ def rollout_spec(name: str) -> RolloutSpec:
     if name not in ROLLOUTS:
         raise KeyError(f"unknown {ROLLOUTS.kind} {name!r}; known: {ROLLOUTS.names()}")
     return _SPECS.get(name, RolloutSpec())
+
+
+def backends_with(capability: str) -> list[str]:
+    """The registered backends whose spec has `capability` (a `RolloutSpec` flag), sorted: what an error lists."""
+    return [name for name in ROLLOUTS.names() if getattr(rollout_spec(name), capability)]
 
 
 def _resolve(target: str) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.data.config import expand_path
+from hybridflow.engines.rollout.registry import backends_with
 from hybridflow.trainer.config.batches import BatchSizes, derive_batch_sizes
 from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
@@ -117,7 +118,7 @@ def _check_algorithm(cfg: PPOConfig) -> None:
         raise ValueError(
             f"algorithm.rollout_correction.bypass_mode=True takes the rollout's log-probs as the old log-probs, but "
             f"actor_rollout_ref.rollout.name={rollout.name!r} does not report log-probs that match the training "
-            f"engine's; use rollout.name in {_backends('log_probs_match_trainer')} or bypass_mode=False"
+            f"engine's; use rollout.name in {backends_with('log_probs_match_trainer')} or bypass_mode=False"
         )
     _check_filter_groups(cfg)
     _check_rollout_correction(cfg)
@@ -162,7 +163,7 @@ def _check_rollout_correction(cfg: PPOConfig) -> None:
         raise ValueError(
             f"algorithm.rollout_correction.{key}={getattr(correction, key)!r} compares the trainer's log-probs with "
             f"the rollout's, but actor_rollout_ref.rollout.name={name!r} does not return rollout_log_probs; use "
-            f"rollout.name in {_backends('returns_log_probs')} or {key}=null"
+            f"rollout.name in {backends_with('returns_log_probs')} or {key}=null"
         )
 
 
@@ -228,10 +229,3 @@ def _check_agent_loops(cfg: PPOConfig) -> None:
         from hybridflow.tools.loader import load_tools
 
         load_tools(multi_turn.tool_config_path)  # a malformed entry fails now, naming it
-
-
-def _backends(capability: str) -> list[str]:
-    """The registered rollout backends whose spec has `capability`."""
-    from hybridflow.engines.rollout import ROLLOUTS, rollout_spec
-
-    return [name for name in ROLLOUTS.names() if getattr(rollout_spec(name), capability)]

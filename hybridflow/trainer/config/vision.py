@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from hybridflow.data.config import expand_path
+from hybridflow.engines.rollout.registry import backends_with
 from hybridflow.trainer.config.schema import PPOConfig
 
 __all__ = ["check_vision_language"]
@@ -33,7 +34,7 @@ def check_vision_language(cfg: PPOConfig) -> None:
     refusals = (
         (not arr.rollout.backend_spec.runs_vision,
          f"actor_rollout_ref.rollout.name={arr.rollout.name!r} does not run vision-language models (no image "
-         f"inputs); set actor_rollout_ref.rollout.name to one of {_vision_backends()}"),
+         f"inputs); set actor_rollout_ref.rollout.name to one of {backends_with('runs_vision')}"),
         (arr.rollout.mode != "sync",
          f"actor_rollout_ref.rollout.mode={arr.rollout.mode!r}: agent loops send token ids only, not images; "
          "set actor_rollout_ref.rollout.mode=sync"),
@@ -94,9 +95,3 @@ def _check_no_images(cfg: PPOConfig) -> None:
                     f"{cfg.actor_rollout_ref.model.path!r} is a text-only model; use a vision-language model "
                     "(e.g. Qwen2-VL) or drop the column"
                 )
-
-
-def _vision_backends() -> list[str]:
-    from hybridflow.engines.rollout import ROLLOUTS, rollout_spec
-
-    return [name for name in ROLLOUTS.names() if rollout_spec(name).runs_vision]
