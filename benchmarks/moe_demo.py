@@ -11,7 +11,6 @@ of the worker; the raw per-step rows go to benchmarks/results/moe_demo_<UTC>.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -19,28 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from demo_steps import REPO, run_steps  # benchmarks/ is on the path when run as a script
+
 CONFIGS = {"dense SmolLM2-135M": "grpo_smollm2_demo", "upcycled 4x top-2 Mixtral": "grpo_smollm2_moe_demo"}
 COLUMNS = (("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", "timing_s/update_actor"),
            ("response length", "response_length/mean"), ("score", "critic/score/mean"),
            ("peak RSS GB", "perf/max_memory_allocated_gb"))
 MOE_DIR = REPO / "outputs" / "smollm2_moe"
-
-
-def run(config_name: str, steps: int, run_dir: Path) -> list[dict]:
-    """`steps` steps of a packaged config without validation or checkpoints; per-step metrics after the first."""
-    command = [
-        sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", config_name,
-        f"trainer.total_training_steps={steps}", "data.val_files=[]", "trainer.val_before_train=False",
-        "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}", "trainer.logger=[file]",
-    ]
-    subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    records: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
-    return [record for step, record in sorted(records.items()) if step > 1]
 
 
 def main() -> None:
@@ -58,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
             for name, config_name in CONFIGS.items():
-                results[name] += run(config_name, args.steps, Path(scratch) / f"{round_index}_{config_name}")
+                results[name] += run_steps(config_name, args.steps, Path(scratch) / f"{round_index}_{config_name}")
     rows = [{"model": name, **record} for name, records in results.items() for record in records]
     path = write_results("moe_demo", {"steps": args.steps, "rounds": args.rounds, "configs": CONFIGS}, rows,
                          load_before, REPO / "benchmarks" / "results")

@@ -11,16 +11,14 @@ seconds, tokens per second over the whole step, and the update's MFU:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from demo_steps import run_steps  # benchmarks/ is on the path when run as a script
+
 LAYOUTS = {"2 workers x 1 thread": (2, 1), "1 worker x 2 threads": (1, 2)}
 COLUMNS = (("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", "timing_s/update_actor"),
            ("tokens/s", "tokens_per_s"), ("update MFU", "perf/mfu/actor"), ("response length", "response_length/mean"))
@@ -28,19 +26,8 @@ COLUMNS = (("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", 
 
 def run(workers: int, threads: int, steps: int, run_dir: Path) -> list[dict]:
     """The demo config with `workers` processes of `threads` torch threads; per-step metrics after the first."""
-    command = [
-        sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", "grpo_smollm2_demo",
-        f"trainer.n_gpus_per_node={workers}", f"trainer.num_threads_per_worker={threads}",
-        f"trainer.total_training_steps={steps}", "data.val_files=[]", "trainer.val_before_train=False",
-        "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}", "trainer.logger=[file]",
-    ]
-    subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    records: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
-    later = [record for step, record in sorted(records.items()) if step > 1]
+    later = run_steps("grpo_smollm2_demo", steps, run_dir, f"trainer.n_gpus_per_node={workers}",
+                      f"trainer.num_threads_per_worker={threads}")
     for record in later:
         record["tokens_per_s"] = record["perf/total_num_tokens"] / record["timing_s/step"]
     return later
