@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import gc
 import json
 import os
 import tempfile
 import time
+import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -85,13 +87,19 @@ class Plan:
     step_n: int
 
 
-GPU_PLAN = Plan("qwen2-0.5b", 64, 256, 512, (4, 16, 64), (8, 64, 256), 64,
+GPU_PLAN = Plan("qwen2-0.5b", 64, 256, 512, (4, 16, 32), (8, 64, 256), 64,
                 ("llama-0.5b", "qwen2-0.5b", "llama-1.5b", "qwen2-1.5b"), 32, 8)
 TINY_PLAN = Plan("tiny-llama", 8, 8, 8, (2, 8), (2, 4, 8), 4, ("tiny-llama", "tiny-qwen2"), 2, 2)
 
 
 def synchronize() -> None:
     torch.accelerator.synchronize() if torch.accelerator.is_available() else None
+
+
+def release_memory() -> None:
+    gc.collect()
+    if torch.accelerator.is_available():
+        torch.accelerator.empty_cache()
 
 
 def timed(fn):
@@ -239,41 +247,55 @@ def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cu
     return rows
 
 
-def section_steps(plan: Plan, paths: dict[str, str], tokenizer, device: torch.device, on_cuda: bool) -> list[dict]:
+def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device, on_cuda: bool) -> dict:
+    """One model's row of the step table."""
+    engine = build_fsdp_engine(path, engine_config(plan, plan.micro_batches[-1]))
+    module = engine.module
+    # as the one-GPU worker does: share the module, or generate from a copy in the rollout dtype (bf16)
+    copy_dtype = compute_rollout_copy_dtype("auto", device, next(module.parameters()).dtype)
+    generator = module if copy_dtype is None else copy.deepcopy(module).to(copy_dtype)
+    rollout = ROLLOUTS.get("native")(generator, tokenizer, SamplingParams(
+        temperature=1.0, max_new_tokens=plan.response_len, n=plan.step_n), max_num_seqs=plan.step_prompts * plan.step_n)
+    rollout.shares_training_weights = copy_dtype is None
+
+    def generate():
+        if copy_dtype is not None:
+            rollout.update_weights(engine.named_full_params())
+        return rollout.generate_sequences(prompts)
+
+    prompts = random_batch(module.config.vocab_size, plan.step_prompts, plan.prompt_len, 0)
+    prompts = DataProto.from_dict(tensors={k: prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")})
+    params = sum(p.numel() for p in module.parameters())
+    for attempt in range(2):  # the first step warms up (graph capture, allocator); the second is reported
+        batch, gen_s = timed(generate)
+        _, logp_s = timed(lambda: engine.compute_log_prob(batch))
+        _, update_s = timed(lambda: engine.train_batch(batch, nll_loss))
+    tokens = int(batch.batch["attention_mask"].sum())
+    row = {"model": name, "params_b": params / 1e9, "rollout_dtype": str(copy_dtype or "shared"), "rows": len(batch), "tokens": tokens, "gen_s": gen_s,
+           "log_prob_s": logp_s, "update_s": update_s, "step_s": gen_s + logp_s + update_s,
+           "tokens_per_s": tokens / (gen_s + logp_s + update_s)}
+    if on_cuda:
+        peak = float(os.environ.get("GPU_PEAK_TFLOPS", "989")) * 1e12  # H100/H200 dense bf16
+        row["update_mfu_pct"] = 100 * 6 * params * tokens / update_s / peak
+    del rollout, engine, module, generator
+    return row
+
+
+def section_steps(plan: Plan, path_of, tokenizer, device: torch.device, on_cuda: bool, rows: list[dict],
+                  on_row=lambda: None) -> list[dict]:
     """Generation (native rollout on the engine's module, as one GPU shares it), log-prob and update of
-    `step_prompts x step_n` rows per model."""
-    rows = []
+    `step_prompts x step_n` rows per model, appended to `rows` (`path_of(name)`: its checkpoint; `on_row()` after
+    each row)."""
     for name in plan.step_models:
-        engine = build_fsdp_engine(paths[name], engine_config(plan, plan.micro_batches[-1]))
-        module = engine.module
-        # as the one-GPU worker does: share the module, or generate from a copy in the rollout dtype (bf16)
-        copy_dtype = compute_rollout_copy_dtype("auto", device, next(module.parameters()).dtype)
-        generator = module if copy_dtype is None else copy.deepcopy(module).to(copy_dtype)
-        rollout = ROLLOUTS.get("native")(generator, tokenizer, SamplingParams(
-            temperature=1.0, max_new_tokens=plan.response_len, n=plan.step_n), max_num_seqs=plan.step_prompts * plan.step_n)
-        rollout.shares_training_weights = copy_dtype is None
-
-        def generate():
-            if copy_dtype is not None:
-                rollout.update_weights(engine.named_full_params())
-            return rollout.generate_sequences(prompts)
-
-        prompts = random_batch(module.config.vocab_size, plan.step_prompts, plan.prompt_len, 0)
-        prompts = DataProto.from_dict(tensors={k: prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")})
-        params = sum(p.numel() for p in module.parameters())
-        for attempt in range(2):  # the first step warms up (graph capture, allocator); the second is reported
-            batch, gen_s = timed(generate)
-            _, logp_s = timed(lambda: engine.compute_log_prob(batch))
-            _, update_s = timed(lambda: engine.train_batch(batch, nll_loss))
-        tokens = int(batch.batch["attention_mask"].sum())
-        row = {"model": name, "params_b": params / 1e9, "rollout_dtype": str(copy_dtype or "shared"), "rows": len(batch), "tokens": tokens, "gen_s": gen_s,
-               "log_prob_s": logp_s, "update_s": update_s, "step_s": gen_s + logp_s + update_s,
-               "tokens_per_s": tokens / (gen_s + logp_s + update_s)}
-        if on_cuda:
-            peak = float(os.environ.get("GPU_PEAK_TFLOPS", "989")) * 1e12  # H100/H200 dense bf16
-            row["update_mfu_pct"] = 100 * 6 * params * tokens / update_s / peak
+        try:
+            row = _step_row(plan, name, path_of(name), tokenizer, device, on_cuda)
+        except Exception as error:  # an out-of-memory shape: say so and go on to the next model
+            print(f"\n## step row: {name} failed: {error!r}"[:600])
+            release_memory()
+            continue
         rows.append(row)
-        del rollout, engine, module, generator
+        print_table(f"step row: {name}", [row])
+        on_row()
     return rows
 
 
@@ -293,6 +315,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="tiny models and batches (a CPU check in seconds)")
     parser.add_argument("--sections", default="engine,ab,decode,steps")
+    parser.add_argument("--step-models", help="comma-separated shapes for the step table (default: the plan's)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -300,35 +323,62 @@ def main() -> None:
     if on_cuda:
         torch.cuda.set_device(device)
     plan = TINY_PLAN if args.tiny else GPU_PLAN
+    if args.step_models:
+        unknown = set(args.step_models.split(",")) - set(SHAPES) - set(TINY)
+        if unknown:
+            parser.error(f"--step-models: unknown {sorted(unknown)}; choose from {sorted({*SHAPES, *TINY})}")
+        plan = dataclasses.replace(plan, step_models=tuple(args.step_models.split(",")))
     tokenizer = build_tiny_tokenizer("local" if args.tiny else "auto")  # local: 402 tokens, tiny models
     sections = args.sections.split(",")
     report = {"device": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
               "plan": dataclasses.asdict(plan)}
     print(f"# gpu_profile on {report['device']}, torch {torch.__version__}, {'tiny' if args.tiny else 'full'} plan")
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / f"gpu_profile_{report['device'].replace(' ', '_')}{'_tiny' if args.tiny else ''}.json"
+
+    def save_report() -> None:  # after every section, so a run cut by its time limit keeps what it measured
+        target.write_text(json.dumps(report, indent=1, default=str))
+
+    def attempt(section: str, fn):  # a failed section (out of memory, say) is reported and the next one runs
+        try:
+            return fn()
+        except Exception as error:
+            traceback.print_exc()
+            print(f"\n## {section} failed: {error!r}"[:600])
+            report[f"{section}_error"] = repr(error)[:2000]
+            save_report()
+            release_memory()
+            return None
+
     with tempfile.TemporaryDirectory() as tmp:
-        names = {plan.engine_model, *plan.step_models}
-        paths = {name: save_model(name, Path(tmp), tokenizer) for name in sorted(names)}
+        def path_of(name: str) -> str:  # saved when first needed: a cut run spends no time on unused checkpoints
+            return save_model(name, Path(tmp), tokenizer)
+
         vocab = len(tokenizer)
         if "engine" in sections:
-            engine = section_engine(plan, paths[plan.engine_model], vocab, on_cuda)
+            engine = attempt("engine", lambda: section_engine(plan, path_of(plan.engine_model), vocab, on_cuda))
+        if "engine" in sections and engine is not None:
             report["engine"] = engine
             print_table(f"engine passes ({plan.engine_model}, {plan.batch} x {plan.prompt_len + plan.response_len} tokens)",
                         [{"pass": p, **{k: v for k, v in engine[p].items() if k != "top_ops_ms"}} for p in ("update", "log_prob")])
             for p in ("update", "log_prob"):
                 print_table(f"top ops: {p}", [{"op": o, "ms": ms, "calls": c} for o, ms, c in engine[p]["top_ops_ms"]])
             print(f"\n## sync debug (one update): {engine['sync_debug']}")
+            save_report()
         if "ab" in sections:
-            report["ab"] = section_ab(plan, paths[plan.engine_model], vocab)
+            report["ab"] = attempt("ab", lambda: section_ab(plan, path_of(plan.engine_model), vocab)) or {}
             print_table("A/B: update seconds", [{"variant": k, "update_s": v} for k, v in report["ab"].items()])
+            save_report()
         if "decode" in sections:
-            report["decode"] = section_decode(plan, paths[plan.engine_model], tokenizer, device, on_cuda)
+            report["decode"] = attempt("decode", lambda: section_decode(plan, path_of(plan.engine_model), tokenizer, device,
+                                                                        on_cuda)) or []
             print_table("decode step per rollout", report["decode"])
+            save_report()
         if "steps" in sections:
-            report["steps"] = section_steps(plan, paths, tokenizer, device, on_cuda)
+            report["steps"] = []
+            section_steps(plan, path_of, tokenizer, device, on_cuda, report["steps"], on_row=save_report)
             print_table("step table (no Ray)", report["steps"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"gpu_profile_{report['device'].replace(' ', '_')}{'_tiny' if args.tiny else ''}.json"
-    target.write_text(json.dumps(report, indent=1, default=str))
+            save_report()
     print(f"\nwrote {target}")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -189,3 +190,40 @@ def test_the_counter_sees_each_kind_of_blocking_call(monkeypatch):
     kinds = sorted(label.split(" at ")[0] for label in counter.calls.elements())
     assert kinds == ["Tensor.__getitem__[bool]", "Tensor.__setitem__[bool]", "Tensor.item"]
     assert torch.tensor([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]  # no sequence slot left behind
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_cuda_sync_detector_sees_no_per_micro_batch_sync(tiny_llama_dir, tiny_tokenizer, layout):
+    """CUDA's own detector (`set_sync_debug_mode("warn")`) during a real update and log-prob pass on the GPU: the
+    synchronising calls are as many with 6 micro-batches as with 2, and no more than the CPU count's bounds."""
+    data = _grouped_batch(len(tiny_tokenizer))
+    actor = ActorConfig(ppo_mini_batch_size=ROWS, entropy_coeff=0.01, use_kl_loss=True)
+    counts = {}
+    for micro_batch_size in (6, 2):
+        engine = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(LAYOUTS[layout], micro_batch_size_per_gpu=2))
+        assert engine.device.type == "cuda"
+
+        def update():
+            return run_update(
+                engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1,
+                shuffle=False, seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts),
+                calculate_entropy=True, metric_prefix="actor",
+            )
+
+        update()  # warm-up: lazy CUDA init, allocator, optimizer state
+        passes = {}
+        for name, run_pass in (("update", update), ("log_prob", lambda: engine.compute_log_prob(
+                data, calculate_entropy=True, micro_batch_size=micro_batch_size))):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # every call, not once per call site
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    run_pass()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            passes[name] = sum("synchroniz" in str(w.message) for w in caught)
+        counts[micro_batch_size] = passes
+    assert counts[6] == counts[2], f"syncs with 2 micro-batches {counts[6]}, with 6 {counts[2]}"
+    assert counts[6]["update"] <= MAX_UPDATE_SYNCS and counts[6]["log_prob"] <= MAX_LOG_PROB_SYNCS, counts
