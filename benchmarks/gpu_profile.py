@@ -320,7 +320,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
-    if on_cuda:
+    if on_cuda and device.index is not None:
         torch.cuda.set_device(device)
     plan = TINY_PLAN if args.tiny else GPU_PLAN
     if args.step_models:

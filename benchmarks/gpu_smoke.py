@@ -156,6 +156,9 @@ def main() -> None:
                     print_row(name, [f"failed: exit {err.returncode} (see the log above)"])
                     continue
                 except subprocess.TimeoutExpired:
+                    partial = Path(run_dir) / "metrics.jsonl"  # the steps that finished are still worth keeping
+                    if args.save_metrics and partial.is_file():
+                        save_metrics(partial, args.save_metrics, f"{name} cut")
                     print_row(name, [f"failed: over {args.timeout:.0f} s"])
                     continue
             # each row as soon as its setting ends, so a node taken back mid-run keeps what was measured
