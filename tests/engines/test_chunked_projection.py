@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridflow.engines.training import FSDPConfig, FSDPEngine, FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.engines.training.chunked_projection import chunked_log_probs
@@ -145,6 +146,60 @@ def test_chunked_log_probs_without_entropy_and_bad_shapes():
         chunked_log_probs(hidden, weight, labels, chunk_size=0)
     with pytest.raises(ValueError, match=r"\(N, H\)"):
         chunked_log_probs(hidden[None], weight, labels)
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The dtypes of the operands of every matrix product dispatched while it is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            operands = [a for a in args if isinstance(a, torch.Tensor)]
+            self.seen += [(str(func.overloadpacket), a.dtype) for a in operands[-2:]]
+        return func(*args, **(kwargs or {}))
+
+
+def test_backward_runs_its_products_in_the_autocast_dtype_with_float32_weights():
+    """Float32 master weights under bf16 autocast (one GPU without FSDP): the backward's vocabulary products run in
+    bf16 like autocast's own linear backward (float32 there takes the slow non-tensor-core kernels), and the
+    gradients are as close to float64 as the plain autocast head's."""
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(40, 32, generator=gen).requires_grad_()
+    weight = (torch.randn(500, 32, generator=gen) * 0.2).requires_grad_()
+    labels = torch.randint(0, 500, (40,), generator=gen)
+    coefficients = torch.randn(40, generator=gen)
+
+    def grads(fn, *inputs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            log_probs, entropy = fn(*inputs)
+        objective = (log_probs * coefficients).sum() + 0.1 * entropy.sum()
+        with _MatmulDtypes() as dtypes:
+            result = torch.autograd.grad(objective, inputs)
+        return result, dtypes.seen
+
+    def plain(hidden, weight):
+        logits = torch.nn.functional.linear(hidden, weight).float()
+        return token_log_probs(logits, labels), token_entropy(logits)
+
+    def chunked(hidden, weight):
+        return chunked_log_probs(hidden, weight, labels, chunk_size=16, calculate_entropy=True)
+
+    (got_hidden, got_weight), seen = grads(chunked, hidden, weight)
+    assert seen and all(dtype == torch.bfloat16 for _, dtype in seen), seen
+    assert got_hidden.dtype == got_weight.dtype == torch.float32
+    (plain_hidden, plain_weight), _ = grads(plain, hidden, weight)
+    truth = grads(lambda h, w: plain(h.double(), w.double()), hidden, weight)[0]
+    for got, reference, exact in ((got_hidden, plain_hidden, truth[0]), (got_weight, plain_weight, truth[1])):
+        error, reference_error = ((t - exact).abs().max().item() for t in (got, reference))
+        assert error <= 2 * reference_error + 1e-3, (error, reference_error)
+    # without autocast the products stay in float32 and equal the plain head to float32 rounding
+    log_probs, entropy = chunked_log_probs(hidden, weight, labels, chunk_size=16, calculate_entropy=True)
+    with _MatmulDtypes() as dtypes:
+        torch.autograd.grad((log_probs * coefficients).sum() + 0.1 * entropy.sum(), (hidden, weight))
+    assert {dtype for _, dtype in dtypes.seen} == {torch.float32}
 
 
 # ----------------------------------------------------------------------------- the engine, one process
