@@ -149,7 +149,11 @@ def summarize_profile(prof, wall_s: float, on_cuda: bool, steps: int = 1, top: i
         busy_s = float("nan")
         ranked = sorted(averages, key=lambda a: a.self_cpu_time_total, reverse=True)
         top_ops = [(a.key[:60], a.self_cpu_time_total / 1e3, a.count) for a in ranked[:top]]
+    host_ranked = sorted(averages, key=lambda a: a.self_cpu_time_total, reverse=True)
+    memcpy_kinds = Counter({n: c for n, c in names.items() if n.startswith(("cudaMemcpy", "Memcpy", "Memset"))})
     return {
+        "top_host_ops_ms": [(a.key[:60], a.self_cpu_time_total / 1e3, a.count) for a in host_ranked[:top]],
+        "memcpy_kinds": {n: c / steps for n, c in memcpy_kinds.most_common(8)},
         "wall_s": wall_s, "kernel_s": busy_s, "gpu_busy_pct": 100 * busy_s / wall_s if on_cuda else float("nan"),
         "syncs": sum(names[n] for n in SYNC_NAMES) / steps,
         "memcpys": sum(c for n, c in names.items() if n.startswith(("cudaMemcpy", "Memcpy"))) / steps,
@@ -360,9 +364,13 @@ def main() -> None:
         if "engine" in sections and engine is not None:
             report["engine"] = engine
             print_table(f"engine passes ({plan.engine_model}, {plan.batch} x {plan.prompt_len + plan.response_len} tokens)",
-                        [{"pass": p, **{k: v for k, v in engine[p].items() if k != "top_ops_ms"}} for p in ("update", "log_prob")])
+                        [{"pass": p, **{k: v for k, v in engine[p].items() if not isinstance(v, (list, dict))}}
+                         for p in ("update", "log_prob")])
             for p in ("update", "log_prob"):
                 print_table(f"top ops: {p}", [{"op": o, "ms": ms, "calls": c} for o, ms, c in engine[p]["top_ops_ms"]])
+                print_table(f"top host ops: {p}", [{"op": o, "host_ms": ms, "calls": c}
+                                                   for o, ms, c in engine[p]["top_host_ops_ms"]])
+                print(f"memcpy kinds ({p}): {engine[p]['memcpy_kinds']}")
             print(f"\n## sync debug (one update): {engine['sync_debug']}")
             save_report()
         if "ab" in sections:

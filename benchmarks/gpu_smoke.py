@@ -91,7 +91,14 @@ def run(overrides: list[str], steps: int, run_dir: Path, timeout_s: float) -> di
         "trainer.logger=[file]", *overrides,
     ]
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout=timeout_s)
+    return read_records(run_dir)
+
+
+def read_records(run_dir: Path) -> dict[int, dict]:
+    """The per-step metrics a run wrote to `run_dir/metrics.jsonl` (none if it wrote nothing)."""
     records: dict[int, dict] = {}
+    if not (run_dir / "metrics.jsonl").is_file():
+        return records
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         records.setdefault(record["step"], {}).update(record)
@@ -155,12 +162,15 @@ def main() -> None:
                 except subprocess.CalledProcessError as err:
                     print_row(name, [f"failed: exit {err.returncode} (see the log above)"])
                     continue
-                except subprocess.TimeoutExpired:
-                    partial = Path(run_dir) / "metrics.jsonl"  # the steps that finished are still worth keeping
-                    if args.save_metrics and partial.is_file():
-                        save_metrics(partial, args.save_metrics, f"{name} cut")
-                    print_row(name, [f"failed: over {args.timeout:.0f} s"])
-                    continue
+                except subprocess.TimeoutExpired:  # the steps that finished are still worth keeping
+                    records = read_records(Path(run_dir))
+                    if args.save_metrics and records:
+                        save_metrics(Path(run_dir) / "metrics.jsonl", args.save_metrics, f"{name} cut")
+                    if len(records) < 2:
+                        print_row(name, [f"failed: over {args.timeout:.0f} s"])
+                        continue
+                    values = summarize(records)
+                    name = f"{name} (cut at {args.timeout:.0f} s after {len(records)} steps)"
             # each row as soon as its setting ends, so a node taken back mid-run keeps what was measured
             print_row(name, [f"{values[key]:.1%}" if key.startswith("perf/mfu") else f"{values[key]:.2f}"
                              for _, key in COLUMNS])

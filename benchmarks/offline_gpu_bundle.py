@@ -104,7 +104,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch,transformers,ray; print('torch',torch.__version__,'transformers',transformers.__version__,'ray',ray.__version__)"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   el tests  # SIGINT at the limit: pytest still prints the failures' summary
-  timeout -s INT -k 20 ${TESTS_S:-240} python3 -m pytest -m gpu -p no:cacheprovider -q --timeout ${TEST_TIMEOUT_S:-150} -n ${NPROC:-4} -rfEs --tb=short \
+  HYBRIDFLOW_TEST_FAILURE_LOG=$OUT/test_failures.log timeout -s INT -k 20 ${TESTS_S:-240} python3 -m pytest -m gpu -p no:cacheprovider -v --timeout ${TEST_TIMEOUT_S:-150} -n ${NPROC:-4} -rfEs --tb=short \
     ${TESTS:-tests/gpu tests/engines/test_gpu.py tests/engines/test_parallel_training.py tests/engines/rollout_native/test_tensor_parallel.py tests/algorithms/test_device.py tests/engines/test_host_syncs.py} \
     > "$OUT/tests.log" 2>&1; echo "tests rc $?"; grep -E "passed|failed" "$OUT/tests.log" | tail -2
 fi

@@ -30,3 +30,12 @@ def tiny_vlm_dir(tmp_path_factory):
     from hybridflow.models.tiny_vlm import save_tiny_vlm
 
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm"), seed=0)
+
+
+def pytest_runtest_logreport(report):
+    """With HYBRIDFLOW_TEST_FAILURE_LOG set, each failure's traceback is appended to that file as it happens
+    (under xdist too: the controller sees every report), so a run stopped at a time limit keeps its failures."""
+    log = os.environ.get("HYBRIDFLOW_TEST_FAILURE_LOG")
+    if log and report.failed:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
