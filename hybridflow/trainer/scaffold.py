@@ -184,9 +184,15 @@ def total_steps(run: RunConfig, batches_per_epoch: int) -> int:
     return min(total, run.total_training_steps or total)
 
 
-def due(freq: int, step: int, is_last: bool) -> bool:
-    """Whether a periodic action (validation, checkpoint) runs at `step`: every `freq` steps and at the end."""
-    return is_last or (freq > 0 and step % freq == 0)
+def due(freq: int, step: int, is_last: bool, *, at_end_when_off: bool = False) -> bool:
+    """Whether a periodic action (validation, checkpoint) runs at `step`: every `freq` steps and at the last step.
+
+    `freq <= 0` turns it off, as in verl's PPO trainer (`trainer.save_freq=-1` writes no checkpoint,
+    `trainer.test_freq=-1` validates only before training); `at_end_when_off` keeps the last step's run anyway, as
+    verl's SFT trainer does."""
+    if freq <= 0:
+        return is_last and at_end_when_off
+    return is_last or step % freq == 0
 
 
 def worker_metrics(output: DataProto) -> dict[str, float]:

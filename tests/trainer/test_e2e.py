@@ -46,7 +46,7 @@ GRPO = (
     "actor_rollout_ref.actor.use_kl_loss=True",
     "trainer.total_training_steps=3",
     "trainer.save_freq=2",
-    "trainer.test_freq=-1",
+    "trainer.test_freq=3",  # validates at step 3 (and before training); -1 would validate before training only
 )
 
 
@@ -143,6 +143,8 @@ def test_ppo_with_gae_trains_a_critic(workspace):
     assert abs(step["critic/advantages/mean"]) < 1e-4, "GAE advantages are whitened over the response tokens"
     assert step["critic/values/max"] > step["critic/values/min"], "a fresh value head still varies per token"
     assert step["critic/returns/mean"] != step["critic/values/mean"], "returns carry the rewards"
+    # verl's meaning of the defaults save_freq=-1 and test_freq=-1: no checkpoint, no validation during training
+    assert list_steps(workspace / "ppo") == [] and not any(key.startswith("val-") for key in step)
 
 
 @pytest.mark.slow  # the suite's time budget; tests/workers/test_old_log_prob_sources.py covers the source choice

@@ -66,11 +66,13 @@ class RunConfig:
     total_training_steps: Optional[int] = None
     """Stop after this many steps (None: total_epochs x batches per epoch)."""
     test_freq: int = -1
-    """Validate every N steps (-1: only at the end)."""
+    """Validate every N steps and at the last step (-1: never during training, as in verl; `val_before_train`
+    still validates before the first step)."""
     val_before_train: bool = True
     """Validate before the first step."""
     save_freq: int = -1
-    """Checkpoint every N steps (-1: only at the end)."""
+    """Checkpoint every N steps and at the last step (-1: no checkpoints, as in verl; a guard that stops the run
+    still saves its step)."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Checkpoints (global_step_N/) and metrics of the run (`~` is expanded)."""
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"

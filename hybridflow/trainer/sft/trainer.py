@@ -99,9 +99,9 @@ class SFTTrainer:
                 alive = heartbeat([self.processes], cfg.heartbeat_timeout_s)
                 metrics = {**alive, **self.train_step(batch)}
                 is_last = self.global_steps >= self.total_training_steps
-                if self.val_loader is not None and due(cfg.test_freq, self.global_steps, is_last):
+                if self.val_loader is not None and due(cfg.test_freq, self.global_steps, is_last, at_end_when_off=True):
                     metrics["val/loss"] = summary["val/loss"] = self.validate()
-                if due(cfg.save_freq, self.global_steps, is_last):
+                if due(cfg.save_freq, self.global_steps, is_last, at_end_when_off=True):
                     self.save_checkpoint()
                 self._log(metrics, step=self.global_steps)
                 if is_last:
