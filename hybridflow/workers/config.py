@@ -161,7 +161,8 @@ class RefConfig:
     """The frozen reference policy (for KL)."""
 
     log_prob_micro_batch_size_per_gpu: int = 8
-    """Samples per forward when computing reference log-probs."""
+    """Samples per forward when computing reference log-probs (the PPO trainer sets it from
+    rollout.log_prob_micro_batch_size_per_gpu unless given; 8 applies to a reference built on its own)."""
     log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
     """Old global form of log_prob_micro_batch_size_per_gpu."""
     log_prob_use_dynamic_bsz: bool = False

@@ -137,7 +137,8 @@ class RolloutConfig(SamplingConfig):
     response_length: int = 512
     """Most tokens generated per response (the trainer sets it from data.max_response_length)."""
     log_prob_micro_batch_size_per_gpu: int = 8
-    """Samples per forward when recomputing old log-probs."""
+    """Samples per forward when recomputing old log-probs (the PPO trainer sets it from
+    actor.ppo_micro_batch_size_per_gpu unless given; 8 applies to a rollout built on its own)."""
     log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
     """Old global form of log_prob_micro_batch_size_per_gpu."""
     log_prob_use_dynamic_bsz: bool = False
