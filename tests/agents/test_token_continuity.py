@@ -12,7 +12,7 @@ import pytest
 from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.tool_agent import ToolAgentLoop
 from hybridflow.tools.calculator import CalculatorTool
-from tests.agents.test_agent_loops import PARAMS, QUESTION, ScriptedServer, call, context
+from tests.agents.scripted_server import PARAMS, QUESTION, ScriptedServer, call, context
 
 THINKING_TEMPLATE = (  # ChatML that, like Qwen3's, drops the thinking block of earlier assistant turns
     "{% for m in messages %}{% set c = m['content'] %}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.test_e2e import overrides, run, workspace  # noqa: F401  (workspace is a fixture)
+from tests.trainer.e2e_runs import overrides, run, workspace  # noqa: F401  (workspace is a fixture)
 
 RAISING_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -252,7 +252,7 @@ def test_lora_grpo_end_to_end_and_export(ray_cluster, tmp_path):
     from hybridflow.engines.training.merge import merge_checkpoint
     from hybridflow.trainer.run import run_ppo
     from tests.tiny_runs import build_workspace
-    from tests.trainer.test_e2e import GRPO, by_step, overrides
+    from tests.trainer.e2e_runs import GRPO, by_step, overrides
 
     build_workspace(tmp_path, train_size=8, test_size=4)
     run_dir = tmp_path / "run"

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from hybridflow.sandbox import SandboxLimits, HarnessVerdict, _harness, run_python
-from tests.sandbox.test_sandbox import processes_in, require_namespaces
+from tests.sandbox.namespaces import processes_in, require_namespaces
 
 SECRET = f"expected-{uuid.uuid4().hex}"
 TESTS = f"""

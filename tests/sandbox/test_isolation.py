@@ -19,7 +19,7 @@ import pytest
 
 from hybridflow.sandbox import SandboxError, SandboxLimits, run_python
 from hybridflow.sandbox import runner
-from tests.sandbox.test_sandbox import namespaces_work, processes_in, require_namespaces
+from tests.sandbox.namespaces import namespaces_work, processes_in, require_namespaces
 
 FAST = dict(cpu_time_s=2.0, wall_time_s=4.0, memory_mb=256, max_processes=8)
 NAMESPACE_LAYERS = {"user_ns", "net_ns", "pid_ns", "mount_ns", "readonly_root", "workdir_tmpfs"}

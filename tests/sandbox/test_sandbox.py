@@ -17,37 +17,13 @@ import uuid
 
 import pytest
 
-from hybridflow.env import sandbox_namespaces_unavailable
 from hybridflow.sandbox import SandboxError, SandboxLimits, run_python, run_python_async
 from tests.helpers import most_at_once
+from tests.sandbox.namespaces import processes_in, require_namespaces
 
 LIMITS = dict(cpu_time_s=1.0, wall_time_s=2.0, memory_mb=256, output_bytes=4096, max_processes=8, file_size_mb=1)
 SECRET = f"secret-{uuid.uuid4().hex}"
 TRAINER_PID = os.getpid()
-_NAMESPACES: list[bool] = []
-
-
-NO_NAMESPACES = ("unprivileged user namespaces are unavailable on this machine (`unshare -Ur true` fails), so "
-                 "the sandbox's default isolation cannot be tested here")
-
-
-def namespaces_work() -> bool:
-    if not _NAMESPACES:
-        try:
-            _NAMESPACES.append("user_ns" in run_python("").isolation)
-        except SandboxError:
-            _NAMESPACES.append(False)
-    return _NAMESPACES[0]
-
-
-def require_namespaces() -> None:
-    """Fail the calling test where the sandbox gets no namespaces, unless the machine is declared unable to
-    give them (HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1): a suite that skipped here stayed green untested."""
-    if namespaces_work():
-        return
-    if sandbox_namespaces_unavailable():
-        pytest.skip(f"SKIPPED (HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1): {NO_NAMESPACES}")
-    pytest.fail(f"{NO_NAMESPACES}; set HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1 to skip these tests on such a machine")
 
 
 @pytest.fixture(params=[True, False], ids=["namespaces", "hook_only"])
@@ -69,28 +45,6 @@ def sandbox_root(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     monkeypatch.setenv("HYBRIDFLOW_TEST_SECRET", SECRET)
     return root
-
-
-def processes_in(root, wait_s: float = 3.0) -> list[int]:
-    """Live (not zombie) processes whose command line or cwd lies in `root`: a sandbox's P0, R, program or
-    children. SIGKILLed processes take a moment to be torn down and reaped, so this waits up to `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    cmdline = handle.read()
-                cwd = os.readlink(f"/proc/{entry}/cwd")
-                with open(f"/proc/{entry}/stat") as handle:
-                    state = handle.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state not in "ZX" and (str(root).encode() in cmdline or cwd.startswith(str(root))):
-                found.append(int(entry))
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -358,7 +312,7 @@ def test_async_limits_and_cancellation(sandbox_root):
 
 def test_missing_namespaces_fail_the_suite_unless_declared(monkeypatch):
     """A machine without user namespaces must not leave the default isolation untested in silence."""
-    monkeypatch.setattr("tests.sandbox.test_sandbox._NAMESPACES", [False])
+    monkeypatch.setattr("tests.sandbox.namespaces._NAMESPACES", [False])
     monkeypatch.delenv("HYBRIDFLOW_SANDBOX_NO_NAMESPACES", raising=False)
     with pytest.raises(pytest.fail.Exception, match="HYBRIDFLOW_SANDBOX_NO_NAMESPACES=1"):
         require_namespaces()

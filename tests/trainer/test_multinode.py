@@ -14,12 +14,9 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,8 @@ import pytest
 from hybridflow.single_controller.base.worker import find_free_port
 from tests.conftest import REPO_ROOT
 from tests.tiny_runs import build_workspace
-from tests.trainer.test_placement import overrides
+from tests.trainer.placement_runs import overrides
+from tests.trainer.ray_nodes import ray_tmpdir, start_ray, stop_ray  # noqa: F401  (fixtures)
 
 # One rank on each of two nodes, one GRPO step (the rest as in test_placement: 4 prompts x 2 samples, KL loss).
 TWO_NODES = ("trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1")
@@ -37,19 +35,6 @@ RANK_LINE = re.compile(r"rank (\d+): node ([0-9a-f]+), ip (\S+), pid (\d+)")
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     return build_workspace(tmp_path_factory.mktemp("multinode"), train_size=8, test_size=2)
-
-
-@pytest.fixture()
-def ray_tmpdir(monkeypatch) -> Iterator[Path]:
-    """A private Ray temp dir (short: Ray's socket paths must stay under 108 bytes) and the environment that the
-    clusters and the trainer share: no token auth, this checkout on the workers' path."""
-    path = Path(tempfile.mkdtemp(prefix="hf-ray-", dir="/tmp"))
-    monkeypatch.setenv("RAY_TMPDIR", str(path))
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def train(workspace: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[str, dict]:
@@ -93,29 +78,6 @@ def test_grpo_step_runs_one_rank_on_each_node_of_a_two_node_cluster(workspace, r
     assert sorted(ranks) == [0, 1], output[-6000:]
     assert {node for node, _ in ranks.values()} == node_ids, "each rank on its own node of this cluster"
     assert_trained(step)
-
-
-def start_ray(log: Path, *args: str) -> subprocess.Popen:
-    """`ray start ... --block` (terminating it tears the node down), once the node has registered."""
-    ray_cli = Path(sys.executable).with_name("ray")
-    with log.open("w") as out:
-        process = subprocess.Popen([str(ray_cli), "start", "--block", "--num-cpus=1", *args], stdout=out, stderr=out)
-    deadline = time.monotonic() + 60
-    while "Ray runtime started" not in log.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.terminate()
-            raise RuntimeError(f"ray start {' '.join(args)} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    return process
-
-
-def stop_ray(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 # Without an address the driver starts its own cluster, though `ray start` recorded one where ray.init() looks.

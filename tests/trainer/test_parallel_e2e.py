@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
 from tests.tiny_runs import build_workspace
-from tests.trainer.test_placement import overrides, train
+from tests.trainer.placement_runs import overrides, train
 
 
 @pytest.fixture(scope="module")

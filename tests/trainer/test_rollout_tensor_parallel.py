@@ -10,7 +10,7 @@ import pytest
 from hybridflow.trainer.config import load_config, validate_config
 from tests.helpers import nothing_started
 from tests.tiny_runs import build_workspace
-from tests.trainer.test_placement import SPLIT, overrides, train
+from tests.trainer.placement_runs import SPLIT, overrides, train
 
 TP2 = ("actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
 # The rollout's log-probs against the trainer's old log-probs of the same tokens: equal weights give ratios of 1.

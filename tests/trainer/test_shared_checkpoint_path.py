@@ -21,7 +21,7 @@ from hybridflow.trainer.config.schema import RunConfig
 from hybridflow.utils import shared_path
 from hybridflow.utils.shared_path import PathView
 from tests.conftest import REPO_ROOT
-from tests.trainer.test_multinode import ray_tmpdir  # noqa: F401 (a fixture: private RAY_TMPDIR, PYTHONPATH)
+from tests.trainer.ray_nodes import ray_tmpdir  # noqa: F401 (a fixture: private RAY_TMPDIR, PYTHONPATH)
 
 
 def committed_checkpoint(root: Path, step: int = 2) -> Path:
@@ -199,7 +199,7 @@ print("RESULT " + json.dumps({"private": private, "error": error}))
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_a_node_with_its_own_copy_of_the_dir_stops_the_run_naming_its_rank_and_node(tmp_path, ray_tmpdir):
     from hybridflow.single_controller.base.worker import find_free_port
-    from tests.trainer.test_multinode import start_ray, stop_ray
+    from tests.trainer.ray_nodes import start_ray, stop_ray
 
     command = private_mount_command()
     if command is None:

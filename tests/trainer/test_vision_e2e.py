@@ -15,7 +15,7 @@ from hybridflow.models.vision import load_processor
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.workers.weight_sync import digest_tensors
 from tests.tiny_runs import REWARD_FILE, build_workspace
-from tests.trainer.test_placement import overrides, train
+from tests.trainer.placement_runs import overrides, train
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.protocol import DataProto
 from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.engines.rollout import RolloutConfig
 from hybridflow.engines.training import OptimConfig
 from hybridflow.models.config import ModelConfig
 from hybridflow.workers.config import ActorConfig, ActorRolloutRefConfig, WorkerRuntimeConfig
-
-PROMPT_LEN, RESPONSE_LEN, BATCH = 8, 6, 4
+from tests.workers.rollout_batches import BATCH, PROMPT_LEN, RESPONSE_LEN, masked_max_diff, prompts
 
 
 @pytest.fixture(scope="module")
@@ -35,18 +33,6 @@ def group(ray_cluster, tmp_path_factory):
     yield wg
     wg.shutdown()
     pool.release()
-
-
-def prompts() -> DataProto:
-    ids = torch.randint(5, 200, (BATCH, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # one left-padded prompt
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids})
-
-
-def masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(((a - b).abs() * mask).max())
 
 
 def test_generate_logprob_update_and_weight_handover(group):

@@ -14,7 +14,7 @@ from hybridflow.models.config import ModelConfig
 from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.workers.config import ActorConfig, ActorRolloutRefConfig, WorkerRuntimeConfig
-from tests.workers.test_actor_rollout_ref_worker import BATCH, PROMPT_LEN, RESPONSE_LEN, masked_max_diff, prompts
+from tests.workers.rollout_batches import BATCH, PROMPT_LEN, RESPONSE_LEN, masked_max_diff, prompts
 
 
 @pytest.fixture(scope="module")

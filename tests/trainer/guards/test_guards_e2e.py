@@ -13,7 +13,7 @@ from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.guards import AlarmError
 from hybridflow.trainer.run import run_ppo
 from tests.tiny_runs import build_workspace
-from tests.trainer.test_e2e import GRPO, by_step, overrides
+from tests.trainer.e2e_runs import GRPO, by_step, overrides
 
 FLAT_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -14,8 +14,7 @@ from hybridflow.trainer.off_policy.schedule import AsyncSchedule
 from hybridflow.trainer.config import load_config
 from hybridflow.trainer.off_policy.checks import check_fully_async
 from hybridflow.trainer.off_policy.fully_async_policy import FullyAsyncTrainer
-from tests.trainer.off_policy.test_fully_async_policy import ONE_PLUS_ONE
-from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
+from tests.trainer.placement_runs import ONE_PLUS_ONE, SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
 PARTIAL = ("async_training.partial_rollout=True", "async_training.partial_rollout_chunk_tokens=4",
            "async_training.staleness_threshold=1", "async_training.deterministic_schedule_seed=0")

@@ -13,9 +13,9 @@ from hybridflow.trainer.off_policy.rollouter import ThreadedRollouter, syncs_bef
 from hybridflow.trainer.off_policy.main_fully_async import main as fully_async_main
 from hybridflow.trainer.main_ppo import main as train_main
 from tests.tiny_runs import start_from_checkpoint
-from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
-
-ONE_PLUS_ONE = ("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1")
+from tests.trainer.placement_runs import (  # noqa: F401  (train_file and workspace are fixtures)
+    ONE_PLUS_ONE, SPLIT, good, overrides, train, train_file, workspace,
+)
 
 
 class RecordingTrainer(FullyAsyncTrainer):

@@ -11,7 +11,7 @@ from hybridflow.trainer.off_policy.main_one_step_off import main as one_step_mai
 from hybridflow.trainer.off_policy.checks import check_one_step_off_policy
 from hybridflow.trainer.off_policy.one_step_off_policy import OneStepOffPolicyTrainer
 from tests.tiny_runs import start_from_checkpoint
-from tests.trainer.test_placement import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
+from tests.trainer.placement_runs import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
 
 
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
