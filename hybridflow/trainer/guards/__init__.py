@@ -23,6 +23,7 @@ _EXPORTS = {
     "StepGuards": "step",
     "WEIGHT_VERSION_KEY": "versions",
     "WeightVersionWatch": "versions",
+    "check_served_version": "versions",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

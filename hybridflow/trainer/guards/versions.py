@@ -1,5 +1,7 @@
 """Which weights produced each sample: the rollout stamps `rollout_weight_version` on every sample it generates
-(the policy version of the weights it served, recorded at each hand-over), and the synchronous trainer checks it.
+(the policy version of the weights it served, recorded at each hand-over), and the trainers check it: the
+synchronous trainer with `WeightVersionWatch`, the off-policy trainers with `check_served_version` (each batch, or
+each chunk of a partial rollout, against the version the trainer synced to the rollout before launching it).
 
 In an on-policy run (colocated or split placement) a step's samples all come from one version, and after an
 actor update the next step's come from a newer one. A rollout that keeps serving old weights (a hand-over that
@@ -13,7 +15,7 @@ import torch
 
 from hybridflow.workers.weight_check import WEIGHT_VERSION_KEY
 
-__all__ = ["StaleWeightsError", "WEIGHT_VERSION_KEY", "WeightVersionWatch"]
+__all__ = ["StaleWeightsError", "WEIGHT_VERSION_KEY", "WeightVersionWatch", "check_served_version"]
 
 
 class StaleWeightsError(RuntimeError):
@@ -50,3 +52,20 @@ class WeightVersionWatch:
             )
         self.served, self.updated_since = low, False
         return {"rollout/weight_version": float(low)}
+
+
+def check_served_version(where: str, served: torch.Tensor | None, expected: int) -> None:
+    """Off-policy generation: every sample of `served` (a `rollout_weight_version` column; None when the rollout path
+    stamps none) must come from `expected`, the policy version the trainer last synced to the rollout before it
+    launched the generation. Staleness is counted from `expected`, so a hand-over that never reached the rollout
+    would make it wrong without a sign. Raises `StaleWeightsError` naming `where` and the versions."""
+    if served is None or served.numel() == 0:
+        return
+    low, high = int(served.min()), int(served.max())
+    if low != expected or high != expected:
+        found = str(low) if low == high else f"{low} to {high}"
+        raise StaleWeightsError(
+            f"{where}: the rollout served weight version {found}, but the trainer synced version {expected} to it "
+            "before launching this generation: a weight hand-over did not reach the rollout, and the samples' "
+            "staleness would be counted wrong"
+        )

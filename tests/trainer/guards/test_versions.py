@@ -1,11 +1,12 @@
-"""The on-policy weight-version guard: one version per step, a newer one after every actor update."""
+"""The weight-version guards: on-policy, one version per step and a newer one after every actor update; off-policy,
+each generation from the version the trainer synced to the rollout before launching it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hybridflow.trainer.guards import StaleWeightsError, WeightVersionWatch
+from hybridflow.trainer.guards import StaleWeightsError, WeightVersionWatch, check_served_version
 
 
 def versions(*values: int) -> torch.Tensor:
@@ -38,3 +39,13 @@ def test_a_rollout_path_without_versions_is_not_checked():
     assert watch.observe(1, None) == {} and watch.observe(2, versions()) == {}
     watch.mark_update()
     assert watch.observe(3, versions(1)) == {"rollout/weight_version": 1.0}
+
+
+def test_an_off_policy_generation_must_come_from_the_version_synced_before_its_launch():
+    check_served_version("step 3", versions(2, 2, 2), expected=2)
+    check_served_version("step 3", None, expected=2)  # a rollout path that stamps nothing
+    with pytest.raises(StaleWeightsError, match=r"step 3: the rollout served weight version 1, but the trainer synced "
+                                                 r"version 2"):
+        check_served_version("step 3", versions(1, 1), expected=2)
+    with pytest.raises(StaleWeightsError, match="served weight version 1 to 2"):
+        check_served_version("chunk 0", versions(2, 1), expected=2)

@@ -19,6 +19,8 @@ from hybridflow.trainer.off_policy.partial_rollout import (
     compute_unfinished_rows,
     compute_version_metrics,
 )
+from hybridflow.trainer.guards import StaleWeightsError
+from hybridflow.trainer.guards.versions import WEIGHT_VERSION_KEY
 from tests.engines.helpers import encode_prompts
 
 PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x", "def add(a, b):\n    return"]
@@ -134,3 +136,30 @@ def test_token_level_correction_weighs_each_token_against_the_version_that_sampl
     )
     torch.testing.assert_close(weights, torch.tensor([[math.exp(0.5), math.exp(-1.0), 1.0, 1.0]]).clamp(max=1.5))
     assert weights[0, 0] == pytest.approx(1.5)  # exp(0.5) = 1.65, truncated
+
+
+def scripted_chunk(request: DataProto, tokens: int, served_version: int) -> DataProto:
+    """A rollout's answer to `request`: `tokens` new tokens (id 7) per row, stamped with `served_version` as the
+    worker stamps every sample."""
+    rows = len(request)
+    responses = torch.full((rows, tokens), 7)
+    ones = torch.ones(rows, tokens, dtype=torch.long)
+    ids = torch.cat([request.batch["input_ids"], responses], dim=1)
+    mask = torch.cat([request.batch["attention_mask"], ones], dim=1)
+    return DataProto.from_dict({
+        "input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses, "response_mask": ones, "rollout_log_probs": torch.zeros(rows, tokens),
+        WEIGHT_VERSION_KEY: torch.full((rows,), served_version, dtype=torch.int64),
+    })
+
+
+def test_a_chunk_from_weights_other_than_the_synced_version_stops_the_generation():
+    ids = torch.tensor([[5, 6, 8], [9, 5, 6]])
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                   "position_ids": torch.arange(3).expand(2, 3)})
+    partial = PartialRollout(prompts, 4, 2, [2], pad_token_id=0)
+    partial.add(scripted_chunk(partial.request(), 2, served_version=5), param_version=1, policy_version=5)
+    # a sync announced version 6 to the trainer, but the rollout still serves version 5
+    with pytest.raises(StaleWeightsError, match=r"chunk 1 of a partial rollout: the rollout served weight version 5, "
+                                                 r"but the trainer synced version 6"):
+        partial.add(scripted_chunk(partial.request(), 2, served_version=5), param_version=2, policy_version=6)
