@@ -178,6 +178,7 @@ def section_engine(plan: Plan, path: str, vocab: int, on_cuda: bool) -> dict:
     engine = build_fsdp_engine(path, engine_config(plan, plan.micro_batches[-1]))
     batch = random_batch(vocab, plan.batch, plan.prompt_len, plan.response_len)
     engine.train_batch(batch, nll_loss)  # warm-up: allocator, kernels, optimizer state
+    engine.compute_log_prob(batch)  # and the no-grad pass's own first call (the 2026-11-27 H100 run had none)
     result = {"update": profiled(lambda: engine.train_batch(batch, nll_loss), on_cuda),
               "log_prob": profiled(lambda: engine.compute_log_prob(batch), on_cuda)}
     if on_cuda:  # every synchronising call inside one update's micro-batch loop
