@@ -56,23 +56,23 @@ def test_gradient_checkpointing_gives_the_same_step(tiny_llama_dir, batch):
 
 
 def test_list_of_micro_batches_and_dict_batches(tiny_llama_dir, batch):
+    """A dict (or TensorDict) batch is wrapped once at the engine's entry: the loss sees a DataProto, the results
+    equal the DataProto batch's; anything else is refused naming the type."""
     engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
     as_dicts = [{key: part.batch[key] for key in part.batch.keys()} for part in batch.split(4)]
     log_probs_dict, _ = engine.compute_log_prob(as_dicts[0])
     log_probs_proto, _ = engine.compute_log_prob(batch.split(4)[0])
     torch.testing.assert_close(log_probs_dict, log_probs_proto)
+    seen = []
 
     def loss_fn(outputs, micro_batch):
-        return seq_mean_nll(outputs, _Proto(micro_batch))
+        seen.append(type(micro_batch).__name__)
+        return seq_mean_nll(outputs, micro_batch)
 
     assert engine.train_batch(as_dicts, loss_fn)["num_skipped_steps"] == 0
-
-
-class _Proto:
-    """Adapter so seq_mean_nll can read a dict micro-batch."""
-
-    def __init__(self, tensors):
-        self.batch = tensors
+    assert seen == ["DataProto"] * len(as_dicts)
+    with pytest.raises(TypeError, match="DataProto or a mapping / TensorDict .* not list"):
+        engine.compute_log_prob([1, 2, 3])
 
 
 def test_non_finite_grad_norm_skips_the_step(tiny_llama_dir, batch):

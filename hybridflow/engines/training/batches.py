@@ -1,7 +1,8 @@
 """Micro-batches of the training engine: reading, splitting, selecting and moving a batch's rows, putting results
 back in row order, and reducing per-micro-batch metrics with one host transfer.
 
-A batch is a `DataProto` (the worker boundary) or a mapping / TensorDict of (bs, ...) tensors.
+The engine works on `DataProto`s (the worker boundary's type). A caller may hand it a mapping or TensorDict of
+(bs, ...) tensors instead: `as_data_proto` wraps it once, at the engine's entry, so nothing below switches on type.
 """
 
 from __future__ import annotations
@@ -15,52 +16,55 @@ from hybridflow.protocol import DataProto
 from hybridflow.utils.seqlen_balancing import partition_by_tokens
 
 __all__ = [
-    "Batch", "INPUT_KEYS", "get", "in_row_order", "num_rows", "partition_units", "reduce_metrics", "response_width", "select_rows", "split",
-    "to_device", "token_budget_units",
+    "INPUT_KEYS", "as_data_proto", "get", "in_row_order", "num_rows", "partition_units", "reduce_metrics",
+    "response_width", "select_rows", "split", "to_device", "token_budget_units",
 ]
 
-Batch = Any  # DataProto, or a Mapping / TensorDict of tensors
 INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
-def get(batch: Batch, key: str) -> torch.Tensor:
+def as_data_proto(batch: Any) -> DataProto:
+    """`batch` as a DataProto: itself, or a mapping / TensorDict of (bs, ...) tensors wrapped (no copy)."""
+    if isinstance(batch, DataProto):
+        return batch
+    if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
+        return DataProto.from_dict(tensors={key: batch[key] for key in batch.keys()})
+    raise TypeError(
+        f"the training engine takes a DataProto or a mapping / TensorDict of (bs, ...) tensors, not "
+        f"{type(batch).__name__}"
+    )
+
+
+def get(batch: DataProto, key: str) -> torch.Tensor:
     """The tensor `key` of a batch."""
-    return batch.batch[key] if isinstance(batch, DataProto) else batch[key]
+    return batch.batch[key]
 
 
-def response_width(batch: Batch) -> int:
+def response_width(batch: DataProto) -> int:
     """Columns of `responses` (0 for a batch without responses, e.g. a reward model's)."""
-    keys = batch.batch.keys() if isinstance(batch, DataProto) else batch.keys()
-    return get(batch, "responses").size(1) if "responses" in keys else 0
+    return batch.batch["responses"].size(1) if "responses" in batch.batch.keys() else 0
 
 
-def num_rows(batch: Batch) -> int:
-    return get(batch, "input_ids").size(0)
+def num_rows(batch: DataProto) -> int:
+    return batch.batch["input_ids"].size(0)
 
 
-def to_device(batch: Batch, device: torch.device) -> Batch:
+def to_device(batch: DataProto, device: torch.device) -> DataProto:
     """A shallow copy of `batch` on `device` (the caller's batch stays where it is); the copies do not block."""
-    if isinstance(batch, DataProto):
-        return DataProto(
-            batch=batch.batch.to(device, non_blocking=True), non_tensor_batch=batch.non_tensor_batch,
-            meta_info=batch.meta_info,
-        )
-    return {key: batch[key].to(device, non_blocking=True) for key in batch.keys()}
+    return DataProto(
+        batch=batch.batch.to(device, non_blocking=True), non_tensor_batch=batch.non_tensor_batch,
+        meta_info=batch.meta_info,
+    )
 
 
-def split(batch: Batch, size: int) -> list[Batch]:
+def split(batch: DataProto, size: int) -> list[DataProto]:
     """Consecutive micro-batches of `size` rows."""
-    if isinstance(batch, DataProto):
-        return batch.split(size)
-    return [{key: batch[key][start : start + size] for key in batch.keys()} for start in range(0, num_rows(batch), size)]
+    return batch.split(size)
 
 
-def select_rows(batch: Batch, rows: list[int]) -> Batch:
+def select_rows(batch: DataProto, rows: list[int]) -> DataProto:
     """The rows `rows` of a batch, in that order."""
-    if isinstance(batch, DataProto):
-        return batch.select_idxs(rows)
-    index = torch.tensor(rows, dtype=torch.long)
-    return {key: batch[key][index] for key in batch.keys()}
+    return batch.select_idxs(rows)
 
 
 def in_row_order(values: torch.Tensor, order: list[int] | None) -> torch.Tensor:

@@ -14,7 +14,7 @@ every method (they are collective) with the same number of micro-batches. Withou
 unsharded with the same API.
 
 The forward layouts (padded, packed, shared-prompt, Ulysses) live in `layouts`, the output head in `head`, batch
-handling in `batches`. Batches are `DataProto`s (or dicts / TensorDicts of tensors) with `input_ids`,
+handling in `batches`. Batches are `DataProto`s (a dict or TensorDict of tensors is wrapped at entry) with `input_ids`,
 `attention_mask`, `position_ids` (bs, seq) and `responses` (bs, response_len): the responses are the last
 `response_len` tokens of `input_ids`.
 """
@@ -37,7 +37,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hybridflow.engines.training import checkpoint, ulysses
-from hybridflow.engines.training.batches import INPUT_KEYS, Batch, get, in_row_order, num_rows, partition_units
+from hybridflow.engines.training.batches import INPUT_KEYS, as_data_proto, get, in_row_order, num_rows, partition_units
 from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
 from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
@@ -70,7 +70,7 @@ from hybridflow.utils.seqlen_balancing import num_token_budget_partitions
 logger = logging.getLogger(__name__)
 
 ModelKind = Literal["causal_lm", "value", "reward"]
-LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]]
+LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]]
 
 
 def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None) -> nn.Module:
@@ -235,16 +235,25 @@ class FSDPEngine:
         return "packed" if self.config.model.use_remove_padding else "padded"
 
     def plan_micro_batches(
-        self, micro_batches: Sequence[Batch], *, layout: LayoutName | None = None, response_length: int | None = None
+        self,
+        micro_batches: Sequence[DataProto],
+        *,
+        layout: LayoutName | None = None,
+        response_length: int | None = None,
     ) -> list[Plan]:
         """Host-built plans of `micro_batches` in this engine's layout (or `layout`): `layouts.plan_micro_batches`."""
         return plan_micro_batches(
-            layout or self.layout_name, micro_batches, self.device, projects=self.model_kind == "causal_lm",
-            response_length=response_length,
+            layout or self.layout_name, [as_data_proto(mb) for mb in micro_batches], self.device,
+            projects=self.model_kind == "causal_lm", response_length=response_length,
         )
 
     def forward_micro_batch(
-        self, micro_batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False, plan: Plan | None = None
+        self,
+        micro_batch: DataProto,
+        *,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+        plan: Plan | None = None,
     ) -> dict[str, torch.Tensor]:
         """One forward pass (with autograd if enabled by the caller), in the layout of `plan` (default: planned here).
 
@@ -252,9 +261,10 @@ class FSDPEngine:
         softmax(logits / temperature) and, if asked, `entropy` (bs, response_len); for value models `values`
         (bs, response_len), the value predicted at the token before each response token (verl's convention).
         """
+        micro_batch = as_data_proto(micro_batch)
         plan = plan if plan is not None else self.plan_micro_batches([micro_batch])[0]
         tensors = {key: get(micro_batch, key).to(self.device, non_blocking=True) for key in INPUT_KEYS}
-        if isinstance(micro_batch, DataProto) and "multi_modal_inputs" in micro_batch.non_tensor_batch:
+        if "multi_modal_inputs" in micro_batch.non_tensor_batch:
             if plan.layout != "padded":
                 raise ValueError(
                     "vision-language batches run the padded forward only: set use_remove_padding=False and "
@@ -290,7 +300,7 @@ class FSDPEngine:
     # ------------------------------------------------------------------ training
     def train_batch(
         self,
-        batch: Batch | Sequence[Batch],
+        batch: DataProto | Sequence[DataProto],
         loss_fn: LossFn,
         *,
         temperature: float = 1.0,
@@ -320,7 +330,10 @@ class FSDPEngine:
             `num_skipped_steps` (1 when the grad norm was NaN/inf and the step was skipped), and the mean over
             micro-batches of each metric returned by `loss_fn`.
         """
-        micro_batches = list(batch) if isinstance(batch, (list, tuple)) else self._split(batch, None)
+        if isinstance(batch, (list, tuple)):
+            micro_batches = [as_data_proto(micro_batch) for micro_batch in batch]
+        else:
+            micro_batches = self._split(as_data_proto(batch), None)
         plans = self.plan_micro_batches(micro_batches)
         micro_batches = [to_device(micro_batch, self.device) for micro_batch in micro_batches]
         total_rows = sum(num_rows(mb) for mb in micro_batches)
@@ -365,7 +378,7 @@ class FSDPEngine:
     @torch.no_grad()
     def compute_log_prob(
         self,
-        batch: Batch,
+        batch: DataProto,
         *,
         temperature: float = 1.0,
         calculate_entropy: bool = False,
@@ -399,7 +412,7 @@ class FSDPEngine:
 
     @torch.no_grad()
     def compute_values(
-        self, batch: Batch, *, micro_batch_size: int | None = None, max_token_len: int | None = None
+        self, batch: DataProto, *, micro_batch_size: int | None = None, max_token_len: int | None = None
     ) -> torch.Tensor:
         """Values (bs, response_len) float32 on CPU from a value model (critic / reward model)."""
         if self.model_kind != "value":
@@ -412,7 +425,7 @@ class FSDPEngine:
 
     @torch.no_grad()
     def compute_scores(
-        self, batch: Batch, *, micro_batch_size: int | None = None, max_token_len: int | None = None
+        self, batch: DataProto, *, micro_batch_size: int | None = None, max_token_len: int | None = None
     ) -> torch.Tensor:
         """Reward-model scores (bs,) float32 on CPU: the value head's output at each sequence's last attended
         token (a sequence classifier's pooled logit). Needs `input_ids`, `attention_mask`, `position_ids`."""
@@ -432,8 +445,8 @@ class FSDPEngine:
         return in_row_order(torch.cat(scores).cpu(), order)
 
     def split_micro_batches(
-        self, batch: Batch, micro_batch_size: int | None = None, max_token_len: int | None = None
-    ) -> tuple[list[Batch], list[int] | None]:
+        self, batch: DataProto, micro_batch_size: int | None = None, max_token_len: int | None = None
+    ) -> tuple[list[DataProto], list[int] | None]:
         """This rank's micro-batches and the rows they hold in order (None: rows in their original order).
 
         With `max_token_len` (verl's `use_dynamic_bsz`), rows are grouped by token count into the number of
@@ -441,6 +454,7 @@ class FSDPEngine:
         number of forwards (FSDP's collectives pair them up). Otherwise groups of `micro_batch_size` rows.
         Shared-prompt engines keep each prompt group in one micro-batch and count its prompt once.
         """
+        batch = as_data_proto(batch)
         if max_token_len is None:
             return self._split(batch, micro_batch_size), None
         (mask, ids), width = host_copies([get(batch, "attention_mask"), get(batch, "input_ids")]), response_width(batch)
@@ -457,7 +471,7 @@ class FSDPEngine:
         partitions = partition_units(units, tokens, count)
         return [select_rows(batch, rows) for rows in partitions], [row for rows in partitions for row in rows]
 
-    def _split(self, batch: Batch, micro_batch_size: int | None) -> list[Batch]:
+    def _split(self, batch: DataProto, micro_batch_size: int | None) -> list[DataProto]:
         return split(batch, micro_batch_size or self.config.micro_batch_size_per_gpu)
 
     # ------------------------------------------------------------------ weights and state

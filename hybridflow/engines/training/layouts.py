@@ -24,10 +24,11 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow.engines.training import ulysses
-from hybridflow.engines.training.batches import Batch, get
+from hybridflow.engines.training.batches import get
 from hybridflow.engines.training.head import Head
 from hybridflow.engines.training.prefix_sharing import SharedPromptLayout, build_shared_prompt_layout
 from hybridflow.models.vision import concat_multi_modal_inputs
+from hybridflow.protocol import DataProto
 from hybridflow.utils.device import to_device_async
 from hybridflow.utils.flops import ForwardWork
 
@@ -115,7 +116,7 @@ def plan_packed(mask: np.ndarray, response_length: int, device: torch.device) ->
 
 def plan_micro_batches(
     layout: LayoutName,
-    micro_batches: Sequence[Batch],
+    micro_batches: Sequence[DataProto],
     device: torch.device,
     *,
     projects: bool,
