@@ -31,7 +31,8 @@ def workspace(tmp_path_factory) -> Path:
 
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_grpo_steps_on_a_tiny_vlm_train_the_vision_tower_on_two_workers(workspace, ray_cluster):
-    records, digests = train(overrides(workspace, workspace / "run", "actor_rollout_ref.rollout.name=hf"))
+    records, digests = train(overrides(workspace, workspace / "run", "actor_rollout_ref.rollout.name=hf",
+                                      "trainer.save_freq=2"))  # the step-2 checkpoint is exported below
     assert sorted(records) == [1, 2]
     for step in (1, 2):
         metrics = records[step]
