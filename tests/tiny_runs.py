@@ -41,6 +41,25 @@ def build_workspace(root: Path, train_size: int, test_size: int, num_layers: int
     return root
 
 
+def workspace_overrides(root: Path, run_dir: Path, *, validate: bool = True, mini_batch: int = 2) -> list[str]:
+    """The command-line keys every tiny run of a `build_workspace` shares: its data (4 prompts a step, prompts up to
+    128 and responses up to 12 tokens; its test split too when `validate`), its model and reward, micro-batches of
+    2 rows in mini-batches of `mini_batch` prompts, and `run_dir`."""
+    return [
+        f"data.train_files=[{root / 'data' / 'train.parquet'}]",
+        f"data.val_files=[{root / 'data' / 'test.parquet'}]" if validate else "data.val_files=[]",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=128",
+        "data.max_response_length=12",
+        f"actor_rollout_ref.model.path={root / 'tiny'}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"trainer.default_local_dir={run_dir}",
+        f"custom_reward_function.path={root / 'reward.py'}",
+    ]
+
+
 def _build_workspace(root: Path, train_size: int, test_size: int, num_layers: int, hidden: int) -> None:
     if importlib.util.find_spec("reasoning_gym") is None:  # GPU nodes often lack the data extras
         write_arithmetic_rows(root / "data", train_size, test_size, seed=0)

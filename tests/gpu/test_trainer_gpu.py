@@ -19,7 +19,7 @@ from hybridflow.trainer.checkpoint_dirs import list_steps
 from hybridflow.trainer.config import SFT_TREE, load_config, validate_config
 from hybridflow.trainer.run import run_ppo
 from tests.gpu.conftest import require_gpus
-from tests.tiny_runs import build_workspace
+from tests.tiny_runs import build_workspace, workspace_overrides
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -31,15 +31,7 @@ def workspace(tmp_path_factory, ray_cluster):
 
 def grpo_overrides(root: Path, run_dir: Path, num_gpus: int, *extra: str) -> list[str]:
     return [
-        f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-        f"data.val_files=[{root / 'data' / 'test.parquet'}]",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=128",
-        "data.max_response_length=12",
-        f"actor_rollout_ref.model.path={root / 'tiny'}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
+        *workspace_overrides(root, run_dir, mini_batch=4),
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.rollout.n=4",
         "algorithm.adv_estimator=grpo",
@@ -49,8 +41,6 @@ def grpo_overrides(root: Path, run_dir: Path, num_gpus: int, *extra: str) -> lis
         "trainer.save_freq=1",
         "trainer.test_freq=-1",
         "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={run_dir}",
-        f"custom_reward_function.path={root / 'reward.py'}",
         *extra,
     ]
 

@@ -10,7 +10,7 @@ import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.run import run_ppo
-from tests.tiny_runs import build_workspace
+from tests.tiny_runs import build_workspace, workspace_overrides
 
 
 @pytest.fixture(scope="module")
@@ -19,22 +19,8 @@ def workspace(tmp_path_factory, ray_cluster):
 
 
 def overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-        f"data.val_files=[{root / 'data' / 'test.parquet'}]",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=128",
-        "data.max_response_length=12",
-        f"actor_rollout_ref.model.path={root / 'tiny'}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "trainer.n_gpus_per_node=2",
-        "trainer.logger=[console,file]",
-        f"trainer.default_local_dir={run_dir}",
-        f"custom_reward_function.path={root / 'reward.py'}",
-        *extra,
-    ]
+    """The workspace's run on 2 ranks, validated, logged to the console and the metrics file."""
+    return [*workspace_overrides(root, run_dir), "trainer.n_gpus_per_node=2", "trainer.logger=[console,file]", *extra]
 
 
 GRPO = (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
-from tests.tiny_runs import build_workspace
+from tests.tiny_runs import build_workspace, workspace_overrides
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +21,7 @@ def workspace(tmp_path_factory):
 def overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
     """GRPO with a KL loss (so the trainer pool hosts actor and reference), 2 steps, 2 trainer ranks."""
     return [
-        f"data.train_files=[{root / 'data' / 'train.parquet'}]",
-        "data.val_files=[]",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=128",
-        "data.max_response_length=12",
-        f"actor_rollout_ref.model.path={root / 'tiny'}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
+        *workspace_overrides(root, run_dir, validate=False),
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.rollout.n=2",
         "algorithm.adv_estimator=grpo",
@@ -38,8 +30,6 @@ def overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
         "trainer.total_training_steps=2",
         "trainer.val_before_train=False",
         "trainer.logger=[file]",
-        f"trainer.default_local_dir={run_dir}",
-        f"custom_reward_function.path={root / 'reward.py'}",
         *extra,
     ]
 

@@ -33,13 +33,20 @@ def ray_tmpdir(monkeypatch) -> Iterator[Path]:
 def start_ray(log: Path, *args: str) -> subprocess.Popen:
     """`ray start ... --block` (terminating it tears the node down), once the node has registered."""
     ray_cli = Path(sys.executable).with_name("ray")
+    command = [str(ray_cli), "start", "--block", "--num-cpus=1", *args]
+    return start_node(command, log, f"ray start {' '.join(args)}")
+
+
+def start_node(command: list[str], log: Path, what: str) -> subprocess.Popen:
+    """`command` (one that ends in `ray start --block`), its output in `log`, once Ray says the node started;
+    a `RuntimeError` naming `what` with the log's end if it exits or takes over 60 s."""
     with log.open("w") as out:
-        process = subprocess.Popen([str(ray_cli), "start", "--block", "--num-cpus=1", *args], stdout=out, stderr=out)
+        process = subprocess.Popen(command, stdout=out, stderr=out)
     deadline = time.monotonic() + 60
     while "Ray runtime started" not in log.read_text():
         if process.poll() is not None or time.monotonic() > deadline:
             process.terminate()
-            raise RuntimeError(f"ray start {' '.join(args)} did not start:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{what} did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
     return process
 

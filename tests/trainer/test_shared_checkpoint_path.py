@@ -21,7 +21,7 @@ from hybridflow.trainer.config.schema import RunConfig
 from hybridflow.utils import shared_path
 from hybridflow.utils.shared_path import PathView
 from tests.conftest import REPO_ROOT
-from tests.trainer.ray_nodes import ray_tmpdir  # noqa: F401 (a fixture: private RAY_TMPDIR, PYTHONPATH)
+from tests.trainer.ray_nodes import ray_tmpdir, start_node  # noqa: F401 (a fixture: private RAY_TMPDIR, PYTHONPATH)
 
 
 def committed_checkpoint(root: Path, step: int = 2) -> Path:
@@ -241,12 +241,4 @@ def test_a_node_with_its_own_copy_of_the_dir_stops_the_run_naming_its_rank_and_n
 
 def start_private_node(command: list[str], script: str, log: Path) -> subprocess.Popen:
     """A Ray worker node in its own mount namespace (`script` mounts, then execs `ray start --block`)."""
-    with log.open("w") as out:
-        process = subprocess.Popen([*command, "sh", "-c", script], stdout=out, stderr=out)
-    deadline = time.monotonic() + 60
-    while "Ray runtime started" not in log.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.terminate()
-            raise RuntimeError(f"the private node did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    return process
+    return start_node([*command, "sh", "-c", script], log, "the private node")
