@@ -32,7 +32,7 @@ from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.generation_dump import dump_generations, generation_rows
-from hybridflow.trainer.guards import WEIGHT_VERSION_KEY, StepGuards, WeightVersionWatch
+from hybridflow.trainer.guards import StepGuards, WeightVersionWatch, served_versions
 from hybridflow.trainer.guards.memory import arm_within_step_watch
 from hybridflow.trainer.reward_stage import RewardStage, build_reward_stage
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
@@ -156,8 +156,7 @@ class RayPPOTrainer:
         actor_rollout, critic = self.workers.actor_rollout, self.workers.critic
         batch = self.sample(batches, metrics, timing)
         if self.weight_versions is not None:
-            versions = batch.batch[WEIGHT_VERSION_KEY] if WEIGHT_VERSION_KEY in batch.batch.keys() else None
-            metrics.update(self.weight_versions.observe(self.global_steps, versions))
+            metrics.update(self.weight_versions.observe(self.global_steps, served_versions(batch)))
         if self.config.trainer.balance_batch:
             metrics.update(self._balance(batch))
         if self.old_log_probs == "recompute":

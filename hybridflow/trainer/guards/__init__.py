@@ -24,6 +24,7 @@ _EXPORTS = {
     "WEIGHT_VERSION_KEY": "versions",
     "WeightVersionWatch": "versions",
     "check_served_version": "versions",
+    "served_versions": "versions",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -15,7 +15,13 @@ import torch
 
 from hybridflow.workers.weight_check import WEIGHT_VERSION_KEY
 
-__all__ = ["StaleWeightsError", "WEIGHT_VERSION_KEY", "WeightVersionWatch", "check_served_version"]
+__all__ = ["StaleWeightsError", "WEIGHT_VERSION_KEY", "WeightVersionWatch", "check_served_version", "served_versions"]
+
+
+def served_versions(data) -> torch.Tensor | None:
+    """The `rollout_weight_version` column of a rollout's output or a trainer batch (a DataProto); None when the
+    rollout path stamps none."""
+    return data.batch[WEIGHT_VERSION_KEY] if WEIGHT_VERSION_KEY in data.batch.keys() else None
 
 
 class StaleWeightsError(RuntimeError):

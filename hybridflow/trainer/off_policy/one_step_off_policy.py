@@ -24,7 +24,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.generation import join_responses
-from hybridflow.trainer.guards.versions import WEIGHT_VERSION_KEY, check_served_version
+from hybridflow.trainer.guards.versions import check_served_version, served_versions
 from hybridflow.trainer.off_policy.generation import Generation, draw_generation, tag_staleness
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 from hybridflow.trainer.scaffold import timer
@@ -51,8 +51,7 @@ class OneStepOffPolicyTrainer(RayPPOTrainer):
         batch, gen_metrics = join_responses(current.batch, output)
         metrics.update(gen_metrics)
         size, version = len(batch), current.policy_version
-        served = batch.batch[WEIGHT_VERSION_KEY] if WEIGHT_VERSION_KEY in batch.batch.keys() else None
-        check_served_version(f"step {self.global_steps}", served, version)
+        check_served_version(f"step {self.global_steps}", served_versions(batch), version)
         metrics.update(tag_staleness(
             batch, torch.full((size,), self._rollout_version - version, dtype=torch.int64),
             {"rollout_policy_version": torch.full((size,), version, dtype=torch.int64)},
