@@ -102,14 +102,15 @@ class _ChunkedLogProbs(torch.autograd.Function):
         device_type, enabled, dtype = ctx.autocast
         # The two GEMMs per chunk run in the forward's compute dtype (bf16 under autocast), as autocast runs the
         # backward of a plain linear head: float32 master weights would otherwise send them to the slow
-        # non-tensor-core float32 kernels (a third of a 0.5B model's update time on an H100, gpu_profile).
+        # non-tensor-core float32 kernels (a third of a 0.5B model's update time on an H100, gpu_profile). The
+        # weight is cast once; autocast's own cast of it, per chunk, would give the same logits.
         compute_dtype = dtype if enabled and weight.dtype == torch.float32 else weight.dtype
         compute_weight = weight.detach().to(compute_dtype)
         for start in range(0, hidden.size(0), chunk_size):
             rows = slice(start, start + chunk_size)
             chunk_hidden = hidden[rows]
             with torch.autocast(device_type, dtype=dtype, enabled=enabled):
-                logits = _chunk_logits(chunk_hidden, weight, bias, temperature)
+                logits = _chunk_logits(chunk_hidden, compute_weight, bias, temperature)
             grad_logits = _grad_logits(
                 logits, labels[rows], lse[rows],
                 None if entropy is None else entropy[rows],
