@@ -133,22 +133,31 @@ LAYOUTS = {
 }
 
 
-def _counted_passes(engine, data: DataProto, micro_batch_size: int, counter: SyncCounter) -> tuple[Counter, Counter]:
+def _update(engine, data: DataProto, micro_batch_size: int) -> dict[str, list[float]]:
+    """One real PPO update (policy loss, entropy bonus, KL loss) of the mini-batch `data`."""
     actor = ActorConfig(
         ppo_mini_batch_size=ROWS, ppo_micro_batch_size_per_gpu=micro_batch_size, entropy_coeff=0.01,
         use_kl_loss=True,
     )
+    return run_update(
+        engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1, shuffle=False,
+        seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts), calculate_entropy=True,
+        metric_prefix="actor",
+    )
+
+
+def _log_prob(engine, data: DataProto, micro_batch_size: int) -> None:
+    engine.compute_log_prob(data, calculate_entropy=True, micro_batch_size=micro_batch_size)
+
+
+def _counted_passes(engine, data: DataProto, micro_batch_size: int, counter: SyncCounter) -> tuple[Counter, Counter]:
     counter.calls.clear()
     counter.active = True
     try:
-        metrics = run_update(
-            engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1, shuffle=False,
-            seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts), calculate_entropy=True,
-            metric_prefix="actor",
-        )
+        metrics = _update(engine, data, micro_batch_size)
         update = Counter(counter.calls)
         counter.calls.clear()
-        engine.compute_log_prob(data, calculate_entropy=True, micro_batch_size=micro_batch_size)
+        _log_prob(engine, data, micro_batch_size)
         log_prob = Counter(counter.calls)
     finally:
         counter.active = False
@@ -199,28 +208,18 @@ def test_cuda_sync_detector_sees_no_per_micro_batch_sync(tiny_llama_dir, tiny_to
     """CUDA's own detector (`set_sync_debug_mode("warn")`) during a real update and log-prob pass on the GPU: the
     synchronising calls are as many with 6 micro-batches as with 2, and no more than the CPU count's bounds."""
     data = _grouped_batch(len(tiny_tokenizer))
-    actor = ActorConfig(ppo_mini_batch_size=ROWS, entropy_coeff=0.01, use_kl_loss=True)
     counts = {}
     for micro_batch_size in (6, 2):
         engine = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(LAYOUTS[layout], micro_batch_size_per_gpu=2))
         assert engine.device.type == "cuda"
-
-        def update():
-            return run_update(
-                engine, data, mini_batch_size_per_rank=ROWS, micro_batch_size=micro_batch_size, epochs=1,
-                shuffle=False, seed=0, make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts),
-                calculate_entropy=True, metric_prefix="actor",
-            )
-
-        update()  # warm-up: lazy CUDA init, allocator, optimizer state
+        _update(engine, data, micro_batch_size)  # warm-up: lazy CUDA init, allocator, optimizer state
         passes = {}
-        for name, run_pass in (("update", update), ("log_prob", lambda: engine.compute_log_prob(
-                data, calculate_entropy=True, micro_batch_size=micro_batch_size))):
+        for name, run_pass in (("update", _update), ("log_prob", _log_prob)):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")  # every call, not once per call site
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    run_pass()
+                    run_pass(engine, data, micro_batch_size)
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             passes[name] = sum("synchroniz" in str(w.message) for w in caught)
