@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hybridflow.trainer.plot import metrics_by_step
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "outputs" / "demo" / "data" / "train.parquet"
 SPLIT = ("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
@@ -70,10 +72,7 @@ def run_mode(module: str, extra: tuple[str, ...], common: list[str], run_dir: Pa
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
                    stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
-    records: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
+    records = metrics_by_step(run_dir)
     rows = [{"step": step, **{name: float(r.get(key, 0.0)) for name, key in KEYS.items()}}
             for step, r in sorted(records.items()) if step > 0]
     return rows, wall

@@ -3,11 +3,12 @@ benchmarks that time the demo's step: workers_threads.py, moe_demo.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from hybridflow.trainer.plot import metrics_by_step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,8 +23,4 @@ def run_steps(config_name: str, steps: int, run_dir: Path, *overrides: str) -> l
     ]
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    records: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
-    return [record for step, record in sorted(records.items()) if step > 1]
+    return [record for step, record in sorted(metrics_by_step(run_dir).items()) if step > 1]

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hybridflow.trainer.plot import metrics_by_step
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "outputs" / "demo" / "data" / "train.parquet"
 
@@ -41,10 +43,7 @@ def run_hybridflow(steps: int, run_dir: Path, data: Path, max_prompt_length: int
         f"data.train_files=[{data}]", f"data.max_prompt_length={max_prompt_length}",
     ]
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    records: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
+    records = metrics_by_step(run_dir)
     return [
         {"step": step, "seconds": r["timing_s/step"], "tokens": r["perf/total_num_tokens"],
          "response_length": r["response_length/mean"], "reward": r["critic/score/mean"]}

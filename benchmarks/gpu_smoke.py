@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import statistics
@@ -29,6 +28,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from hybridflow.trainer.plot import metrics_by_step
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "outputs" / "demo" / "data"
@@ -96,13 +97,10 @@ def run(overrides: list[str], steps: int, run_dir: Path, timeout_s: float) -> di
 
 def read_records(run_dir: Path) -> dict[int, dict]:
     """The per-step metrics a run wrote to `run_dir/metrics.jsonl` (none if it wrote nothing)."""
-    records: dict[int, dict] = {}
-    if not (run_dir / "metrics.jsonl").is_file():
-        return records
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
-    return records
+    try:
+        return metrics_by_step(run_dir)
+    except FileNotFoundError:
+        return {}
 
 
 def summarize(records: dict[int, dict]) -> dict[str, float]:

@@ -35,6 +35,19 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def merge_by_step(records: Sequence[dict]) -> dict[int, dict]:
+    """`records` (several may share a step: its training metrics, its validation) merged into one dict per step."""
+    merged: dict[int, dict] = {}
+    for record in records:
+        merged.setdefault(record["step"], {}).update(record)
+    return merged
+
+
+def metrics_by_step(run_dir: str | Path) -> dict[int, dict]:
+    """`run_dir/metrics.jsonl`, one merged dict per step (`read_metrics`, `merge_by_step`)."""
+    return merge_by_step(read_metrics(run_dir))
+
+
 def compute_ema(values: Sequence[float], smoothing: float = SMOOTHING) -> list[float]:
     """Exponential moving average of `values`, started at the first value: (n,) -> (n,)."""
     smoothed: list[float] = []

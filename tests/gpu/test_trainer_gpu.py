@@ -8,7 +8,6 @@ efficiency metrics.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 from hybridflow.trainer.checkpoint_dirs import list_steps
 from hybridflow.trainer.config import SFT_TREE, load_config, validate_config
+from hybridflow.trainer.plot import metrics_by_step
 from hybridflow.trainer.run import run_ppo
 from tests.gpu.conftest import require_gpus
 from tests.tiny_runs import build_workspace, workspace_overrides
@@ -45,18 +45,10 @@ def grpo_overrides(root: Path, run_dir: Path, num_gpus: int, *extra: str) -> lis
     ]
 
 
-def by_step(run_dir: Path) -> dict[int, dict]:
-    merged: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        merged.setdefault(record["step"], {}).update(record)
-    return merged
-
-
 def run_grpo(args: list[str]) -> dict[int, dict]:
     config = load_config(args)
     run_ppo(config, validate_config(config))
-    return by_step(Path(config.trainer.default_local_dir))
+    return metrics_by_step(config.trainer.default_local_dir)
 
 
 def check_training_step(record: dict) -> None:
@@ -126,7 +118,7 @@ def test_sft_on_gpus(tmp_path, ray_cluster, num_gpus):
     ], SFT_TREE)
     validate_sft_config(config)
     run_sft(config)
-    records = by_step(tmp_path / "sft_run")
+    records = metrics_by_step(tmp_path / "sft_run")
     losses = [records[step]["train/loss"] for step in sorted(records) if "train/loss" in records[step]]
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
     assert losses[-1] < losses[0], "SFT on 16 rows for 4 steps lowers the loss"

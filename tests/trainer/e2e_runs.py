@@ -3,12 +3,13 @@ overrides of a 2-rank run, and `run` (the `run_ppo` path of `hybridflow train`) 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
+from hybridflow.trainer.plot import merge_by_step as by_step  # noqa: F401  (the tests' name for it)
+from hybridflow.trainer.plot import read_metrics
 from hybridflow.trainer.run import run_ppo
 from tests.tiny_runs import build_workspace, workspace_overrides
 
@@ -36,12 +37,4 @@ GRPO = (
 def run(args: list[str]) -> list[dict]:
     config = load_config(args)
     run_ppo(config, validate_config(config))
-    metrics_file = Path(config.trainer.default_local_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in metrics_file.read_text().splitlines()]
-
-
-def by_step(records: list[dict]) -> dict[int, dict]:
-    merged: dict[int, dict] = {}
-    for record in records:
-        merged.setdefault(record["step"], {}).update(record)
-    return merged
+    return read_metrics(config.trainer.default_local_dir)

@@ -4,12 +4,12 @@ digests before and after), and `good` (a valid command line on a one-column trai
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
+from hybridflow.trainer.plot import metrics_by_step
 from tests.tiny_runs import build_workspace, workspace_overrides
 
 
@@ -63,11 +63,7 @@ def train(args: list[str], trainer_cls: type | None = None) -> tuple[dict[int, d
             trainer.workers.shutdown()
         reward_fn.close()
         tracking.finish()
-    records: dict[int, dict] = {}
-    for line in (Path(config.trainer.default_local_dir) / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["step"], {}).update(record)
-    return records, digests
+    return metrics_by_step(config.trainer.default_local_dir), digests
 
 
 def weight_digests(trainer) -> tuple[dict, list[dict]]:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from hybridflow.trainer.plot import plot_run
+from hybridflow.trainer.plot import metrics_by_step, plot_run
 from hybridflow.trainer.run import summarize_validation
 from hybridflow.trainer.tracking import BACKENDS, Tracking
 
@@ -22,6 +22,18 @@ def test_file_backend_writes_numeric_metrics_per_step(tmp_path):
         {"step": 1, "critic/score/mean": 0.5},
         {"step": 2, "critic/score/mean": 0.75, "val-core/x/acc/mean@1": 0.25},
     ]
+
+
+def test_metrics_by_step_merges_the_records_of_one_step(tmp_path):
+    tracking = Tracking(["file"], tmp_path, "p", "e", {})
+    tracking.log({"val-core/x/acc/mean@1": 0.25}, step=0)
+    tracking.log({"critic/score/mean": 0.5}, step=1)
+    tracking.log({"val-core/x/acc/mean@1": 0.5}, step=1)
+    tracking.finish()
+    assert metrics_by_step(tmp_path) == {
+        0: {"step": 0, "val-core/x/acc/mean@1": 0.25},
+        1: {"step": 1, "critic/score/mean": 0.5, "val-core/x/acc/mean@1": 0.5},
+    }
 
 
 def test_console_backend_shows_the_watched_metrics(tmp_path, caplog):
