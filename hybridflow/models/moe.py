@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from hybridflow.models.loader import prepare_tokenizer, save_model_and_tokenizer
+from hybridflow.models.moe_shape import MoeShape, moe_shape_of
 from hybridflow.models.tiny import build_tiny_tokenizer
 
 __all__ = [
@@ -42,27 +43,6 @@ row per input position (prompt then response; the last response token, never fed
 
 MoeArch = Literal["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"]
 MOE_ARCHS: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3")
-
-
-@dataclass(frozen=True)
-class MoeShape:
-    """The routing shape of an MoE model: routed experts per MoE layer, experts per token, and the MoE layers'
-    count (DeepSeek-V3's first `first_k_dense_replace` layers are dense)."""
-
-    num_experts: int
-    top_k: int
-    num_moe_layers: int
-
-
-def moe_shape_of(config: PretrainedConfig) -> MoeShape | None:
-    """The routing shape of a HF config, or None for a dense model."""
-    num_experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
-    num_experts = num_experts or getattr(config, "n_routed_experts", None)
-    top_k = getattr(config, "num_experts_per_tok", None)
-    if not num_experts or not top_k:
-        return None
-    dense = getattr(config, "first_k_dense_replace", 0) or 0
-    return MoeShape(int(num_experts), int(top_k), config.num_hidden_layers - dense)
 
 
 def _tiny_config(arch: str, common: dict, num_experts: int, top_k: int, hidden: int) -> PretrainedConfig:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from hybridflow.models.moe_shape import moe_shape_of
+
 Style = Literal["colwise", "rowwise", "vocab"]
 
 #: Per-module style of the Llama family's decoder layers and ends. `colwise` splits a Linear's output features
@@ -89,6 +91,26 @@ def check_sp_layout(config: Any, sp_size: int, key: str) -> None:
                 f"heads; pick a size that divides {field_name} "
                 f"({', '.join(str(d) for d in _divisors(value) if d > 1) or 'none above 1'})"
             )
+
+
+def check_ep_layout(config: Any, ep_size: int, key: str) -> None:
+    """Refuse an expert-parallel size the model cannot take: a dense model, a family without transformers'
+    expert-parallel plan, or routed experts that do not divide evenly."""
+    if ep_size == 1:
+        return
+    shape = moe_shape_of(config)
+    model_type = getattr(config, "model_type", "?")
+    if shape is None:
+        raise ValueError(f"{key}={ep_size}: model_type={model_type!r} has no experts to split (a dense model); set {key}=1")
+    if not getattr(config, "base_model_ep_plan", None):
+        raise ValueError(
+            f"{key}={ep_size}: transformers has no expert-parallel plan for model_type={model_type!r}; set {key}=1"
+        )
+    if shape.num_experts % ep_size:
+        raise ValueError(
+            f"{key}={ep_size} does not divide the model's {shape.num_experts} routed experts per layer; pick a "
+            f"divisor of {shape.num_experts} ({', '.join(str(d) for d in _divisors(shape.num_experts) if d > 1)})"
+        )
 
 
 def _divisors(value: int) -> list[int]:

@@ -207,3 +207,26 @@ def test_tensor_and_sequence_parallel_sizes_are_checked_against_the_model_shape(
         with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not divide the model's "
                                              r"num_key_value_heads=2.*\(2\)"):
             check(base + ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=4"])
+
+
+def test_expert_parallel_sizes_are_checked_against_the_model_and_the_ranks(tmp_path, train_file):
+    """Expert parallelism before Ray: a size that divides the experts and the ranks passes (the reference follows
+    the actor's); a dense model, a size that splits the experts unevenly, one that does not divide the ranks and
+    one combined with LoRA are refused naming the key."""
+    from hybridflow.models import save_tiny_model
+    from hybridflow.models.moe import save_tiny_moe_model
+
+    moe = [f"actor_rollout_ref.model.path={save_tiny_moe_model(tmp_path / 'moe', 'qwen3_moe')}"]  # 4 experts
+    dense = [f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'dense')}"]
+    ep = "actor_rollout_ref.actor.fsdp_config.expert_parallel_size"
+    base = good(train_file)
+    with nothing_started():
+        check(base + moe + [f"{ep}=2", "actor_rollout_ref.actor.use_kl_loss=True"])
+        with pytest.raises(ValueError, match=rf"{ep}=2: model_type='llama' has no experts to split"):
+            check(base + dense + [f"{ep}=2"])
+        with pytest.raises(ValueError, match=rf"{ep}=3 does not divide the model's 4 routed experts"):
+            check(base + moe + ["trainer.n_gpus_per_node=3", f"{ep}=3"])
+        with pytest.raises(ValueError, match=rf"{ep}=4 over 2 ranks"):
+            check(base + moe + [f"{ep}=4"])
+        with pytest.raises(ValueError, match="LoRA adapters with expert_parallel_size > 1"):
+            check(base + moe + [f"{ep}=2", "actor_rollout_ref.model.lora_rank=4"])

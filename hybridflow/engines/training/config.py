@@ -87,6 +87,10 @@ class FSDPConfig:
     tensor_parallel_size: int = 1
     """Ranks that split each layer's heads, MLP and vocabulary (DTensor tensor parallel, Llama/Qwen2 family); FSDP2
     then shards over the remaining data-parallel ranks."""
+    expert_parallel_size: int = 1
+    """MoE models: ranks that split each layer's routed experts (each holds E / ep whole experts; tokens reach them
+    by all-to-all). The ranks of an EP group still take different data; FSDP2 shards each rank's experts over the
+    world / ep ranks that hold the same ones. Needs a model whose experts it divides (transformers' EP plan)."""
     fsdp_size: int = unsupported(-1, "hybrid sharding groups are not implemented; every rank shards over all ranks")
     """Ranks per FSDP sharding group (-1: all ranks)."""
     offload_policy: bool = unsupported(False, "use param_offload, which applies FSDP2's CPUOffloadPolicy")
@@ -97,6 +101,19 @@ class FSDPConfig:
     def __post_init__(self) -> None:
         check_literal_fields(self)
         check_at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        check_at_least("expert_parallel_size", self.expert_parallel_size, 1)
+        if self.expert_parallel_size > 1 and self.tensor_parallel_size > 1:
+            raise ConfigFieldError(
+                "expert_parallel_size",
+                f"expert_parallel_size={self.expert_parallel_size} with tensor_parallel_size="
+                f"{self.tensor_parallel_size}: combining expert and tensor parallelism is not implemented; use one",
+            )
+        if self.expert_parallel_size > 1 and self.param_offload:
+            raise ConfigFieldError(
+                "param_offload",
+                f"param_offload=True with expert_parallel_size={self.expert_parallel_size}: offloading expert-parallel "
+                "shards is not implemented; turn one of them off",
+            )
         if self.tensor_parallel_size > 1 and self.param_offload:
             raise ConfigFieldError(
                 "param_offload",
@@ -162,6 +179,17 @@ class FSDPEngineConfig:
                 "shared-prompt forwards (use_prefix_grouper) need a block attention mask, which flash_attention_2 "
                 "cannot take; use sdpa or flex_attention, or turn use_prefix_grouper off",
             )
+        if self.fsdp.expert_parallel_size > 1 and self.ulysses_sequence_parallel_size > 1:
+            raise ConfigFieldError(
+                "expert_parallel_size",
+                f"expert_parallel_size={self.fsdp.expert_parallel_size} with ulysses_sequence_parallel_size="
+                f"{self.ulysses_sequence_parallel_size}: combining them is not implemented; use one",
+            )
+        if self.fsdp.expert_parallel_size > 1 and self.model.use_lora:
+            raise ConfigFieldError(
+                "expert_parallel_size",
+                "LoRA adapters with expert_parallel_size > 1 are not implemented; use expert_parallel_size=1 with LoRA",
+            )
         if self.fsdp.tensor_parallel_size > 1 and self.model.use_lora:
             raise ConfigFieldError(
                 "tensor_parallel_size",
@@ -195,11 +223,13 @@ class FSDPEngineConfig:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """How `world_size` ranks split into data (`dp`), tensor (`tp`) and sequence (`sp`) parallel groups."""
+    """How `world_size` ranks split into data (`dp`), tensor (`tp`) and sequence (`sp`) parallel groups, and
+    (MoE) expert-parallel groups of `ep` ranks, which take different data and split the experts."""
 
     world_size: int
     tp: int = 1
     sp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.sp < 1:
@@ -208,6 +238,18 @@ class ParallelLayout:
             raise ValueError(
                 f"tensor_parallel_size={self.tp} with ulysses_sequence_parallel_size={self.sp}: combining them is "
                 "not implemented; use one of the two"
+            )
+        if self.ep < 1:
+            raise ValueError(f"expert_parallel_size must be >= 1, got {self.ep}")
+        if self.ep > 1 and self.group_size > 1:
+            raise ValueError(
+                f"expert_parallel_size={self.ep} with tensor_parallel_size={self.tp} / ulysses_sequence_parallel_size="
+                f"{self.sp}: combining them is not implemented; use one"
+            )
+        if self.world_size % self.ep:
+            raise ValueError(
+                f"{self.world_size} ranks cannot form expert-parallel groups of expert_parallel_size={self.ep}; the "
+                "number of ranks must be a multiple of it"
             )
         if self.world_size % (self.tp * self.sp):
             raise ValueError(

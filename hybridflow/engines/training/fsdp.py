@@ -41,12 +41,13 @@ from hybridflow.engines.training.batches import INPUT_KEYS, as_data_proto, get, 
 from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
 from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
+from hybridflow.engines.training.expert_parallel import apply_expert_fsdp, apply_expert_parallel
 from hybridflow.engines.training.head import build_head
 from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout, host_copies
 from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
 from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
-from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_over_meshes
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
@@ -73,9 +74,11 @@ ModelKind = Literal["causal_lm", "value", "reward"]
 LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]]
 
 
-def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None) -> nn.Module:
+def apply_fsdp2(
+    module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None, expert_mesh: Any = None
+) -> nn.Module:
     """Shard every decoder layer (classes in `module._no_split_modules`) and then the root over `mesh` (default:
-    a 1-D mesh of all ranks), in place."""
+    a 1-D mesh of all ranks), in place; with expert parallelism each experts module first over `expert_mesh`."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -88,15 +91,19 @@ def apply_fsdp2(module: nn.Module, config: FSDPEngineConfig, device: torch.devic
     )
     # Pinned memory needs an accelerator: CPUOffloadPolicy() fails on CPU-only hosts.
     offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if config.fsdp.param_offload else OffloadPolicy()
-    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    kwargs = {"mp_policy": mp_policy, "offload_policy": offload}
     layer_names = set(getattr(module, "_no_split_modules", None) or ())
     layers = [sub for sub in module.modules() if type(sub).__name__ in layer_names]
+    if expert_mesh is not None:
+        apply_expert_fsdp(
+            module, expert_mesh, dist.get_world_size(), reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs
+        )
     if not layers:
         logger.warning("no decoder layers (%s) found in %s; sharding the root only", layer_names, type(module).__name__)
     for layer in layers:
-        fully_shard(layer, reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs)
     # The root's parameters (embeddings, final norm, head) are needed again right after forward.
-    fully_shard(module, reshard_after_forward=False, **kwargs)
+    fully_shard(module, mesh=mesh, reshard_after_forward=False, **kwargs)
     return module
 
 
@@ -188,11 +195,14 @@ class FSDPEngine:
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
         if config.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
-        layout = ParallelLayout(self.world_size, config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size)
-        if layout.group_size > 1 and not self.is_sharded:
+        layout = ParallelLayout(
+            self.world_size, config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size,
+            config.fsdp.expert_parallel_size,
+        )
+        if (layout.group_size > 1 or layout.ep > 1) and not self.is_sharded:
             raise RuntimeError(
-                f"tensor_parallel_size={layout.tp} / ulysses_sequence_parallel_size={layout.sp} need a process group "
-                "of that many ranks; this engine runs without one"
+                f"tensor_parallel_size={layout.tp} / ulysses_sequence_parallel_size={layout.sp} / expert_parallel_size="
+                f"{layout.ep} need a process group of that many ranks; this engine runs without one"
             )
         self.layout = layout
         if rank0_weights is not None and not self.is_sharded:
@@ -205,10 +215,14 @@ class FSDPEngine:
             apply_tensor_parallel(module, self.meshes.tp)
             vocab_per_rank = module.config.vocab_size // layout.tp
             self.vocab_shard = VocabShard(self.meshes.tp.get_group(), self.meshes.tp.get_local_rank() * vocab_per_rank)
+        if self.meshes is not None and self.meshes.ep is not None:
+            apply_expert_parallel(module, self.meshes.ep, self.meshes.ep_tp)
         self.sp_group = self.meshes.sp_group if self.meshes is not None else None
         if self.sp_group is not None:
             ulysses.enable_ulysses_attention(module, config.attn_implementation)
-        self.module = apply_fsdp2(module, config, self.device, self.meshes.fsdp) if self.is_sharded else module
+        self.module = (
+            apply_fsdp2(module, config, self.device, self.meshes.fsdp, self.meshes.efsdp) if self.is_sharded else module
+        )
         if rank0_weights is not None:  # offloaded parameters live on the host
             host = torch.device("cpu")
             materialize_from_rank0(self.module, rank0_weights, host if config.fsdp.param_offload else self.device)
@@ -359,8 +373,7 @@ class FSDPEngine:
 
     def _clip_and_step(self) -> tuple[float, bool]:
         max_norm = self.config.optim.clip_grad if self.config.optim.clip_grad > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
-        norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        norm = float(clip_grad_norm_over_meshes(self.module.parameters(), max_norm))
         if not math.isfinite(norm):
             logger.warning("grad norm is %s: skipping this optimizer step", norm)
             self.optimizer.zero_grad(set_to_none=True)
@@ -540,7 +553,10 @@ class FSDPEngine:
         extra = {
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "rng": checkpoint.get_rng_state(),
-            "layout": {"tensor_parallel_size": self.layout.tp, "ulysses_sequence_parallel_size": self.layout.sp},
+            "layout": {
+                "tensor_parallel_size": self.layout.tp, "ulysses_sequence_parallel_size": self.layout.sp,
+                "expert_parallel_size": self.layout.ep,
+            },
         }
         checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
         if self.rank == 0:
@@ -558,13 +574,13 @@ class FSDPEngine:
         path = Path(path)
         rank, world = self.rank, self.world_size
         extra = checkpoint.load_shard(checkpoint.shard_file(path, "extra_state", rank, world))
-        saved = extra.get("layout", {"tensor_parallel_size": 1, "ulysses_sequence_parallel_size": 1})
-        if saved["tensor_parallel_size"] != self.layout.tp:  # shards of another split do not fit this one's
-            raise ValueError(
-                f"checkpoint {path} was written with tensor_parallel_size={saved['tensor_parallel_size']}, this engine "
-                f"uses {self.layout.tp}: resume with the same layout, or export it (hybridflow merge) and start from "
-                "the exported model"
-            )
+        saved = extra.get("layout", {})
+        for key, used in (("tensor_parallel_size", self.layout.tp), ("expert_parallel_size", self.layout.ep)):
+            if saved.get(key, 1) != used:  # shards of another split do not fit this one's
+                raise ValueError(
+                    f"checkpoint {path} was written with {key}={saved.get(key, 1)}, this engine uses {used}: resume "
+                    "with the same layout, or export it (hybridflow merge) and start from the exported model"
+                )
         self.module.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "model", rank, world)))
         if load_optimizer:
             self.optimizer.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "optim", rank, world)))

@@ -1,8 +1,11 @@
-"""The training engine's device meshes: data parallel (FSDP2) x tensor parallel, or x Ulysses sequence parallel.
+"""The training engine's device meshes: data parallel (FSDP2) x tensor parallel, or x Ulysses sequence parallel,
+or (MoE) x expert parallel.
 
 Ranks are laid out data-parallel-major: the `tp` (or `sp`) ranks of one data-parallel group are consecutive, so
 they sit on one node when nodes hold a multiple of them. Tensor/sequence-parallel peers take the same data;
 `ParallelLayout` says which data shard a rank takes and whether its output is collected (the first of its group).
+Expert-parallel peers take different data: the `ep` consecutive ranks of a group split the experts, and the
+`efsdp` ranks holding the same experts shard them with FSDP2 (`expert_parallel.py`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ __all__ = ["ParallelLayout", "TrainingMeshes", "build_training_meshes"]
 
 @dataclass
 class TrainingMeshes:
-    """The meshes one engine uses: FSDP2 shards over `fsdp`; `tp` / `sp_group` exist when their size is > 1."""
+    """The meshes one engine uses: FSDP2 shards over `fsdp`; `tp` / `sp_group` exist when their size is > 1, and
+    with expert parallelism `ep` (ranks splitting the experts), `efsdp` (ranks holding the same experts) and
+    `ep_tp` (this rank alone: transformers' EP dispatch takes a tensor-parallel mesh)."""
 
     layout: ParallelLayout
     fsdp: DeviceMesh
     tp: DeviceMesh | None = None
     sp_group: dist.ProcessGroup | None = None
+    ep: DeviceMesh | None = None
+    efsdp: DeviceMesh | None = None
+    ep_tp: DeviceMesh | None = None
 
 
 def build_training_meshes(device: torch.device, layout: ParallelLayout) -> TrainingMeshes:
@@ -39,6 +47,11 @@ def build_training_meshes(device: torch.device, layout: ParallelLayout) -> Train
         mesh = init_device_mesh(device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
         return TrainingMeshes(layout, fsdp=mesh["dp"], tp=mesh["tp"])
     fsdp = init_device_mesh(device.type, (layout.world_size,), mesh_dim_names=("fsdp",))
+    if layout.ep > 1:
+        experts = init_device_mesh(
+            device.type, (layout.world_size // layout.ep, layout.ep, 1), mesh_dim_names=("efsdp", "ep", "ep_tp")
+        )
+        return TrainingMeshes(layout, fsdp=fsdp, ep=experts["ep"], efsdp=experts["efsdp"], ep_tp=experts["ep_tp"])
     if layout.sp > 1:
         sp_mesh = init_device_mesh(device.type, (layout.dp, layout.sp), mesh_dim_names=("dp", "sp"))
         return TrainingMeshes(layout, fsdp=fsdp, sp_group=sp_mesh["sp"].get_group())

@@ -1,4 +1,5 @@
-"""AdamW and the learning-rate schedules (constant / linear / cosine, each with linear warm-up)."""
+"""AdamW, gradient clipping over sharded parameters, and the learning-rate schedules (constant / linear / cosine,
+each with linear warm-up)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from hybridflow.engines.training.config import FSDPEngineConfig, OptimConfig
 
@@ -17,6 +19,31 @@ def build_optimizer(module: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
     )
+
+
+def clip_grad_norm_over_meshes(parameters, max_norm: float) -> torch.Tensor:
+    """Clip the gradients of `parameters` to a global 2-norm of `max_norm` (inf: measure only); returns the norm
+    before clipping, a plain tensor (collective under FSDP2).
+
+    `torch.nn.utils.clip_grad_norm_` combines the per-parameter norms in one stack, which fails when DTensors live
+    on different meshes (expert parallelism: the experts on (efsdp, ep), everything else on all ranks). Each
+    mesh's gradients give their own total norm, made whole with `full_tensor()`; the squares add up."""
+    groups: dict[object, list[nn.Parameter]] = {}  # parameters with a gradient, by their gradient's mesh
+    for param in parameters:
+        if param.grad is not None:
+            mesh = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            groups.setdefault(mesh, []).append(param)
+    if not groups:
+        return torch.tensor(0.0)
+    norms = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([param.grad for param in params], 2.0)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    device = norms[0].device
+    total = torch.linalg.vector_norm(torch.stack([norm.to(device) for norm in norms]), 2.0)
+    for params in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 def compute_lr_multiplier(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.engines.training.config import FSDPEngineConfig, ParallelLayout
-from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
+from hybridflow.models.parallel_plan import check_ep_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig
 
 # A stand-in for the run's length, which is counted once the data loads: the engine's rules do not depend on it.
@@ -53,19 +53,30 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         ranks = (cfg.reward_model.num_pool_processes or world) if role == "reward_model" else world
         tp, tp_key = fsdp.tensor_parallel_size, f"{fsdp_key}.tensor_parallel_size"
         sp_key = f"{prefix}.ulysses_sequence_parallel_size"
+        ep, ep_key = fsdp.expert_parallel_size, f"{fsdp_key}.expert_parallel_size"
         try:
-            layouts[role] = ParallelLayout(ranks, tp, sp)
+            layouts[role] = ParallelLayout(ranks, tp, sp, ep)
         except ValueError as err:
-            raise ValueError(f"{tp_key}={tp}, {sp_key}={sp} over {ranks} ranks: {err}") from err
+            raise ValueError(f"{tp_key}={tp}, {sp_key}={sp}, {ep_key}={ep} over {ranks} ranks: {err}") from err
     engines = engine_configs(cfg)  # the engine's own rules, once the sizes fit the ranks
     for role, layout in layouts.items():
-        if layout.group_size > 1:
+        if layout.group_size > 1 or layout.ep > 1:
             fsdp_key, prefix = sizes[role][:2]
             model = engines[role][1].model
             model_config = hf_model_config(model.path, trust_remote_code=model.trust_remote_code)
             check_tp_layout(model_config, layout.tp, f"{fsdp_key}.tensor_parallel_size")
             check_sp_layout(model_config, layout.sp, f"{prefix}.ulysses_sequence_parallel_size")
+            check_ep_layout(model_config, layout.ep, f"{fsdp_key}.expert_parallel_size")
     ref = arr.ref
+    if cfg.uses_reference and ref.fsdp_config.expert_parallel_size > 1:
+        key = "actor_rollout_ref.ref.fsdp_config.expert_parallel_size"
+        ref_ep = ref.fsdp_config.expert_parallel_size
+        try:
+            ParallelLayout(world, ep=ref_ep)
+        except ValueError as err:
+            raise ValueError(f"{key}={ref_ep} over {world} ranks: {err}") from err
+        ref_model = engines["ref"][1].model
+        check_ep_layout(hf_model_config(ref_model.path, trust_remote_code=ref_model.trust_remote_code), ref_ep, key)
     if cfg.uses_reference:
         actor_layout = layouts["actor"]
         ref_sizes = (ref.fsdp_config.tensor_parallel_size, ref.ulysses_sequence_parallel_size)

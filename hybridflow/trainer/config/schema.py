@@ -392,6 +392,7 @@ PPO_DERIVED: dict[str, str] = {
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": f"${{{_ACTOR}.ulysses_sequence_parallel_size}}",
     "actor_rollout_ref.ref.fsdp_config.tensor_parallel_size": f"${{{_ACTOR}.fsdp_config.tensor_parallel_size}}",
+    "actor_rollout_ref.ref.fsdp_config.expert_parallel_size": f"${{{_ACTOR}.fsdp_config.expert_parallel_size}}",
     "actor_rollout_ref.ref.model.path": "${actor_rollout_ref.model.path}",
     "actor_rollout_ref.ref.model.tokenizer_path": "${actor_rollout_ref.model.tokenizer_path}",
     "actor_rollout_ref.ref.model.trust_remote_code": "${actor_rollout_ref.model.trust_remote_code}",

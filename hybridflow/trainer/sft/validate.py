@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridflow.engines.training.config import ParallelLayout
 from hybridflow.models.loader import load_model_config
-from hybridflow.models.parallel_plan import check_sp_layout, check_tp_layout
+from hybridflow.models.parallel_plan import check_ep_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.data_checks import check_data_files
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
@@ -55,20 +55,23 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
     """The tensor / sequence parallel layout: sizes that divide the ranks and the model, and the training engine's
     own rules (built by the same `SFTConfig.engine_config` the trainer uses)."""
     tp, sp = cfg.model.fsdp_config.tensor_parallel_size, cfg.ulysses_sequence_parallel_size
+    ep = cfg.model.fsdp_config.expert_parallel_size
     try:
-        layout = ParallelLayout(cfg.trainer.world_size, tp, sp)
+        layout = ParallelLayout(cfg.trainer.world_size, tp, sp, ep)
     except ValueError as err:
         raise ValueError(
-            f"model.fsdp_config.tensor_parallel_size={tp}, ulysses_sequence_parallel_size={sp}: {err}"
+            f"model.fsdp_config.tensor_parallel_size={tp}, ulysses_sequence_parallel_size={sp}, "
+            f"model.fsdp_config.expert_parallel_size={ep}: {err}"
         ) from err
     try:
         cfg.engine_config(total_training_steps=1)  # the engine's own rules (packed rows for Ulysses, no LoRA with tp)
     except ValueError as err:
         raise ValueError(f"the SFT training engine: {err}") from err
-    if layout.group_size > 1:
+    if layout.group_size > 1 or layout.ep > 1:
         model_config = load_model_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         check_tp_layout(model_config, tp, "model.fsdp_config.tensor_parallel_size")
         check_sp_layout(model_config, sp, "ulysses_sequence_parallel_size")
+        check_ep_layout(model_config, ep, "model.fsdp_config.expert_parallel_size")
     return layout
 
 
