@@ -18,7 +18,7 @@ _EXPORTS = {
     "FSDPEngineConfig": "config",
     "FSDPModelConfig": "config",
     "OptimConfig": "config",
-    "apply_fsdp2": "fsdp",
+    "apply_fsdp2": "sharding",
     "build_fsdp_engine": "fsdp",
     "build_lr_scheduler": "optim",
     "build_optimizer": "optim",

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from transformers.distributed.expert_parallel import apply_expert_parallelism
 
 from hybridflow.models.parallel_plan import check_ep_layout
@@ -77,8 +78,6 @@ def apply_expert_fsdp(module: nn.Module, efsdp_mesh: DeviceMesh, world_size: int
     tokens of every rank (all-to-all backward), and the reduce over efsdp sums the copies, so it is divided by
     `world_size` too. FSDP2 applies a divide factor other than the group size through PREMUL_SUM, which gloo
     rejects, so the reduce sums and FSDP2 divides after it (transformers does the same)."""
-    from torch.distributed.fsdp import fully_shard
-
     for experts in experts_modules(module):
         fully_shard(experts, mesh=efsdp_mesh, **fully_shard_kwargs)
         experts.set_gradient_divide_factor(float(world_size))

@@ -8,8 +8,9 @@
     log_probs, entropy = engine.compute_log_prob(batch, temperature=1.0, calculate_entropy=True)
 
 Inside a process group (Ray worker after `init_process_group`, or torchrun) the ranks form the meshes of
-`mesh.build_training_meshes` (data parallel x tensor parallel, or x Ulysses sequence parallel); every decoder layer
-and the root module are sharded with `fully_shard` over the data-parallel (`fsdp`) mesh. Every rank must then call
+`mesh.build_training_meshes` (data parallel x tensor parallel, or x Ulysses sequence parallel, or x expert
+parallel for MoE models); `sharding.apply_fsdp2` shards every decoder layer and the root module with `fully_shard`
+over the data-parallel (`fsdp`) mesh, and expert-parallel experts over their own. Every rank must then call
 every method (they are collective) with the same number of micro-batches. Without a process group the module runs
 unsharded with the same API.
 
@@ -41,7 +42,7 @@ from hybridflow.engines.training.batches import INPUT_KEYS, as_data_proto, get, 
 from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
 from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
-from hybridflow.engines.training.expert_parallel import apply_expert_fsdp, apply_expert_parallel
+from hybridflow.engines.training.expert_parallel import apply_expert_parallel
 from hybridflow.engines.training.head import build_head
 from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout, host_copies
 from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
@@ -49,11 +50,12 @@ from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, bui
 from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_over_meshes
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
+from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_checkpointing
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
 from hybridflow.env import dist_local_rank
-from hybridflow.models.loader import build_causal_lm, resolve_dtype, to_torch_dtype
+from hybridflow.models.loader import build_causal_lm, resolve_dtype
 from hybridflow.models.lora import (
     apply_lora,
     is_lora_model,
@@ -72,39 +74,6 @@ logger = logging.getLogger(__name__)
 
 ModelKind = Literal["causal_lm", "value", "reward"]
 LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]]
-
-
-def apply_fsdp2(
-    module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None, expert_mesh: Any = None
-) -> nn.Module:
-    """Shard every decoder layer (classes in `module._no_split_modules`) and then the root over `mesh` (default:
-    a 1-D mesh of all ranks), in place; with expert parallelism each experts module first over `expert_mesh`."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
-    if mesh is None:
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
-    param_dtype = resolve_dtype(config.fsdp.dtype, device)
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=None if param_dtype == torch.float32 else param_dtype,
-        reduce_dtype=to_torch_dtype(config.fsdp.reduce_dtype),
-    )
-    # Pinned memory needs an accelerator: CPUOffloadPolicy() fails on CPU-only hosts.
-    offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if config.fsdp.param_offload else OffloadPolicy()
-    kwargs = {"mp_policy": mp_policy, "offload_policy": offload}
-    layer_names = set(getattr(module, "_no_split_modules", None) or ())
-    layers = [sub for sub in module.modules() if type(sub).__name__ in layer_names]
-    if expert_mesh is not None:
-        apply_expert_fsdp(
-            module, expert_mesh, dist.get_world_size(), reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs
-        )
-    if not layers:
-        logger.warning("no decoder layers (%s) found in %s; sharding the root only", layer_names, type(module).__name__)
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs)
-    # The root's parameters (embeddings, final norm, head) are needed again right after forward.
-    fully_shard(module, mesh=mesh, reshard_after_forward=False, **kwargs)
-    return module
 
 
 def build_fsdp_engine(
@@ -610,14 +579,3 @@ class FSDPEngine:
     def _barrier(self) -> None:
         if self.is_sharded:
             dist.barrier()
-
-
-
-def enable_activation_checkpointing(module: nn.Module) -> None:
-    """Non-reentrant activation checkpointing of every decoder layer, under either name transformers has given
-    the switch (`activation_checkpointing_enable` in 5.23; only `gradient_checkpointing_enable` in 5.17)."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(module, "activation_checkpointing_enable"):
-        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -1,0 +1,61 @@
+"""How the training engine wraps a model: FSDP2 units (each decoder layer, each expert-parallel experts module on
+its own mesh, the root) and activation checkpointing of the decoder layers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from hybridflow.engines.training.config import FSDPEngineConfig
+from hybridflow.engines.training.expert_parallel import apply_expert_fsdp
+from hybridflow.models.loader import resolve_dtype, to_torch_dtype
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["apply_fsdp2", "enable_activation_checkpointing"]
+
+
+def apply_fsdp2(
+    module: nn.Module, config: FSDPEngineConfig, device: torch.device, mesh: Any = None, expert_mesh: Any = None
+) -> nn.Module:
+    """Shard every decoder layer (classes in `module._no_split_modules`) and then the root over `mesh` (default:
+    a 1-D mesh of all ranks), in place; with expert parallelism each experts module first over `expert_mesh`."""
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    param_dtype = resolve_dtype(config.fsdp.dtype, device)
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=None if param_dtype == torch.float32 else param_dtype,
+        reduce_dtype=to_torch_dtype(config.fsdp.reduce_dtype),
+    )
+    # Pinned memory needs an accelerator: CPUOffloadPolicy() fails on CPU-only hosts.
+    offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if config.fsdp.param_offload else OffloadPolicy()
+    kwargs = {"mp_policy": mp_policy, "offload_policy": offload}
+    layer_names = set(getattr(module, "_no_split_modules", None) or ())
+    layers = [sub for sub in module.modules() if type(sub).__name__ in layer_names]
+    if expert_mesh is not None:
+        apply_expert_fsdp(
+            module, expert_mesh, dist.get_world_size(), reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs
+        )
+    if not layers:
+        logger.warning("no decoder layers (%s) found in %s; sharding the root only", layer_names, type(module).__name__)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs)
+    # The root's parameters (embeddings, final norm, head) are needed again right after forward.
+    fully_shard(module, mesh=mesh, reshard_after_forward=False, **kwargs)
+    return module
+
+
+def enable_activation_checkpointing(module: nn.Module) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer, under either name transformers has given
+    the switch (`activation_checkpointing_enable` in 5.23; only `gradient_checkpointing_enable` in 5.17)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(module, "activation_checkpointing_enable"):
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
