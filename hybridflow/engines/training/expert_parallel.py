@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from transformers.distributed.expert_parallel import apply_expert_parallelism
 
 from hybridflow.models.parallel_plan import check_ep_layout
 
@@ -66,8 +65,23 @@ def apply_expert_parallel(module: nn.Module, ep_mesh: DeviceMesh, ep_tp_mesh: De
     plan = expert_plan_of(module)
     if not any(style == EXPERTS_STYLE for style in plan.values()):
         raise ValueError(f"found no experts modules in {type(module).__name__} to split over the expert-parallel mesh")
-    apply_expert_parallelism(module, ep_mesh, ep_tp_mesh, plan, ep_implementation="all_to_all")
+    transformers_expert_parallelism()(module, ep_mesh, ep_tp_mesh, plan, ep_implementation="all_to_all")
     return module
+
+
+def transformers_expert_parallelism():
+    """transformers' `apply_expert_parallelism`, imported when a run asks for EP: the module is new in transformers
+    5.23 (the pinned version), and older installs (5.17 on the lent GPU machines) must still import the engine."""
+    try:
+        from transformers.distributed.expert_parallel import apply_expert_parallelism
+    except ImportError as err:
+        import transformers
+
+        raise RuntimeError(
+            f"expert_parallel_size > 1 needs transformers.distributed.expert_parallel (transformers >= 5.23, the "
+            f"version pyproject.toml pins); this environment has transformers {transformers.__version__}"
+        ) from err
+    return apply_expert_parallelism
 
 
 def apply_expert_fsdp(module: nn.Module, efsdp_mesh: DeviceMesh, world_size: int, **fully_shard_kwargs) -> None:
