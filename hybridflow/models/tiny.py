@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from hybridflow.models.catalogue import catalogue_tokenizer_path
 from hybridflow.models.chat_template import CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE
@@ -74,7 +81,7 @@ def build_tiny_tokenizer(source: Literal["auto", "smollm2", "local"] = "auto") -
 
 
 def build_tiny_model(
-    arch: Literal["llama", "qwen2"] = "llama",
+    arch: Literal["llama", "qwen2", "qwen3"] = "llama",
     num_layers: int = 2,
     hidden: int = 64,
     num_heads: int = 4,
@@ -93,9 +100,9 @@ def build_tiny_model(
     The global torch RNG is left untouched.
     """
     tokenizer = prepare_tokenizer(tokenizer if tokenizer is not None else build_tiny_tokenizer())
-    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(arch)
+    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}.get(arch)
     if config_cls is None:
-        raise ValueError(f"arch={arch!r} is not supported by build_tiny_model; use 'llama' or 'qwen2'")
+        raise ValueError(f"arch={arch!r} is not supported by build_tiny_model; use 'llama', 'qwen2' or 'qwen3'")
     config = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -109,6 +116,7 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **({"head_dim": hidden // num_heads} if arch == "qwen3" else {}),  # Qwen3Config's default is 128
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -118,7 +126,7 @@ def build_tiny_model(
 
 def save_tiny_model(
     path: str | os.PathLike,
-    arch: Literal["llama", "qwen2"] = "llama",
+    arch: Literal["llama", "qwen2", "qwen3"] = "llama",
     num_layers: int = 2,
     hidden: int = 64,
     seed: int = 0,

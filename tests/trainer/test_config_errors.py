@@ -173,7 +173,7 @@ def test_cross_section_errors_print_before_torch_transformers_or_ray_load(train_
     assert report["loaded"] == [], f"a config error loaded {report['loaded']}"
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["deepseek_v3"])  # MLA attention
 def test_the_native_rollout_refuses_a_moe_it_cannot_run_before_ray_and_hf_takes_it(tmp_path, train_file, arch):
     from hybridflow.models.moe import save_tiny_moe_model
 
@@ -185,10 +185,10 @@ def test_the_native_rollout_refuses_a_moe_it_cannot_run_before_ray_and_hf_takes_
     check(overrides + ["actor_rollout_ref.rollout.name=hf"])
 
 
-def test_the_native_rollout_takes_mixtral_and_qwen2_moe(tmp_path, train_file):
+def test_the_native_rollout_takes_mixtral_qwen2_moe_and_qwen3_moe(tmp_path, train_file):
     from hybridflow.models.moe import save_tiny_moe_model
 
-    for arch in ("mixtral", "qwen2_moe"):
+    for arch in ("mixtral", "qwen2_moe", "qwen3_moe"):
         model_dir = save_tiny_moe_model(tmp_path / arch, arch)
         check(good(train_file) + [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=native"])
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-NATIVE_MODEL_TYPES = ("llama", "qwen2", "mixtral", "qwen2_moe")
-"""Model types whose forward the native engine reproduces: Llama-family attention, with dense MLPs or with
-mixture-of-experts blocks (Mixtral, Qwen2-MoE), which it runs through the model's own routing code."""
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+"""Model types whose forward the native engine reproduces: Llama-family attention (Qwen3's with per-head q/k norms),
+with dense MLPs or with mixture-of-experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE), which it runs through the
+model's own routing code."""
 NATIVE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """RoPE scalings whose frequencies do not change with the sequence length."""
 

@@ -35,6 +35,27 @@ def test_greedy_equals_transformers_with_left_padding(sharp_model, tiny_tokenize
     torch.testing.assert_close(out.batch["rollout_log_probs"], expected.batch["rollout_log_probs"], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+def test_qwen3_per_head_norms_greedy_and_log_probs(tmp_path, tiny_tokenizer, kernels):
+    """Qwen3's attention normalises each query and key head before RoPE: greedy tokens equal transformers' and the
+    sampled log-probs the training engine's."""
+    from hybridflow.models.loader import save_model_and_tokenizer
+
+    model, _ = build_tiny_model("qwen3", initializer_range=0.3, seed=1, tokenizer=tiny_tokenizer)
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS)
+    expected = HFRollout(model, tiny_tokenizer, GREEDY).generate_sequences(prompts)
+    out = NativeRollout(model, tiny_tokenizer, GREEDY, max_num_seqs=3, kernels=kernels).generate_sequences(prompts)
+    assert len(set(out.batch["responses"].flatten().tolist())) > 10
+    assert torch.equal(out.batch["responses"], expected.batch["responses"])
+    params = SamplingParams(temperature=0.7, max_new_tokens=8, n=2)
+    torch.manual_seed(0)
+    sampled = NativeRollout(model, tiny_tokenizer, params, kernels=kernels).generate_sequences(prompts)
+    engine = build_fsdp_engine(save_model_and_tokenizer(model, tiny_tokenizer, tmp_path / "qwen3"), FSDPEngineConfig())
+    log_probs, _ = engine.compute_log_prob(sampled, temperature=0.7)
+    mask = sampled.batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs[mask], sampled.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+
+
 def test_layout_stop_tokens_and_pads(sharp_model, tiny_tokenizer):
     prompts = encode_prompts(tiny_tokenizer, PROMPTS)
     free = NativeRollout(sharp_model, tiny_tokenizer, GREEDY).generate_sequences(prompts).batch["responses"]

@@ -60,6 +60,9 @@ class LayerWeights:
     down_bias: torch.Tensor | None
     act: nn.Module | None
     moe: nn.Module | None = None
+    q_norm: torch.Tensor | None = None
+    """Qwen3's per-head RMSNorm weights (head_dim,) on queries and keys before RoPE; None in Llama/Qwen2."""
+    k_norm: torch.Tensor | None = None
 
 
 class PackedWeights:
@@ -242,31 +245,21 @@ class LlamaFamilyForward:
     @staticmethod
     def _layer_weights(layer: nn.Module) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
+        attention = dict(
+            input_norm=layer.input_layernorm.weight, q=attn.q_proj.weight, q_bias=attn.q_proj.bias,
+            k=attn.k_proj.weight, k_bias=attn.k_proj.bias, v=attn.v_proj.weight, v_bias=attn.v_proj.bias,
+            o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
+            q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
+            k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+        )
         if is_moe_block(mlp):
             return LayerWeights(
-                input_norm=layer.input_layernorm.weight, q=attn.q_proj.weight, q_bias=attn.q_proj.bias,
-                k=attn.k_proj.weight, k_bias=attn.k_proj.bias, v=attn.v_proj.weight, v_bias=attn.v_proj.bias,
-                o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
-                gate=None, gate_bias=None, up=None, up_bias=None, down=None, down_bias=None, act=None, moe=mlp,
+                **attention, gate=None, gate_bias=None, up=None, up_bias=None, down=None, down_bias=None, act=None,
+                moe=mlp,
             )
         return LayerWeights(
-            input_norm=layer.input_layernorm.weight,
-            q=attn.q_proj.weight,
-            q_bias=attn.q_proj.bias,
-            k=attn.k_proj.weight,
-            k_bias=attn.k_proj.bias,
-            v=attn.v_proj.weight,
-            v_bias=attn.v_proj.bias,
-            o=attn.o_proj.weight,
-            o_bias=attn.o_proj.bias,
-            post_norm=layer.post_attention_layernorm.weight,
-            gate=mlp.gate_proj.weight,
-            gate_bias=mlp.gate_proj.bias,
-            up=mlp.up_proj.weight,
-            up_bias=mlp.up_proj.bias,
-            down=mlp.down_proj.weight,
-            down_bias=mlp.down_proj.bias,
-            act=mlp.act_fn,
+            **attention, gate=mlp.gate_proj.weight, gate_bias=mlp.gate_proj.bias, up=mlp.up_proj.weight,
+            up_bias=mlp.up_proj.bias, down=mlp.down_proj.weight, down_bias=mlp.down_proj.bias, act=mlp.act_fn,
         )
 
     # ------------------------------------------------------------------ shared pieces
@@ -298,6 +291,8 @@ class LlamaFamilyForward:
         q = linear(h, w.q, w.q_bias).unflatten(-1, (self.num_heads, self.head_dim))
         k = linear(h, w.k, w.k_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = linear(h, w.v, w.v_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if w.q_norm is not None:  # Qwen3: each head normalised before RoPE
+            q, k = _rms_norm(q, w.q_norm, self.eps), _rms_norm(k, w.k_norm, self.eps)
         return q, k, v
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -410,6 +405,9 @@ class LlamaFamilyForward:
             q = kern.linear_rows(h, packed["q"], w.q.shape[0], w.q_bias).view(rows, self.num_heads, self.head_dim)
             k = kern.linear_rows(h, packed["k"], w.k.shape[0], w.k_bias).view(rows, self.num_kv_heads, self.head_dim)
             v = kern.linear_rows(h, packed["v"], w.v.shape[0], w.v_bias).view(rows, self.num_kv_heads, self.head_dim)
+            if w.q_norm is not None:  # Qwen3: each head normalised before RoPE
+                q = kern.rms_norm(q.view(-1, self.head_dim), w.q_norm, eps).view(rows, self.num_heads, self.head_dim)
+                k = kern.rms_norm(k.view(-1, self.head_dim), w.k_norm, eps).view(rows, self.num_kv_heads, self.head_dim)
             kern.rotate_(q, cos, sin, self.head_dim**-0.5)  # the attention scale folded into the query
             kern.rotate_(k, cos, sin, 1.0)
             kern.append_kv(k, v, cache.keys[layer], cache.values[layer], lengths)
