@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export RAY_AUTH_MODE=disabled
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.device_count(), 'GPU(s):', torch.cuda.get_device_name(0))" || exit 2
-"$PY" -m pytest -m gpu -p no:cacheprovider -q tests/gpu tests/engines/test_gpu.py tests/engines/test_parallel_training.py \
-  tests/engines/rollout_native/test_tensor_parallel.py tests/algorithms/test_device.py tests/engines/test_host_syncs.py
+"$PY" -m pytest -m gpu -p no:cacheprovider -q tests/gpu tests/engines/test_gpu.py tests/engines/training/test_parallel_training.py \
+  tests/engines/rollout/native/test_tensor_parallel.py tests/algorithms/test_device.py tests/engines/training/test_host_syncs.py
 tests_rc=$?
 "$PY" benchmarks/gpu_smoke.py --steps "${STEPS:-4}" "$@"
 bench_rc=$?

@@ -13,7 +13,7 @@ import pytest
 
 from hybridflow.engines.rollout import ROLLOUTS, RolloutSpec, register_rollout, rollout_spec
 
-PACKAGE = Path(__file__).resolve().parents[2] / "hybridflow"
+PACKAGE = Path(__file__).resolve().parents[3] / "hybridflow"
 
 
 def test_built_in_specs_say_what_each_backend_can_do():
