@@ -6,7 +6,9 @@ parameter names), each cast to the engine's dtype first so that equal weights gi
 sums are taken as the tensors stream past (no second copy of the model); the serving side's from
 `rollout.named_weights()` after the update. A rollout that skipped or half-applied an update (stale weights)
 differs and the hand-over raises `WeightDeliveryError` naming the tensor, the rank and the policy version.
-Tensors the engine holds in another shape (a tensor-parallel shard) are not sampled.
+Under the native rollout's tensor parallelism `named_weights()` reassembles each full tensor from the group's
+shards (collective), so a rank that kept its old shard is caught on every rank of the group. A tensor an engine
+exposes in another shape than the one handed over is not compared.
 """
 
 from __future__ import annotations

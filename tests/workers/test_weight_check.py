@@ -59,3 +59,51 @@ def test_a_hand_over_under_other_names_is_caught(monkeypatch):
     rollout.update_weights(check.record(renamed))
     with pytest.raises(WeightDeliveryError, match="carried none of the rollout's sampled tensors"):
         check.verify(version=1)
+
+
+def _tensor_parallel_hand_overs(rank: int, world_size: int, model_dir: str, out_file: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridflow.engines.rollout import NativeRollout
+    from hybridflow.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    mesh = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("rollout_dp", "rollout_tp"))["rollout_tp"]
+    rollout = NativeRollout(model_dir, tokenizer, SamplingParams(max_new_tokens=4), kernels="torch", tp_mesh=mesh)
+    check = WeightDeliveryCheck(rollout, rank=rank)
+    actor, _ = build_tiny_model(seed=0, tokenizer=tokenizer)
+    train_a_step(actor, 1)
+    rollout.update_weights(check.record(actor.named_parameters()))
+    metrics = check.verify(version=1)  # every rank's shard loaded: the reassembled tensors match
+    original_update = rollout.update_weights
+
+    def stale_on_rank_1(named_tensors):  # rank 1 silently keeps its old shard of every tensor
+        if rank == 1:
+            for _ in named_tensors:
+                pass
+        else:
+            original_update(named_tensors)
+
+    rollout.update_weights = stale_on_rank_1
+    train_a_step(actor, 2)
+    rollout.update_weights(check.record(actor.named_parameters()))
+    try:
+        check.verify(version=2)
+        error = None
+    except WeightDeliveryError as err:
+        error = str(err)
+    torch.save({"metrics": metrics, "error": error}, f"{out_file}.{rank}")
+
+
+def test_a_tensor_parallel_rank_that_keeps_its_old_shard_is_caught(tmp_path):
+    """Rollout TP=2 (native): the fingerprints compare the full tensors reassembled from the group's shards, so a
+    hand-over that one rank silently skips is caught on every rank of the group."""
+    from hybridflow.models import save_tiny_model
+    from tests.engines.helpers import run_distributed
+
+    out = str(tmp_path / "result")
+    run_distributed(_tensor_parallel_hand_overs, 2, str(save_tiny_model(tmp_path / "tiny")), out)
+    for rank in (0, 1):
+        result = torch.load(f"{out}.{rank}")
+        assert result["metrics"]["rollout/weights_checked"] == 8.0
+        assert result["error"] and "policy version 2" in result["error"] and f"rank {rank}:" in result["error"]
