@@ -105,16 +105,19 @@ def _assert_equal_runs(one: dict, many: dict, experts_per_rank: int) -> None:
         assert got["metrics"]["moe/router_entropy"] > 0
 
 
-@pytest.mark.parametrize(
-    "packed", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["packed", "padded"]  # the suite's budget
-)
-def test_expert_parallel_two_ranks_equal_one_process(moe_dirs, tmp_path, packed):
+@pytest.mark.parametrize(("archs", "packed"), [
+    (("qwen3_moe", "deepseek_v3"), True),  # the default suite's budget: the two most different families
+    pytest.param(("qwen2_moe", "mixtral"), True, marks=pytest.mark.slow),
+    pytest.param(MOE_ARCHS, False, marks=pytest.mark.slow),
+], ids=["packed", "packed_more", "padded"])
+def test_expert_parallel_two_ranks_equal_one_process(moe_dirs, tmp_path, archs, packed):
     """EP=2 on 2 gloo ranks against one process, each MoE family: the same log-probs, losses, first-step gradients
     (every parameter, experts included, to 1e-5 of its largest entry) and grad norms; each rank holds 2 of the 4
     experts of every MoE layer."""
+    dirs = {arch: moe_dirs[arch] for arch in archs}
     single, sharded = str(tmp_path / "single.pt"), str(tmp_path / "ep.pt")
-    _run(0, 1, moe_dirs, 1, packed, single)
-    run_distributed(_run, 2, moe_dirs, 2, packed, sharded)
+    _run(0, 1, dirs, 1, packed, single)
+    run_distributed(_run, 2, dirs, 2, packed, sharded)
     _assert_equal_runs(torch.load(single), torch.load(sharded), experts_per_rank=2)
 
 
@@ -182,6 +185,7 @@ def _checkpoint_run(rank: int, world_size: int, path: str, ckpt: str, out_file: 
         torch.save({"trained": trained, "after": after, "resumed": resumed_loss, "refused": refused}, out_file)
 
 
+@pytest.mark.slow  # the suite's budget; the default suite's Mixtral GRPO run hands EP weights over
 def test_expert_parallel_checkpoint_resumes_and_merges(moe_dirs, tmp_path):
     """EP=2 shards (DeepSeek-V3: dense first layer, shared and routed experts) resume bit-exact, are refused by an
     engine of another expert-parallel size, and `merge` assembles them into the trained full weights."""
@@ -196,3 +200,27 @@ def test_expert_parallel_checkpoint_resumes_and_merges(moe_dirs, tmp_path):
     merged = build_causal_lm(str(merge_checkpoint(ckpt, tmp_path / "merged")), dtype="float32").state_dict()
     for name, tensor in result["trained"].items():
         assert torch.equal(merged[name], tensor), name
+
+
+def _values(rank: int, world_size: int, path: str, out_file: str) -> None:
+    batch = make_batch(len(load_tokenizer(path)), batch_size=4)
+    local = batch.chunk(world_size)[rank] if world_size > 1 else batch
+    engine = build_fsdp_engine(path, _config(world_size), model_kind="value")
+    values = engine.compute_values(local)
+    values = values[0] if isinstance(values, tuple) else values
+    if world_size > 1:
+        gathered = [torch.empty_like(values) for _ in range(world_size)]
+        torch.distributed.all_gather(gathered, values.contiguous())
+        values = torch.cat(gathered)
+    if rank == 0:
+        torch.save(values, out_file)
+
+
+@pytest.mark.slow
+def test_expert_parallel_value_model_equals_one_process(moe_dirs, tmp_path):
+    """A critic on an MoE backbone (value head) with EP=2: the plan finds the backbone's experts under the value
+    model's names, and the values equal one process's."""
+    single, sharded = str(tmp_path / "single.pt"), str(tmp_path / "ep.pt")
+    _values(0, 1, moe_dirs["qwen3_moe"], single)
+    run_distributed(_values, 2, moe_dirs["qwen3_moe"], sharded)
+    assert (torch.load(single) - torch.load(sharded)).abs().max().item() < 1e-5
