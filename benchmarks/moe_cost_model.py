@@ -19,9 +19,9 @@ collectives' ring costs and the GPU constants come from `step_cost_model.py`:
   micro-batch (with the routed copies: top_k rows per token) and the chunked vocabulary head.
 
     python benchmarks/moe_cost_model.py                   # Qwen3-30B-A3B and a DeepSeek-V3-sized model, 8-256 GPUs
-    python benchmarks/moe_cost_model.py --measured benchmarks/results/moe_ep_cpu_<host>.json   # check on this CPU
+    python benchmarks/moe_cost_model.py --measured benchmarks/results/moe_ep_layouts_<UTC>.json   # check on this CPU
 
-`--measured` takes what `benchmarks/moe_ep_layouts.py --out` wrote (1 worker, 2 workers FSDP, 2 workers EP=2 on
+`--measured` takes what `benchmarks/moe_ep_layouts.py` wrote (1 worker, 2 workers FSDP, 2 workers EP=2 on
 a small MoE) and prints the model's prediction for each.
 """
 
@@ -315,13 +315,15 @@ def cpu_shape(model: dict) -> MoeShape:
 def print_cpu_check(results: dict) -> None:
     """Predicted against measured for the 2-worker runs, with the compute rate fitted to the 1-worker run and the
     gloo link and FSDP2 bandwidth of docs/parallelism.md's fit."""
-    shape = cpu_shape(results["model"])
-    runs = {run["name"]: run for run in results["runs"]}
+    shape = cpu_shape(results["config"]["model"])
+    runs = {run["name"]: run for run in results["rows"]}
     single = runs["1 worker"]
     tokens, seq_len = single["tokens"], single["seq_len"]
     flops = compute_moe_flops(shape, tokens, seq_len, single["response_tokens"], passes=3, causal_fraction=1.0)
     rate = flops / single["step_s"]  # the 2 cores' achieved rate on this model (fitted)
-    print(f"fitted: {rate / 1e9:.1f} GFLOP/s on the 1-worker step ({single['step_s']:.2f} s, host {results['host']})")
+    host = results["host"]
+    print(f"fitted: {rate / 1e9:.1f} GFLOP/s on the 1-worker step ({single['step_s']:.2f} s, host {host['cpu_model']}, "
+          f"{host['cpu_count']} cores, load before {(results['load_before'] or ['not recorded'])[0]})")
     print("| run | step s measured | predicted (compute + all-to-all + FSDP) | measured / predicted | "
           "forward all-to-alls: calls, MB sent measured | MB predicted (balanced routing) |")
     print("|---|---|---|---|---|---|")
@@ -347,7 +349,7 @@ def print_cpu_check(results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--measured", help="JSON written by benchmarks/moe_ep_layouts.py --out: check the model")
+    parser.add_argument("--measured", help="JSON written by benchmarks/moe_ep_layouts.py: check the model")
     parser.add_argument("--imbalance", type=float, default=1.0,
                         help="slowest rank's routed tokens over the mean (actor/moe/tokens_per_expert_max_over_mean)")
     parser.add_argument("--prompts", type=int, default=RLStep.prompts)

@@ -10,17 +10,16 @@ so that the layers hold the FLOPs). A step is `engine.train_batch` (forward, bac
 times after a warm-up as the slowest rank's wall time; the median is kept. The forward all-to-alls are counted
 and their bytes summed by wrapping the function transformers' EP dispatch calls (the backward runs as many again).
 
-    python benchmarks/moe_ep_layouts.py --out benchmarks/results/moe_ep_cpu_<host>_<date>.json   # ~3 minutes
+    python benchmarks/moe_ep_layouts.py     # ~1 minute; raw results: benchmarks/results/moe_ep_layouts_<UTC>.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import socket
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from hybridflow.models import build_local_tokenizer
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.moe import save_tiny_moe_model
 from hybridflow.protocol import DataProto
+from hybridflow.utils.host import write_results
 
 LAYOUTS = {"1 worker": (1, 1), "2 workers, FSDP": (2, 1), "2 workers, EP=2": (2, 2)}  # processes, ep
 
@@ -115,14 +115,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def host_name() -> str:
-    """The CPU model, from lscpu."""
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
@@ -133,8 +125,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-rows", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
+    load_before = list(os.getloadavg())
     tokenizer = build_local_tokenizer()
     args.vocab = len(tokenizer)
     with tempfile.TemporaryDirectory() as workdir:
@@ -154,15 +146,11 @@ def main() -> None:
                          "micro_tokens": args.micro_rows * args.seq_len, **result})
             print(f"{name}: {result['step_s']:.2f} s/step, all-to-alls {result['all_to_all_calls']} "
                   f"({result['all_to_all_bytes'] / 1e6:.2f} MB sent)", flush=True)
-    results = {"host": host_name(), "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-               "model": {"hidden": args.hidden, "layers": args.layers, "heads": config["num_attention_heads"],
-                         "kv_heads": config["num_key_value_heads"], "head_dim": config["head_dim"],
-                         "experts": args.experts, "top_k": args.top_k,
-                         "moe_intermediate": config["moe_intermediate_size"], "vocab": args.vocab},
-               "runs": runs}
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-
+    model = {"hidden": args.hidden, "layers": args.layers, "heads": config["num_attention_heads"],
+             "kv_heads": config["num_key_value_heads"], "head_dim": config["head_dim"], "experts": args.experts,
+             "top_k": args.top_k, "moe_intermediate": config["moe_intermediate_size"], "vocab": args.vocab}
+    path = write_results("moe_ep_layouts", {**vars(args), "model": model}, runs, load_before)
+    print(f"raw results: {path}")
 
 if __name__ == "__main__":
     main()
