@@ -93,6 +93,9 @@ def main() -> None:
                         help="comma-separated, from: " + ", ".join(MODES))
     args = parser.parse_args()
     from hybridflow import env
+    from hybridflow.utils.host import write_results
+
+    first_load = list(os.getloadavg())
 
     if not DEMO_DATA.is_file():
         raise SystemExit(f"{DEMO_DATA} is missing: run `make demo` once (it writes the demo data first)")
@@ -133,6 +136,8 @@ def main() -> None:
               f"{s['response_length']:.1f} ({s['response_length_max']:.0f}) | {s['score']:.3f} | "
               f"{result['wall_s']:.0f} | {result['load'][0]:.1f}-{result['load'][1]:.1f} |")
     print("RESULTS_JSON " + json.dumps(results))
+    rows = [{"mode": name, **result} for name, result in results.items()]
+    print(f"raw results: {write_results('async_modes', vars(args), rows, first_load)}")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,9 @@ def main() -> None:
     args = parser.parse_args()
     from hybridflow import env
     from hybridflow.models import resolve_model_path
+    from hybridflow.utils.host import write_results
+
+    load_before = list(os.getloadavg())
 
     model = Path(args.model or resolve_model_path("smollm2-135m-instruct"))
     if not DEMO_DATA.is_file():
@@ -147,6 +150,9 @@ def main() -> None:
         )
     for name, records in runs.items():
         print(name, [round(r["seconds"], 1) for r in records], "s per step")
+    rows = [{"trainer": name, "summary": summaries[name], "steps": records} for name, records in runs.items()]
+    config = {**vars(args), "setting": setting_name, "baseline": baseline_name}
+    print(f"raw results: {write_results('e2e_grpo', config, rows, load_before)}")
 
 
 if __name__ == "__main__":

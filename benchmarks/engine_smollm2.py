@@ -21,6 +21,7 @@ from hybridflow.engines.rollout import HFRollout, SamplingParams
 from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.protocol import DataProto
+from hybridflow.utils.host import write_results
 
 
 def make_batch(vocab_size: int, batch: int, seq_len: int, response_len: int) -> DataProto:
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1)
     args = parser.parse_args()
+    load_before = list(os.getloadavg())
 
     rows: list[tuple[str, str]] = [
         ("torch threads", str(torch.get_num_threads())),
@@ -92,6 +94,8 @@ def main() -> None:
     print(f"SmolLM2-135M fp32, {args.batch} x {args.seq_len} tokens (response {args.response_len})")
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    path = write_results("engine_smollm2", vars(args), [{"measure": n, "value": v} for n, v in rows], load_before)
+    print(f"raw results: {path}")
 
 
 if __name__ == "__main__":

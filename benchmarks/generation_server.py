@@ -26,6 +26,7 @@ import torch
 from hybridflow.engines.rollout import NativeRollout, SamplingParams
 from hybridflow.engines.rollout.server import GenerationServer
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
+from hybridflow.utils.host import write_results
 
 QUESTIONS = ("What is 17 * 23?", "Name three rivers in Europe.", "Explain what a prime number is.",
              "Write a haiku about rain.", "How do plants make food?", "What is the capital of Peru?")
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    load_before = list(os.getloadavg())
     torch.set_num_threads(args.threads)
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
@@ -109,6 +111,8 @@ def main() -> None:
         ratio = results[mode]["tok_s"] / base["tok_s"]
         latency = base["latency_mean_s"] / results[mode]["latency_mean_s"]
         print(f"{mode} / per-batch: {ratio:.2f}x tokens/s, {latency:.2f}x lower mean latency")
+    rows = [{"mode": mode, **result} for mode, result in results.items()]
+    print(f"raw results: {write_results('generation_server', vars(args), rows, load_before)}")
 
 
 if __name__ == "__main__":

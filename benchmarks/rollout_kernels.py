@@ -15,6 +15,7 @@ One table, each row a ratio measured in the same run (best of `--repeats` timing
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from hybridflow.engines.rollout.native.kernels import load_cpu_kernels
 from hybridflow.engines.rollout.native.model import _linear_rows
 from hybridflow.engines.rollout.native.sampler import sample_from_weights
+from hybridflow.utils.host import write_results
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    load_before = list(os.getloadavg())
     torch.set_num_threads(args.threads)
     from hybridflow.models import build_causal_lm, resolve_model_path
 
@@ -123,6 +126,8 @@ def main() -> None:
     print(f"{args.model} fp32, {args.threads} threads; ratio > 1: the native engine's choice is faster")
     for name, ratio in rows:
         print(f"{name:<56} {ratio:6.2f}x")
+    path = write_results("rollout_kernels", vars(args), [{"measure": n, "ratio": r} for n, r in rows], load_before)
+    print(f"raw results: {path}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from benchmarks.rollout import NoEosTokenizer, build_prompts  # noqa: E402
 from hybridflow.engines.rollout import NativeRollout, SamplingParams  # noqa: E402
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine  # noqa: E402
 from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
+from hybridflow.utils.host import write_results  # noqa: E402
 from tests.engines.helpers import run_distributed  # noqa: E402
 
 
@@ -55,7 +56,8 @@ def _check_greedy(rank: int, model_dir: str, tokenizer, tp_mesh) -> bool | None:
     return bool(torch.equal(out.batch["responses"], expected.batch["responses"]))
 
 
-def _layout(rank: int, world: int, model_dir: str, tp: int, num_prompts: int, num_tokens: int, check: bool) -> None:
+def _layout(rank: int, world: int, model_dir: str, tp: int, num_prompts: int, num_tokens: int, check: bool,
+            records_file: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     dp = world // tp
@@ -99,6 +101,8 @@ def _layout(rank: int, world: int, model_dir: str, tp: int, num_prompts: int, nu
                   load=os.getloadavg()[0])
     if rank == 0:
         print(json.dumps(record), flush=True)
+        with open(records_file, "a") as records:
+            records.write(json.dumps(record) + "\n")
 
 
 def main() -> None:
@@ -111,8 +115,12 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = _tiny_model_dir() if args.model == "tiny" else resolve_model_path(args.model)
     num_prompts, num_tokens = (int(x) for x in args.workload.split("x"))
+    load_before = list(os.getloadavg())
+    records_file = Path(tempfile.mkdtemp()) / "records.jsonl"
     for tp in args.tp:
-        run_distributed(_layout, args.world, model_dir, tp, num_prompts, num_tokens, args.check)
+        run_distributed(_layout, args.world, model_dir, tp, num_prompts, num_tokens, args.check, str(records_file))
+    rows = [json.loads(line) for line in records_file.read_text().splitlines()]
+    print(f"raw results: {write_results('rollout_tensor_parallel', vars(args), rows, load_before)}")
 
 
 if __name__ == "__main__":

@@ -111,6 +111,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
 
+    load_before = list(os.getloadavg())
     peak = cpu_peak_flops(args.threads)
     modes = args.modes.split(",")
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
@@ -141,6 +142,10 @@ def main() -> None:
         print(f"| {name} | {logprob_s:.2f} | {max(r['logprob_peak_gib'] for r in rows):.2f} | {update_s:.2f} | "
               f"{max(r['update_peak_gib'] for r in rows):.2f} | "
               f"{compute_mfu(rows[0]['update_flops'], update_s, peak):.0%} | {plain_update / update_s:.2f}x |")
+    from hybridflow.utils.host import write_results
+
+    raw = [{"mode": mode, **run} for mode, mode_runs in runs.items() for run in mode_runs]
+    print(f"raw results: {write_results('vocab_projection', {**vars(args), 'peak_flops': peak}, raw, load_before)}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import os
 import statistics
 import time
 
+from hybridflow.utils.host import write_results
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("--rollout", type=int, default=2, help="rollout pool processes")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    load_before = list(os.getloadavg())
 
     import ray
 
@@ -56,6 +59,9 @@ def main() -> None:
     print(f"gather alone: {', '.join(f'{s:.3f}' for s in gather_seconds)} "
           f"(median {statistics.median(gather_seconds):.3f})")
     print(f"rollout weights bitwise equal to the trainer's: {same}; load average {os.getloadavg()[0]:.2f}")
+    rows = [{"sync_s": s, "gather_s": g, "size_mb": mbytes, "bitwise_equal": same}
+            for s, g in zip(seconds, gather_seconds)]
+    print(f"raw results: {write_results('weight_sync', vars(args), rows, load_before)}")
 
 
 if __name__ == "__main__":

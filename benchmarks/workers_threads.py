@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from demo_steps import run_steps  # benchmarks/ is on the path when run as a script
+from hybridflow.utils.host import write_results
 
 LAYOUTS = {"2 workers x 1 thread": (2, 1), "1 worker x 2 threads": (1, 2)}
 COLUMNS = (("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", "timing_s/update_actor"),
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     started, loads = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), [os.getloadavg()[0]]
+    load_before = list(os.getloadavg())
     results: dict[str, list[dict]] = {name: [] for name in LAYOUTS}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
@@ -55,6 +57,8 @@ def main() -> None:
             value = statistics.mean(r[key] for r in records)
             cells.append(f"{value:.1%}" if key.startswith("perf/mfu") else f"{value:.1f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    rows = [{"layout": name, **record} for name, records in results.items() for record in records]
+    print(f"raw results: {write_results('workers_threads', vars(args), rows, load_before)}")
 
 
 if __name__ == "__main__":
