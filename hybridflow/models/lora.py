@@ -109,7 +109,51 @@ def apply_lora(
             r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none",
             task_type="CAUSAL_LM",
         )
-        return get_peft_model(model, config)
+        peft_model = get_peft_model(model, config)
+    check_no_expert_adapters(peft_model, target_modules)
+    if not isinstance(targets, str):
+        check_targets_matched(targets, list(peft_model.targeted_module_names), model)
+    return peft_model
+
+
+MOE_LORA_FIX = "target the attention projections instead, e.g. target_modules=[q_proj,k_proj,v_proj,o_proj]"
+
+
+def check_no_expert_adapters(peft_model: nn.Module, target_modules: str | list[str]) -> None:
+    """Refuse adapters on a mixture-of-experts model's 3-D expert weights or router (peft 0.21 wraps them, as
+    `ParamWrapper`s, under 'all-linear'): the rollout receives merged weights, and `merge_lora_named_tensors` merges
+    Linear adapters only."""
+    wrapped = sorted({name.split(".lora_")[0] for name, _ in peft_model.named_parameters()
+                      if ".lora_" in name and _is_param_wrapper(peft_model, name.split(".lora_")[0])})
+    if wrapped:
+        raise ValueError(
+            f"LoRA target_modules={target_modules!r} puts adapters on this mixture-of-experts model's expert weights "
+            f"or routers ({wrapped[0]}, ... {len(wrapped)} in all); LoRA on experts is not supported (the rollout "
+            f"gets merged weights, and only Linear adapters are merged): {MOE_LORA_FIX}"
+        )
+
+
+def _is_param_wrapper(model: nn.Module, module_name: str) -> bool:
+    return type(model.get_submodule(module_name)).__name__ == "ParamWrapper"
+
+
+def check_targets_matched(targets: list[str], wrapped: list[str], model: nn.Module) -> None:
+    """Refuse `target_modules` names that wrapped no layer (peft only warns, and trains the others): in an MoE
+    model `gate_up_proj` / `down_proj` name the experts' 3-D weights, which LoRA does not wrap."""
+    unmatched = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in wrapped)]
+    if not unmatched:
+        return
+    expert_weights = {name.rsplit(".", 1)[-1] for name, param in model.named_parameters() if param.dim() == 3}
+    reason = (
+        f"{sorted(set(unmatched) & expert_weights)} are this mixture-of-experts model's expert weights (3-D "
+        "parameters, not Linear layers), which LoRA adapters do not wrap; "
+        if set(unmatched) & expert_weights else ""
+    )
+    fix = MOE_LORA_FIX if expert_weights else (
+        f"target the Linear layers that exist (it wrapped {sorted({n.rsplit('.', 1)[-1] for n in wrapped})}) or use "
+        "'all-linear'"
+    )
+    raise ValueError(f"lora target_modules {unmatched} matched no layer of the model: {reason}{fix}")
 
 
 def is_lora_model(module: nn.Module) -> bool:

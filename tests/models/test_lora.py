@@ -275,3 +275,34 @@ def test_lora_grpo_end_to_end_and_export(ray_cluster, tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(target)
+
+
+def test_lora_on_a_moe_model_trains_attention_and_refuses_experts(tmp_path):
+    """A Qwen3-MoE with LoRA on its attention trains and hands over merged plain weights; 'all-linear' (peft 0.21 then
+    wraps the 3-D expert weights and the routers) and targets naming expert weights are refused with the fix."""
+    from hybridflow.models.lora import apply_lora
+    from hybridflow.models.moe import build_tiny_moe_model, save_tiny_moe_model
+
+    path = save_tiny_moe_model(tmp_path / "moe", "qwen3_moe")
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    config = FSDPEngineConfig(
+        micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2),
+        model=ModelConfig(lora_rank=4, lora_alpha=8, target_modules=attention),
+    )
+    engine = build_fsdp_engine(path, config)
+    trainable = [name for name, p in engine.module.named_parameters() if p.requires_grad]
+    assert trainable and all(".self_attn." in name and ".lora_" in name for name in trainable)
+    batch = make_batch(len(load_tokenizer(path)), batch_size=4)
+    losses = [engine.train_batch(batch, seq_mean_nll)["loss"] for _ in range(3)]
+    assert losses[-1] < losses[0]
+    merged = dict(engine.named_full_params())
+    plain = build_causal_lm(path).state_dict()
+    assert merged.keys() == dict(build_causal_lm(path).named_parameters()).keys()
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], plain["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(merged["model.layers.0.mlp.experts.gate_up_proj"], plain["model.layers.0.mlp.experts.gate_up_proj"])
+
+    with pytest.raises(ValueError, match=r"adapters on this mixture-of-experts model's expert weights.*q_proj,k_proj"):
+        apply_lora(build_tiny_moe_model("qwen3_moe")[0], lora_rank=4, lora_alpha=8, target_modules="all-linear")
+    with pytest.raises(ValueError, match=r"\['gate_up_proj'\] are this mixture-of-experts model's expert weights"):
+        apply_lora(build_tiny_moe_model("qwen3_moe")[0], lora_rank=4, lora_alpha=8,
+                   target_modules=["q_proj", "gate_up_proj"])

@@ -229,4 +229,17 @@ def test_expert_parallel_sizes_are_checked_against_the_model_and_the_ranks(tmp_p
         with pytest.raises(ValueError, match=rf"{ep}=4 over 2 ranks"):
             check(base + moe + [f"{ep}=4"])
         with pytest.raises(ValueError, match="LoRA adapters with expert_parallel_size > 1"):
-            check(base + moe + [f"{ep}=2", "actor_rollout_ref.model.lora_rank=4"])
+            check(base + moe + [f"{ep}=2", "actor_rollout_ref.model.lora_rank=4",
+                                "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
+
+
+def test_lora_all_linear_on_a_moe_actor_is_refused_before_ray(tmp_path, train_file):
+    from hybridflow.models.moe import save_tiny_moe_model
+
+    model = [f"actor_rollout_ref.model.path={save_tiny_moe_model(tmp_path / 'moe', 'mixtral')}",
+             "actor_rollout_ref.model.lora_rank=4"]
+    with nothing_started():
+        with pytest.raises(ValueError, match=r"target_modules='all-linear' with LoRA on a mixture-of-experts model "
+                                             r"\('mixtral'\).*target_modules=\[q_proj,k_proj,v_proj,o_proj\]"):
+            check(good(train_file) + model)
+        check(good(train_file) + model + ["actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"])

@@ -174,6 +174,22 @@ def check_rollout_model(cfg: PPOConfig) -> None:
         )
 
 
+def check_lora_on_experts(cfg: PPOConfig) -> None:
+    """LoRA on a mixture-of-experts actor: 'all-linear' would put adapters on the experts' 3-D weights and the routers
+    (peft 0.21 does), which the hand-over's merge does not take; refused now, naming the attention targets."""
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank <= 0 or model.lora_adapter_path:
+        return
+    config = model_config_json(model.path) or {}
+    moe = any(key in config for key in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if moe and isinstance(model.target_modules, str) and model.target_modules.lower() == "all-linear":
+        raise ValueError(
+            "actor_rollout_ref.model.target_modules='all-linear' with LoRA on a mixture-of-experts model "
+            f"({config.get('model_type')!r}) would put adapters on its experts and routers, which is not supported; "
+            "set actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"
+        )
+
+
 def check_lengths(cfg: PPOConfig) -> None:
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
     context = model_context_length(cfg.actor_rollout_ref.model.path)

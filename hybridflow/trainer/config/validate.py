@@ -14,6 +14,7 @@ from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
     check_lengths,
     check_model_location,
+    check_lora_on_experts,
     check_rollout_model,
     check_prime,
     check_prime_keys_unused,
@@ -42,6 +43,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_vision_language(cfg)  # imports the vision code only for a vision-language model
     check_lengths(cfg)
     check_rollout_model(cfg)
+    check_lora_on_experts(cfg)
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
