@@ -88,7 +88,7 @@ class ModelConfig:
     lora_alpha: float = 16
     """LoRA scaling numerator (update = lora_alpha / lora_rank * B @ A)."""
     target_modules: str | list[str] = "all-linear"
-    """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works)."""
+    """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works). Mixture-of-experts models take a list of Linear layers (e.g. [q_proj,k_proj,v_proj,o_proj]): adapters on experts are refused."""
     lora_adapter_path: Optional[str] = None
     """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
     override_config: dict[str, Any] = field(default_factory=dict)
