@@ -109,7 +109,14 @@ def cpu_peak_flops(num_threads: int, *, measure_if_missing: bool = True, remeasu
     path = _cache_file(num_threads)
     if path.is_file() and not remeasure:
         try:
-            return float(json.loads(path.read_text())["flops_per_s"])
+            record = json.loads(path.read_text())
+            if not is_oversubscribed(float(record.get("load_avg_1min", 0.0))):
+                return float(record["flops_per_s"])
+            logger.warning(
+                "the cached fp32 matmul rate %s (%.1f GFLOP/s) was measured at load %.1f on %d cores, a share of "
+                "the CPU rather than its peak: measuring again", path, record["flops_per_s"] / 1e9,
+                record["load_avg_1min"], os.cpu_count() or 1,
+            )
         except (ValueError, KeyError) as err:
             logger.warning("unreadable peak-FLOPs cache %s (%s): measuring again", path, err)
     if not (measure_if_missing or remeasure):
@@ -124,6 +131,13 @@ def cpu_peak_flops(num_threads: int, *, measure_if_missing: bool = True, remeasu
     logger.info("measured this CPU's fp32 matmul rate on %d threads: %.1f GFLOP/s (cached in %s)",
                 num_threads, flops / 1e9, path)
     return flops
+
+
+def is_oversubscribed(load_avg_1min: float) -> bool:
+    """Whether a CPU rate measured at this 1-minute load average is a share of the CPU rather than its peak: more
+    than two runnable tasks per core (a cache entry measured at load 9.1 on 2 cores read 11.5 GFLOP/s for one
+    thread, about a seventh of the figure a quiet run gives, and made MFU read 180%)."""
+    return load_avg_1min > 2 * (os.cpu_count() or 1)
 
 
 def device_peak_flops(device: torch.device, num_threads: int | None = None) -> tuple[float | None, str]:

@@ -17,7 +17,7 @@ from hybridflow.engines.training import FSDPEngine
 from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.utils.device import peak_memory_gb
 from hybridflow.utils.flops import compute_mfu, compute_model_flops, model_flops_shape
-from hybridflow.utils.peak_flops import device_peak_flops
+from hybridflow.utils.peak_flops import cpu_peak_flops, device_peak_flops
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ class EfficiencyMeter:
         engine.pop_work()  # count from here
         self.ranks_per_shard = layout.tp * layout.sp
         self.peak_flops, what = device_peak_flops(engine.device, torch.get_num_threads())
+        self._remeasured = False
         if self.peak_flops is None:
             logger.warning("perf/mfu/* is not logged: the device's peak FLOP/s is unknown (%s)", what)
 
@@ -48,5 +49,15 @@ class EfficiencyMeter:
             compute_model_flops(self.shape, w.num_tokens, w.attention_pairs, w.num_projected, backward=training)
             for training, w in work.items()
         )
-        metrics[f"perf/mfu/{stage}"] = compute_mfu(flops / self.ranks_per_shard, seconds, self.peak_flops)
+        mfu = compute_mfu(flops / self.ranks_per_shard, seconds, self.peak_flops)
+        if mfu > 1.0 and self.engine.device.type == "cpu" and not self._remeasured:
+            # Impossible: the cached peak is too low (measured while other work ran). Measure again, once, loudly.
+            self._remeasured = True
+            old = self.peak_flops
+            self.peak_flops = cpu_peak_flops(torch.get_num_threads(), remeasure=True)
+            logger.warning("perf/mfu/%s came out at %.0f%% against a peak of %.1f GFLOP/s: the peak was measured "
+                           "again (%.1f GFLOP/s) and replaces the cached figure", stage, 100 * mfu, old / 1e9,
+                           self.peak_flops / 1e9)
+            mfu = compute_mfu(flops / self.ranks_per_shard, seconds, self.peak_flops)
+        metrics[f"perf/mfu/{stage}"] = mfu
         return metrics

@@ -53,3 +53,18 @@ def test_a_short_real_measurement_is_a_plausible_rate():
     flops = measure_cpu_matmul_flops(1, seconds=0.05, size=256)
     assert 1e8 < flops < 1e13
     assert torch.get_num_threads() >= 1
+
+
+def test_a_cached_rate_measured_on_an_oversubscribed_cpu_is_measured_again(tmp_path, monkeypatch):
+    """A figure measured at more than two runnable tasks per core is a share of the CPU, not its peak (seen: 11.5
+    GFLOP/s cached at load 9.1 on 2 cores, MFU 180%): it is measured again and replaced."""
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
+    monkeypatch.setattr(peak_flops.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(peak_flops, "measure_cpu_matmul_flops", lambda num_threads, seconds=3.0, size=2048: 8e10)
+    path = peak_flops._cache_file(1)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"flops_per_s": 1.15e10, "load_avg_1min": 9.1}))
+    assert cpu_peak_flops(1) == 8e10
+    assert json.loads(path.read_text())["flops_per_s"] == 8e10
+    path.write_text(json.dumps({"flops_per_s": 7e10, "load_avg_1min": 3.3}))  # busy but not oversubscribed: kept
+    assert cpu_peak_flops(1) == 7e10
