@@ -95,6 +95,7 @@ def _tensor_parallel_hand_overs(rank: int, world_size: int, model_dir: str, out_
     torch.save({"metrics": metrics, "error": error}, f"{out_file}.{rank}")
 
 
+@pytest.mark.slow  # the suite's budget: two processes; the one-process stale-weight test runs by default
 def test_a_tensor_parallel_rank_that_keeps_its_old_shard_is_caught(tmp_path):
     """Rollout TP=2 (native): the fingerprints compare the full tensors reassembled from the group's shards, so a
     hand-over that one rank silently skips is caught on every rank of the group."""
