@@ -19,6 +19,16 @@ import pyarrow.parquet as pq
 CONFIG_CHECK_BOUND_S = 60.0
 
 
+def grpo_overrides(train_file: str, *extra: str) -> list[str]:
+    """The small GRPO command line on 2 workers (a valid config for config checks), plus `extra`."""
+    return [
+        f"data.train_files=[{train_file}]", "data.train_batch_size=8", "data.max_prompt_length=64",
+        "data.max_response_length=32", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "trainer.n_gpus_per_node=2", *extra,
+    ]
+
+
 def write_rows(path: Path, data_sources: list[str], **columns) -> str:
     """A parquet file with a `data_source` column (what config validation reads) and optional other columns."""
     pq.write_table(pa.table({"data_source": list(data_sources), **columns}), path)

@@ -1,6 +1,6 @@
 """Runs shared by the placement, off-policy, parallel, PRIME and vision tests: a tiny workspace, the overrides of a
-2-step GRPO run on 2 trainer ranks, `train` (the trainer as `run_ppo` builds it, with the actor's and rollout's weight
-digests before and after), and `good` (a valid command line on a one-column train file, for config checks)."""
+2-step GRPO run on 2 trainer ranks, and `train` (the trainer as `run_ppo` builds it, with the actor's and rollout's weight
+digests before and after); `tests.helpers.grpo_overrides` is the valid command line for config checks."""
 
 from __future__ import annotations
 
@@ -82,15 +82,6 @@ def train_file(tmp_path):
     path = tmp_path / "train.parquet"
     pq.write_table(pa.table({"data_source": ["gsm8k"] * 16}), path)
     return str(path)
-
-
-def good(train_file: str, *extra: str) -> list[str]:
-    return [
-        f"data.train_files=[{train_file}]", "data.train_batch_size=8", "data.max_prompt_length=64",
-        "data.max_response_length=32", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.n_gpus_per_node=2", *extra,
-    ]
 
 
 ONE_PLUS_ONE = ("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1")

@@ -7,7 +7,7 @@ import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.main_ppo import main as train_main
-from tests.helpers import nothing_started, write_rows
+from tests.helpers import grpo_overrides, nothing_started, write_rows
 
 
 
@@ -16,27 +16,12 @@ def train_file(tmp_path):
     return write_rows(tmp_path / "train.parquet", ["gsm8k", "reasoning_gym/basic_arithmetic"] * 8)
 
 
-def good(train_file: str) -> list[str]:
-    """A valid small GRPO config on 2 workers."""
-    return [
-        f"data.train_files=[{train_file}]",
-        "data.train_batch_size=8",
-        "data.max_prompt_length=64",
-        "data.max_response_length=32",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.n_gpus_per_node=2",
-    ]
-
-
 def check(overrides: list[str]) -> None:
     validate_config(load_config(overrides))
 
 
 def test_the_good_config_passes_and_derives_batch_numbers(train_file):
-    sizes = validate_config(load_config(good(train_file)))
+    sizes = validate_config(load_config(grpo_overrides(train_file)))
     actor = sizes["actor"]
     assert (actor.samples_per_step, actor.mini_batch_samples, actor.mini_batch_samples_per_rank) == (32, 16, 8)
     assert (actor.grad_accum_steps, actor.optimizer_steps_per_step) == (4, 2)
@@ -84,7 +69,7 @@ CASES = [
 
 @pytest.mark.parametrize(("override", "words"), CASES, ids=[case[0] for case in CASES])
 def test_bad_value_is_named_in_the_error(train_file, override, words):
-    overrides = good(train_file) + override.split(" ")
+    overrides = grpo_overrides(train_file) + override.split(" ")
     with nothing_started(), pytest.raises(ValueError) as info:
         check(overrides)
     for word in words:
@@ -101,13 +86,13 @@ def test_context_overflow_names_both_lengths(tmp_path, train_file):
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"max_position_embeddings": 64}')
     (model_dir / "model.safetensors").write_bytes(b"")
-    overrides = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
+    overrides = grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
     with pytest.raises(ValueError, match=r"max_prompt_length \+ data.max_response_length = 96 exceeds .* 64"):
         check(overrides)
 
 
 def test_cli_prints_one_line_and_exits_2(train_file, capsys):
-    code = train_main(good(train_file) + ["actor_rollout_ref.rollout.n=1"])
+    code = train_main(grpo_overrides(train_file) + ["actor_rollout_ref.rollout.n=1"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("hybridflow train: config error:") and "rollout.n >= 2" in err
 
@@ -119,13 +104,13 @@ def test_dry_run_prints_config_and_batch_table_without_ray(train_file, capsys, m
         raise AssertionError("--dry-run must not start Ray")
 
     monkeypatch.setattr(ray, "init", no_ray)
-    assert train_main(["--dry-run", *good(train_file)]) == 0
+    assert train_main(["--dry-run", *grpo_overrides(train_file)]) == 0
     out = capsys.readouterr().out
     assert "adv_estimator: grpo" in out and "gradient accumulation steps" in out and "[actor]" in out
 
 
 def test_cfg_job_prints_composed_config(train_file, capsys):
-    assert train_main(["--cfg", "job", *good(train_file)]) == 0
+    assert train_main(["--cfg", "job", *grpo_overrides(train_file)]) == 0
     assert "ppo_mini_batch_size: 4" in capsys.readouterr().out
 
 
@@ -153,7 +138,7 @@ def test_cross_section_errors_print_before_torch_transformers_or_ray_load(train_
     import subprocess
     import sys
 
-    cases = [good(train_file) + override.split() for override, _ in CROSS_SECTION_ERRORS]
+    cases = [grpo_overrides(train_file) + override.split() for override, _ in CROSS_SECTION_ERRORS]
     code = (
         "import contextlib, io, json, sys\n"
         "from hybridflow.trainer.main_ppo import main\n"
@@ -178,7 +163,7 @@ def test_the_native_rollout_refuses_a_moe_it_cannot_run_before_ray_and_hf_takes_
     from hybridflow.models.moe import save_tiny_moe_model
 
     model_dir = save_tiny_moe_model(tmp_path / arch, arch)
-    overrides = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
+    overrides = grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
     with nothing_started(), pytest.raises(ValueError, match=rf"rollout.name='native' cannot run .*model type '{arch}' "
                                                             r"is a mixture-of-experts model.*rollout.name=hf"):
         check(overrides + ["actor_rollout_ref.rollout.name=native"])
@@ -190,7 +175,7 @@ def test_the_native_rollout_takes_mixtral_qwen2_moe_and_qwen3_moe(tmp_path, trai
 
     for arch in ("mixtral", "qwen2_moe", "qwen3_moe"):
         model_dir = save_tiny_moe_model(tmp_path / arch, arch)
-        check(good(train_file) + [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=native"])
+        check(grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=native"])
 
 
 def test_tensor_and_sequence_parallel_sizes_are_checked_against_the_model_shape(tmp_path, train_file):
@@ -199,7 +184,7 @@ def test_tensor_and_sequence_parallel_sizes_are_checked_against_the_model_shape(
     from hybridflow.models import save_tiny_model
 
     model_dir = save_tiny_model(tmp_path / "tiny")  # 4 heads, 2 key/value heads
-    base = good(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
+    base = grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
     with nothing_started():
         check(base + ["actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2"])
         check(base + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
@@ -219,7 +204,7 @@ def test_expert_parallel_sizes_are_checked_against_the_model_and_the_ranks(tmp_p
     moe = [f"actor_rollout_ref.model.path={save_tiny_moe_model(tmp_path / 'moe', 'qwen3_moe')}"]  # 4 experts
     dense = [f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'dense')}"]
     ep = "actor_rollout_ref.actor.fsdp_config.expert_parallel_size"
-    base = good(train_file)
+    base = grpo_overrides(train_file)
     with nothing_started():
         check(base + moe + [f"{ep}=2", "actor_rollout_ref.actor.use_kl_loss=True"])
         with pytest.raises(ValueError, match=rf"{ep}=2: model_type='llama' has no experts to split"):
@@ -241,5 +226,5 @@ def test_lora_all_linear_on_a_moe_actor_is_refused_before_ray(tmp_path, train_fi
     with nothing_started():
         with pytest.raises(ValueError, match=r"target_modules='all-linear' with LoRA on a mixture-of-experts model "
                                              r"\('mixtral'\).*target_modules=\[q_proj,k_proj,v_proj,o_proj\]"):
-            check(good(train_file) + model)
-        check(good(train_file) + model + ["actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
+            check(grpo_overrides(train_file) + model)
+        check(grpo_overrides(train_file) + model + ["actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"])

@@ -8,8 +8,9 @@ import pytest
 
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.main_ppo import main as train_main
+from tests.helpers import grpo_overrides
 from tests.tiny_runs import start_from_checkpoint
-from tests.trainer.placement_runs import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401  (fixtures)
+from tests.trainer.placement_runs import SPLIT, overrides, train, train_file, workspace  # noqa: F401  (fixtures)
 
 
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
@@ -83,18 +84,18 @@ def test_reward_model_on_its_own_pool_scores_as_it_does_colocated(workspace, ray
 ])
 def test_placement_keys_are_checked(train_file, extra, words):
     with pytest.raises(ValueError) as info:
-        validate_config(load_config(good(train_file, *extra)))
+        validate_config(load_config(grpo_overrides(train_file, *extra)))
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 
 
 def test_dry_run_prints_the_placement(train_file, tmp_path, capsys):
-    assert train_main(["--dry-run", *good(train_file)]) == 0
+    assert train_main(["--dry-run", *grpo_overrides(train_file)]) == 0
     out = capsys.readouterr().out
     assert "[placement] colocated" in out and "global_pool  2 processes (1 node x 2)  actor, rollout" in out
     split = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=2", "rollout.n_gpus_per_node=3",
              "actor_rollout_ref.actor.use_kl_loss=True"]
-    assert train_main(["--dry-run", *good(train_file, *split)]) == 0
+    assert train_main(["--dry-run", *grpo_overrides(train_file, *split)]) == 0
     out = capsys.readouterr().out
     assert "[placement] split" in out
     assert "trainer_pool  2 processes (1 node x 2)   actor, ref" in out
@@ -104,7 +105,7 @@ def test_dry_run_prints_the_placement(train_file, tmp_path, capsys):
     save_tiny_reward_model(tmp_path / "rm", num_layers=1, hidden=64, seed=0)
     own_rm = ["reward_model.enable=True", f"reward_model.model.path={tmp_path / 'rm'}",
               "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=3"]
-    assert train_main(["--dry-run", *good(train_file, *own_rm)]) == 0
+    assert train_main(["--dry-run", *grpo_overrides(train_file, *own_rm)]) == 0
     out = capsys.readouterr().out
     assert "global_pool  2 processes (1 node x 2)  actor, rollout" in out
     assert "reward_pool  3 processes (1 node x 3)  reward_model" in out

@@ -48,21 +48,10 @@ def test_requesting_vllm_raises_the_import_error_with_the_install_command():
 @without_vllm
 def test_config_validation_rejects_vllm_before_ray_with_the_install_command(tmp_path):
     from hybridflow.trainer.config import load_config, validate_config
-    from tests.helpers import write_rows
+    from tests.helpers import grpo_overrides, write_rows
 
     train_file = write_rows(tmp_path / "train.parquet", ["gsm8k"] * 16)
-    overrides = [
-        f"data.train_files=[{train_file}]",
-        "data.train_batch_size=8",
-        "data.max_prompt_length=64",
-        "data.max_response_length=32",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.name=vllm",
-    ]
+    overrides = grpo_overrides(train_file, "actor_rollout_ref.rollout.name=vllm")
     with nothing_started(), pytest.raises(ValueError) as info:
         validate_config(load_config(overrides))
     for word in ["actor_rollout_ref.rollout.name='vllm'", *INSTALL_WORDS]:

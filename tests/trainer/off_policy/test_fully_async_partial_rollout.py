@@ -14,7 +14,8 @@ from hybridflow.trainer.off_policy.schedule import AsyncSchedule
 from hybridflow.trainer.config import load_config
 from hybridflow.trainer.off_policy.checks import check_fully_async
 from hybridflow.trainer.off_policy.fully_async_policy import FullyAsyncTrainer
-from tests.trainer.placement_runs import ONE_PLUS_ONE, SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
+from tests.helpers import grpo_overrides
+from tests.trainer.placement_runs import ONE_PLUS_ONE, SPLIT, overrides, train, train_file, workspace  # noqa: F401
 
 PARTIAL = ("async_training.partial_rollout=True", "async_training.partial_rollout_chunk_tokens=4",
            "async_training.staleness_threshold=1", "async_training.deterministic_schedule_seed=0")
@@ -137,13 +138,13 @@ def test_staleness_0_is_the_synchronous_run(workspace, ray_cluster):  # noqa: F8
 
 # ----------------------------------------------------------------------------- config (no Ray)
 def test_partial_rollout_chunks_must_be_shorter_than_a_response(train_file):  # noqa: F811
-    cfg = load_config(good(train_file, *SPLIT, "async_training.partial_rollout=True",
+    cfg = load_config(grpo_overrides(train_file, *SPLIT, "async_training.partial_rollout=True",
                            "async_training.partial_rollout_chunk_tokens=32"))
     with pytest.raises(ValueError) as info:
         check_fully_async(cfg)
     for word in ("async_training.partial_rollout_chunk_tokens=32", "response_length=32", "partial_rollout=False"):
         assert word in str(info.value)
-    check_fully_async(load_config(good(train_file, *SPLIT, "async_training.partial_rollout=True",
+    check_fully_async(load_config(grpo_overrides(train_file, *SPLIT, "async_training.partial_rollout=True",
                                        "async_training.partial_rollout_chunk_tokens=8")))
     with pytest.raises(ValueError, match="partial_rollout_chunk_tokens=0"):
-        load_config(good(train_file, *SPLIT, "async_training.partial_rollout_chunk_tokens=0"))
+        load_config(grpo_overrides(train_file, *SPLIT, "async_training.partial_rollout_chunk_tokens=0"))

@@ -12,9 +12,10 @@ from hybridflow.trainer.off_policy.fully_async_policy import FullyAsyncTrainer
 from hybridflow.trainer.off_policy.rollouter import ThreadedRollouter, syncs_before
 from hybridflow.trainer.off_policy.main_fully_async import main as fully_async_main
 from hybridflow.trainer.main_ppo import main as train_main
+from tests.helpers import grpo_overrides
 from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.placement_runs import (  # noqa: F401  (train_file and workspace are fixtures)
-    ONE_PLUS_ONE, SPLIT, good, overrides, train, train_file, workspace,
+    ONE_PLUS_ONE, SPLIT, overrides, train, train_file, workspace,
 )
 
 
@@ -116,7 +117,7 @@ def test_syncs_before():
 ])
 def test_what_the_fully_async_trainer_needs_is_checked(train_file, extra, words):  # noqa: F811
     with pytest.raises(ValueError) as info:
-        check_fully_async(load_config(good(train_file, *extra)))
+        check_fully_async(load_config(grpo_overrides(train_file, *extra)))
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 
@@ -129,16 +130,16 @@ def test_what_the_fully_async_trainer_needs_is_checked(train_file, extra, words)
 ])
 def test_async_training_values_are_checked(train_file, extra, words):  # noqa: F811
     with pytest.raises(ValueError) as info:
-        load_config(good(train_file, *SPLIT, *extra))
+        load_config(grpo_overrides(train_file, *SPLIT, *extra))
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 
 
 def test_cli_checks_before_ray(train_file, capsys):  # noqa: F811
-    assert fully_async_main(["--dry-run", *good(train_file)]) == 2
+    assert fully_async_main(["--dry-run", *grpo_overrides(train_file)]) == 2
     assert "hybrid_engine=False" in capsys.readouterr().err
-    assert fully_async_main(["--dry-run", *good(train_file, *SPLIT, "async_training.staleness_threshold=2")]) == 0
+    assert fully_async_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, "async_training.staleness_threshold=2")]) == 0
     assert "[placement] split" in capsys.readouterr().out
     # Other trainers do not read async_training.*: they refuse it rather than ignore it.
-    assert train_main(["--dry-run", *good(train_file, *SPLIT, "async_training.staleness_threshold=2")]) == 2
+    assert train_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, "async_training.staleness_threshold=2")]) == 2
     assert "train-fully-async" in capsys.readouterr().err

@@ -10,8 +10,9 @@ from hybridflow.trainer.config import load_config
 from hybridflow.trainer.off_policy.main_one_step_off import main as one_step_main
 from hybridflow.trainer.off_policy.checks import check_one_step_off_policy
 from hybridflow.trainer.off_policy.one_step_off_policy import OneStepOffPolicyTrainer
+from tests.helpers import grpo_overrides
 from tests.tiny_runs import start_from_checkpoint
-from tests.trainer.placement_runs import SPLIT, good, overrides, train, train_file, workspace  # noqa: F401
+from tests.trainer.placement_runs import SPLIT, overrides, train, train_file, workspace  # noqa: F401
 
 
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
@@ -54,15 +55,15 @@ def test_samples_after_the_first_batch_are_one_version_stale(workspace, ray_clus
 ])
 def test_what_one_step_off_policy_needs_is_checked(train_file, extra, words):  # noqa: F811
     with pytest.raises(ValueError) as info:
-        check_one_step_off_policy(load_config(good(train_file, *extra)))
+        check_one_step_off_policy(load_config(grpo_overrides(train_file, *extra)))
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
 
 
 def test_cli_refuses_colocated_placement(train_file, capsys):  # noqa: F811
-    assert one_step_main(["--dry-run", *good(train_file)]) == 2
+    assert one_step_main(["--dry-run", *grpo_overrides(train_file)]) == 2
     assert "hybrid_engine=False" in capsys.readouterr().err
-    assert one_step_main(["--dry-run", *good(train_file, *SPLIT)]) == 0
+    assert one_step_main(["--dry-run", *grpo_overrides(train_file, *SPLIT)]) == 0
     assert "[placement] split" in capsys.readouterr().out
 
 
