@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny batches, prompt encoding, a simple loss, and a 2-process gloo launcher."""
+"""Shared test helpers: tiny batches, prompt encoding, a simple loss, a 2-process gloo launcher, and the check that
+the native rollout's sampled log-probs are the training engine's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hybridflow.engines.rollout import NativeRollout, SamplingParams
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.env import set_dist_env
+from hybridflow.models import build_causal_lm
 from hybridflow.protocol import DataProto
 
 
@@ -70,3 +74,16 @@ def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo")
     end: no other process can take the port in between (a port found free and released could be taken)."""
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     mp.spawn(_entry, args=(world_size, store.port, backend, fn, args), nprocs=world_size, join=True)
+
+
+def assert_native_log_probs_match_engine(model_dir, tokenizer, texts: list[str], kernels: str) -> None:
+    """Sample 2 x 8 tokens per prompt with the native rollout (temperature 0.7, top-k 50, top-p 0.9) and check that
+    the log-probs it returns equal the training engine's for the same tokens, to 1e-4."""
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=8, n=2)
+    rollout = NativeRollout(build_causal_lm(model_dir), tokenizer, params, max_num_seqs=4, kernels=kernels)
+    torch.manual_seed(0)
+    out = rollout.generate_sequences(encode_prompts(tokenizer, texts))
+    engine = build_fsdp_engine(model_dir, FSDPEngineConfig(micro_batch_size_per_gpu=4))
+    log_probs, _ = engine.compute_log_prob(out, temperature=0.7)
+    mask = out.batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs[mask], out.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)

@@ -9,11 +9,10 @@ import torch
 
 from hybridflow.engines.rollout import HFRollout, NativeRollout, SamplingParams
 from hybridflow.engines.rollout.native_support import native_unsupported_reason
-from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm
 from hybridflow.models.loader import save_model_and_tokenizer
 from hybridflow.models.moe import build_tiny_moe_model
-from tests.engines.helpers import encode_prompts
+from tests.engines.helpers import assert_native_log_probs_match_engine, encode_prompts
 
 PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x", "def add(a, b):\n    return"]
 GREEDY = SamplingParams(max_new_tokens=10, do_sample=False)
@@ -40,14 +39,7 @@ def test_moe_greedy_equals_transformers_token_for_token(moe_dir, tiny_tokenizer,
 
 
 def test_moe_sampled_log_probs_match_the_training_engine(moe_dir, tiny_tokenizer):
-    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=8, n=2)
-    rollout = NativeRollout(build_causal_lm(moe_dir), tiny_tokenizer, params, max_num_seqs=4, kernels="cpu")
-    torch.manual_seed(0)
-    out = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS))
-    engine = build_fsdp_engine(moe_dir, FSDPEngineConfig(micro_batch_size_per_gpu=4))
-    log_probs, _ = engine.compute_log_prob(out, temperature=0.7)
-    mask = out.batch["response_mask"].bool()
-    torch.testing.assert_close(log_probs[mask], out.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+    assert_native_log_probs_match_engine(moe_dir, tiny_tokenizer, PROMPTS, kernels="cpu")
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v3"])  # MLA

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from hybridflow.engines.rollout import ROLLOUTS, HFRollout, NativeRollout, SamplingParams
-from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.models import build_causal_lm, build_tiny_model
-from tests.engines.helpers import encode_prompts
+from tests.engines.helpers import assert_native_log_probs_match_engine, encode_prompts
 
 PROMPTS = ["hello there", "what is 12 + 7? The answer is", "x", "def add(a, b):\n    return"]
 GREEDY = SamplingParams(max_new_tokens=10, do_sample=False)
@@ -47,13 +46,8 @@ def test_qwen3_per_head_norms_greedy_and_log_probs(tmp_path, tiny_tokenizer, ker
     out = NativeRollout(model, tiny_tokenizer, GREEDY, max_num_seqs=3, kernels=kernels).generate_sequences(prompts)
     assert len(set(out.batch["responses"].flatten().tolist())) > 10
     assert torch.equal(out.batch["responses"], expected.batch["responses"])
-    params = SamplingParams(temperature=0.7, max_new_tokens=8, n=2)
-    torch.manual_seed(0)
-    sampled = NativeRollout(model, tiny_tokenizer, params, kernels=kernels).generate_sequences(prompts)
-    engine = build_fsdp_engine(save_model_and_tokenizer(model, tiny_tokenizer, tmp_path / "qwen3"), FSDPEngineConfig())
-    log_probs, _ = engine.compute_log_prob(sampled, temperature=0.7)
-    mask = sampled.batch["response_mask"].bool()
-    torch.testing.assert_close(log_probs[mask], sampled.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+    model_dir = save_model_and_tokenizer(model, tiny_tokenizer, tmp_path / "qwen3")
+    assert_native_log_probs_match_engine(model_dir, tiny_tokenizer, PROMPTS, kernels)
 
 
 def test_layout_stop_tokens_and_pads(sharp_model, tiny_tokenizer):
@@ -82,14 +76,7 @@ def test_layout_stop_tokens_and_pads(sharp_model, tiny_tokenizer):
 
 @pytest.mark.parametrize("kernels", ["torch", "cpu"])
 def test_sampled_log_probs_match_training_engine(sharp_model_dir, tiny_tokenizer, kernels):
-    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=8, n=2)
-    rollout = NativeRollout(build_causal_lm(sharp_model_dir), tiny_tokenizer, params, max_num_seqs=4, kernels=kernels)
-    torch.manual_seed(0)
-    out = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS))
-    engine = build_fsdp_engine(sharp_model_dir, FSDPEngineConfig(micro_batch_size_per_gpu=4))
-    log_probs, _ = engine.compute_log_prob(out, temperature=0.7)
-    mask = out.batch["response_mask"].bool()
-    torch.testing.assert_close(log_probs[mask], out.batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+    assert_native_log_probs_match_engine(sharp_model_dir, tiny_tokenizer, PROMPTS, kernels)
 
 
 def test_n_samples_share_prefill(sharp_model, tiny_tokenizer):
