@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hybridflow.models.moe_shape import is_moe_config
+
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 """Model types whose forward the native engine reproduces: Llama-family attention (Qwen3's with per-head q/k norms),
 with dense MLPs or with mixture-of-experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE), which it runs through the
@@ -18,7 +20,7 @@ def native_unsupported_reason(config: Mapping[str, Any]) -> str | None:
     """Why the native rollout cannot run a model with this HF config (a config.json mapping), or None if it can."""
     model_type = config.get("model_type")
     if model_type not in NATIVE_MODEL_TYPES:
-        moe = any(key in config for key in ("num_experts", "num_local_experts", "n_routed_experts"))
+        moe = is_moe_config(config)
         kind = "a mixture-of-experts model whose attention the native engine lacks" if moe else "not implemented"
         return f"model type {model_type!r} is {kind} (it runs {NATIVE_MODEL_TYPES})"
     # Qwen families switch the window on with use_sliding_window; Mistral's set it by its size alone.

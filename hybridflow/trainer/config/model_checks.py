@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from hybridflow.data.config import expand_path
+from hybridflow.models.moe_shape import is_moe_config
 from hybridflow.trainer.config.parallel_checks import hf_model_config
 from hybridflow.trainer.config.schema import PPOConfig
 
@@ -181,8 +182,7 @@ def check_lora_on_experts(cfg: PPOConfig) -> None:
     if model.lora_rank <= 0 or model.lora_adapter_path:
         return
     config = model_config_json(model.path) or {}
-    moe = any(key in config for key in ("num_experts", "num_local_experts", "n_routed_experts"))
-    if moe and isinstance(model.target_modules, str) and model.target_modules.lower() == "all-linear":
+    if is_moe_config(config) and isinstance(model.target_modules, str) and model.target_modules.lower() == "all-linear":
         raise ValueError(
             "actor_rollout_ref.model.target_modules='all-linear' with LoRA on a mixture-of-experts model "
             f"({config.get('model_type')!r}) would put adapters on its experts and routers, which is not supported; "
