@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,13 +28,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine
-from hybridflow.env import set_dist_env
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's test launcher
+
+from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine  # noqa: E402
 from hybridflow.models import build_local_tokenizer
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.moe import save_tiny_moe_model
 from hybridflow.protocol import DataProto
 from hybridflow.utils.host import write_results
+from tests.engines.helpers import run_distributed  # noqa: E402
 
 LAYOUTS = {"1 worker": (1, 1), "2 workers, FSDP": (2, 1), "2 workers, EP=2": (2, 2)}  # processes, ep
 
@@ -74,11 +76,9 @@ class AllToAllCounter:
         ep_module.all_to_all_single_autograd = counted
 
 
-def _rank(rank: int, world: int, port: int, ep: int, model_dir: str, args: argparse.Namespace, out: str) -> None:
+def _rank(rank: int, world: int, ep: int, model_dir: str, args: argparse.Namespace, out: str) -> None:
+    """One rank's timed steps; with world > 1 inside `run_distributed`'s gloo group."""
     torch.set_num_threads(2 // world)
-    if world > 1:
-        set_dist_env(rank, world, local_rank=rank, master_addr="127.0.0.1", master_port=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
     counter = AllToAllCounter() if ep > 1 else None
     config = FSDPEngineConfig(
         micro_batch_size_per_gpu=args.micro_rows, optim=OptimConfig(lr=1e-5),
@@ -105,14 +105,6 @@ def _rank(rank: int, world: int, port: int, ep: int, model_dir: str, args: argpa
             "step_s": statistics.median(times), "times": times, "all_to_all_calls": calls,
             "all_to_all_bytes": sent * (ep - 1) / ep if ep > 1 else 0,  # what leaves the rank
         }))
-    if world > 1:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -138,7 +130,10 @@ def main() -> None:
         runs = []
         for name, (processes, ep) in LAYOUTS.items():
             out = str(Path(workdir) / "run.json")
-            mp.spawn(_rank, args=(processes, _free_port(), ep, model_dir, args, out), nprocs=processes, join=True)
+            if processes == 1:  # a process of its own without a process group: the engine runs unsharded
+                mp.spawn(_rank, args=(1, ep, model_dir, args, out), nprocs=1, join=True)
+            else:
+                run_distributed(_rank, processes, ep, model_dir, args, out)
             result = json.loads(Path(out).read_text())
             micro_batches = args.rows // processes // args.micro_rows
             runs.append({"name": name, "ep": ep, "tokens": args.rows * args.seq_len, "seq_len": args.seq_len,
