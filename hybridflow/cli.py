@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),
     "merge": ("hybridflow.engines.training.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
+    "eval": ("hybridflow.evaluation.heldout:main", "greedy accuracy of models on held-out reasoning-gym problems, with intervals"),
     "plot": ("hybridflow.trainer.plot:main", "write PNG plots of a run's metrics (RUN_DIR/metrics.jsonl)"),
     "doctor": ("hybridflow.doctor:main", "print versions, devices, Ray status and whether the demo model is installed"),
 }

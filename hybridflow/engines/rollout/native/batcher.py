@@ -104,7 +104,8 @@ class _Run:
     unchecked_steps: int = 0  # decode steps since finished sequences were last retired
     start: float = field(default_factory=time.perf_counter)
     stats: dict[str, float] = field(
-        default_factory=lambda: {"prefill_s": 0.0, "decode_s": 0.0, "num_decode_steps": 0, "decoded_rows": 0}
+        default_factory=lambda: {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "num_decode_steps": 0,
+                                 "decoded_rows": 0}
     )
 
     @classmethod
@@ -447,6 +448,7 @@ class ContinuousBatcher:
         run.log_probs[rows, 0] = log_probs
         run.num_active += len(chunk) * n
         run.span = max(run.span, max(sizes) + 1)
+        run.stats["prefill_tokens"] += sum(sizes)
         run.stats["prefill_s"] += time.perf_counter() - start
         run.stats.setdefault("first_token_s", time.perf_counter() - run.start)
 

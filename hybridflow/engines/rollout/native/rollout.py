@@ -13,6 +13,7 @@ each full tensor it is handed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -50,6 +51,27 @@ logger = logging.getLogger(__name__)
 ACCELERATOR_DONE_CHECK_INTERVAL = 8
 """Decode steps between checks for finished sequences on an accelerator: a check waits for the device, so the
 host cannot queue the next steps meanwhile; a sequence that ends costs at most 7 idle steps of its slot."""
+
+
+def interleaved_copies(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> int:
+    """k when the rows are k consecutive copies of each prompt (`DataProto.repeat(k, interleave=True)`), else 1.
+
+    k is the run length of the first row's copies; every block of k rows must then be k equal rows (ids, mask and
+    positions) and the row count a multiple of k."""
+    rows = input_ids.shape[0]
+    if rows < 2:
+        return 1
+    same_as_first = ((input_ids == input_ids[:1]) & (attention_mask == attention_mask[:1])).all(dim=1)
+    same_as_first &= (position_ids == position_ids[:1]).flatten(1).all(dim=1)
+    differs = (~same_as_first).nonzero()
+    k = int(differs[0]) if differs.numel() else rows
+    if k < 2 or rows % k:
+        return 1
+    for tensor in (input_ids, attention_mask, position_ids):
+        blocks = tensor.reshape(rows // k, k, *tensor.shape[1:])
+        if not bool((blocks == blocks[:, :1]).all()):
+            return 1
+    return k
 
 
 class NativeRollout(BaseRollout):
@@ -157,14 +179,22 @@ class NativeRollout(BaseRollout):
             empty = (~keep.any(dim=1)).nonzero().flatten().tolist()
             raise ValueError(f"prompt rows {empty} have no tokens (attention_mask all 0); drop them before generating")
         stop_ids = self._stop_ids(params)
+        sequence_len = int(keep.sum(1).max()) + params.max_new_tokens
+        # The trainer repeats each prompt n times (verl's layout): generate each distinct prompt once with n
+        # samples instead, so that its prefill runs once and its samples share it (rows keep their order).
+        copies = interleaved_copies(prompt_ids, prompt_mask, prompt_pos)
+        max_seqs = self._slots_within_budget(sequence_len, copies * params.n)
+        if copies > 1 and copies * params.n > min(self.batcher.max_num_seqs, max_seqs or self.batcher.max_num_seqs):
+            copies, max_seqs = 1, self._slots_within_budget(sequence_len, params.n)
+        distinct = slice(None, None, copies)
         with self._threads():
             result = self.batcher.generate(
-                [ids[row] for ids, row in zip(prompt_ids, keep)],
-                [pos[row] for pos, row in zip(prompt_pos, keep)],
-                params,
+                [ids[row] for ids, row in zip(prompt_ids[distinct], keep[distinct])],
+                [pos[row] for pos, row in zip(prompt_pos[distinct], keep[distinct])],
+                dataclasses.replace(params, n=copies * params.n),
                 stop_ids,
                 self.tokenizer.pad_token_id,
-                max_seqs=self._slots_within_budget(int(keep.sum(1).max()) + params.max_new_tokens, params.n),
+                max_seqs=max_seqs,
             )
         self.last_stats = result.stats
         return build_output_for_prompts(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hybridflow.engines.rollout import ROLLOUTS, HFRollout, NativeRollout, SamplingParams
+from hybridflow.engines.rollout.native.rollout import interleaved_copies
 from hybridflow.models import build_causal_lm, build_tiny_model
 from tests.engines.helpers import assert_native_log_probs_match_engine, encode_prompts
 
@@ -95,6 +96,44 @@ def test_n_samples_share_prefill(sharp_model, tiny_tokenizer):
     assert torch.equal(greedy.batch["responses"], single.batch["responses"].repeat_interleave(3, dim=0))
     with pytest.raises(ValueError, match="max_num_seqs"):
         rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS[:1], {"n": 6}))
+
+
+def test_interleaved_copies_detects_only_whole_blocks_of_equal_rows():
+    ids = torch.tensor([[0, 5, 6], [1, 2, 3]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    assert interleaved_copies(ids, mask, pos) == 1
+    assert interleaved_copies(*(t.repeat_interleave(4, dim=0) for t in (ids, mask, pos))) == 4
+    assert interleaved_copies(*(t.repeat(4, 1) for t in (ids, mask, pos))) == 1  # tiled, not interleaved
+    ragged = torch.cat([ids[:1].repeat(2, 1), ids[1:].repeat(3, 1)])  # blocks of 2 then 3
+    ragged_mask = torch.cat([mask[:1].repeat(2, 1), mask[1:].repeat(3, 1)])
+    ragged_pos = torch.cat([pos[:1].repeat(2, 1), pos[1:].repeat(3, 1)])
+    assert interleaved_copies(ragged, ragged_mask, ragged_pos) == 1
+    other_mask = mask.repeat_interleave(2, dim=0)
+    other_mask[1, 0] = 1  # same ids and positions, another mask: not a copy
+    assert interleaved_copies(ids.repeat_interleave(2, dim=0), other_mask, pos.repeat_interleave(2, dim=0)) == 1
+
+
+def test_repeated_prompt_rows_share_one_prefill(sharp_model, tiny_tokenizer):
+    """The trainer sends each prompt n times (n=1 rollout): each distinct prompt is prefilled once; greedy rows equal
+    the distinct prompts' own, and sampled rows are drawn independently with the engine's log-probs."""
+    rollout = NativeRollout(sharp_model, tiny_tokenizer, SamplingParams(max_new_tokens=6), max_num_seqs=8)
+    distinct = encode_prompts(tiny_tokenizer, PROMPTS[:3])
+    repeated = distinct.repeat(4, interleave=True)
+    distinct_tokens = int(distinct.batch["attention_mask"].sum())
+    greedy = rollout.generate_sequences(repeated.__class__.from_dict(
+        tensors=dict(repeated.batch.items()), meta_info={"do_sample": False}))
+    assert rollout.last_stats["prefill_tokens"] == distinct_tokens
+    single = rollout.generate_sequences(encode_prompts(tiny_tokenizer, PROMPTS[:3], {"do_sample": False}))
+    assert torch.equal(greedy.batch["responses"], single.batch["responses"].repeat_interleave(4, dim=0))
+    assert torch.equal(greedy.batch["prompts"], repeated.batch["input_ids"])
+    torch.manual_seed(0)
+    sampled = rollout.generate_sequences(repeated)
+    assert rollout.last_stats["prefill_tokens"] == distinct_tokens and len(sampled) == 12
+    assert len({tuple(r) for r in sampled.batch["responses"].tolist()}) > 3
+    # 4 copies x n=3 exceed 8 slots: every row is prefilled on its own, as before
+    rollout.generate_sequences(repeated.__class__.from_dict(tensors=dict(repeated.batch.items()), meta_info={"n": 3}))
+    assert rollout.last_stats["prefill_tokens"] == 4 * distinct_tokens
 
 
 def test_update_weights_then_restore(sharp_model_dir, tiny_tokenizer):

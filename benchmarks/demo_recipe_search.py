@@ -1,0 +1,122 @@
+"""Choose the demo's recipe by measurement: each candidate trains with several seeds, then its final model is
+scored greedily on held-out problems (`hybridflow eval`: another generator seed, every training and validation
+question left out) against the base model on the same problems.
+
+    python benchmarks/demo_recipe_search.py --candidate demo --candidate lr3e-5_t1.0_24 --seeds 1 2 3
+
+A candidate is a name in CANDIDATES: overrides of the demo config (`grpo_smollm2_demo`). A run whose final
+checkpoint already exists under outputs/recipe_search/<candidate>_seed<S> is not trained again, only scored.
+The table gives per candidate: training minutes (the sum of its steps and validations, from metrics.jsonl),
+held-out greedy accuracy (flexible extraction, the demo's) mean +- sd over seeds, and the paired gain over the
+base model with each seed's 95% interval. Raw rows (per-problem marks too) go to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hybridflow.evaluation.heldout import evaluate, excluded_questions, heldout_problems
+from hybridflow.data.preprocess.reasoning_gym import PRESETS
+from hybridflow.trainer.plot import read_metrics
+from hybridflow.utils.host import write_results
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "outputs" / "demo" / "data"
+BASE_MODEL = "smollm2-135m-instruct"
+
+# name -> (total steps, overrides of grpo_smollm2_demo)
+CANDIDATES: dict[str, tuple[int, list[str]]] = {
+    "demo": (14, []),
+    "lr3e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
+    "lr2e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
+    "lr5e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=5e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
+    "lr2e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0",
+                                "data.max_response_length=32"]),
+    "lr2e-5_t1.0_40_r32": (40, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0",
+                                "data.max_response_length=32"]),
+    "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
+                                "data.max_response_length=32"]),
+}
+
+
+def run_dir_of(candidate: str, seed: int) -> Path:
+    return REPO / "outputs" / "recipe_search" / f"{candidate}_seed{seed}"
+
+
+def train(candidate: str, seed: int) -> Path:
+    """Train one candidate with one seed (unless its final checkpoint exists); its final global_step dir."""
+    steps, overrides = CANDIDATES[candidate]
+    run_dir = run_dir_of(candidate, seed)
+    final = run_dir / f"global_step_{steps}"
+    if not final.is_dir():
+        command = [
+            sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", "grpo_smollm2_demo", *overrides,
+            f"trainer.total_training_steps={steps}", f"trainer.test_freq={max(1, steps // 4)}",
+            f"trainer.save_freq={steps}", f"trainer.seed={seed}", f"data.seed={seed}", "trainer.logger=[file]",
+            f"trainer.default_local_dir={run_dir}",
+        ]
+        subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    return final
+
+
+def training_minutes(run_dir: Path) -> float:
+    """Minutes of training steps and in-run validations (start-up and checkpoint saves left out)."""
+    seconds = sum(r.get("timing_s/step", 0.0) + r.get("timing_s/testing", 0.0) for r in read_metrics(run_dir))
+    return seconds / 60
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidate", action="append", required=True, choices=sorted(CANDIDATES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--num_problems", type=int, default=256)
+    parser.add_argument("--eval_seed", type=int, default=12345)
+    args = parser.parse_args()
+    load_before = list(os.getloadavg())
+    task, config, _ = PRESETS["smollm2_easy"]
+    problems, dataset = heldout_problems(task, dict(config), args.num_problems, args.eval_seed,
+                                         excluded_questions([DATA / "train.parquet", DATA / "test.parquet"]))
+    rows = []
+    base = evaluate([BASE_MODEL], problems, dataset, ["ours"], 64, 64)[0]
+    rows.append({"candidate": "base", "seed": None, "acc": base["acc_flexible"], "acc_strict": base["acc_strict"],
+                 "correct": base["correct"]["flexible"]})
+    for candidate in args.candidate:
+        for seed in args.seeds:
+            started = time.monotonic()
+            final = train(candidate, seed)
+            record = evaluate([BASE_MODEL, str(final)], problems, dataset, ["ours"], 64, 64)[1]
+            rows.append({
+                "candidate": candidate, "seed": seed, "overrides": CANDIDATES[candidate][1],
+                "steps": CANDIDATES[candidate][0], "train_min": training_minutes(final.parent),
+                "acc": record["acc_flexible"], "acc_strict": record["acc_strict"],
+                "gain": record["gain_flexible"], "gain_ci95": record["gain_flexible_ci95"],
+                "correct": record["correct"]["flexible"], "wall_s": time.monotonic() - started,
+            })
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "correct"}), flush=True)
+    print(f"\nbase model: {100 * rows[0]['acc']:.1f}% on {args.num_problems} held-out problems (flexible extraction)")
+    print("| candidate | seeds | training min | held-out acc mean +- sd | gain mean +- sd | per-seed gain [95% CI] |")
+    print("|---|---|---|---|---|---|")
+    for candidate in args.candidate:
+        runs = [r for r in rows if r["candidate"] == candidate]
+        accs, gains = [100 * r["acc"] for r in runs], [100 * r["gain"] for r in runs]
+        sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
+        per_seed = ", ".join(f"{100 * r['gain']:+.1f} [{100 * r['gain_ci95'][0]:.1f}, {100 * r['gain_ci95'][1]:.1f}]"
+                             for r in runs)
+        print(f"| {candidate} | {len(runs)} | {statistics.mean(r['train_min'] for r in runs):.1f} | "
+              f"{statistics.mean(accs):.1f} +- {sd(accs):.1f} | {statistics.mean(gains):+.1f} +- {sd(gains):.1f} | "
+              f"{per_seed} |")
+    path = write_results("demo_recipe_search", {"candidates": {c: CANDIDATES[c] for c in args.candidate},
+                                                "seeds": args.seeds, "num_problems": args.num_problems,
+                                                "eval_seed": args.eval_seed}, rows, load_before)
+    print(f"raw results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Evaluation of trained models outside the trainer (held-out problems, intervals)."""

@@ -1,0 +1,71 @@
+"""`hybridflow eval`'s pieces: held-out problems never repeat excluded questions, answers are verified by the
+task, and the intervals are the standard ones."""
+
+import math
+
+import pytest
+
+from hybridflow.data.preprocess.common import write_splits
+from hybridflow.data.preprocess.reasoning_gym import PRESETS, build_rows
+from hybridflow.evaluation.heldout import (
+    excluded_questions,
+    heldout_problems,
+    paired_gain_interval,
+    proportion_interval,
+    score_responses,
+    user_message,
+)
+
+pytest.importorskip("reasoning_gym")
+
+
+def _easy():
+    task, config, _ = PRESETS["smollm2_easy"]
+    return task, dict(config)
+
+
+def test_heldout_problems_leave_out_every_training_question(tmp_path):
+    task, config = _easy()
+    splits = build_rows(task, config, train_size=200, test_size=20, seed=0)
+    write_splits(tmp_path, splits, overwrite=False)
+    seen = excluded_questions([tmp_path / "train.parquet", tmp_path / "test.parquet"])
+    assert len(seen) == 220
+    # the same generator seed as training: every question it would repeat must be skipped
+    problems, _ = heldout_problems(task, config, 50, seed=0, exclude=seen)
+    assert len(problems) == 50
+    assert not {p.question for p in problems} & seen
+    assert len({p.question for p in problems}) == 50
+
+
+def test_score_responses_uses_the_task_verifier_with_both_extractions():
+    task, config = _easy()
+    problems, dataset = heldout_problems(task, config, 3, seed=7, exclude=set())
+    right = problems[0].answer
+    responses = [f"The sum is {right}", f"Answer: {right}", "Answer: 100000 and then 3"]
+    marks = score_responses(problems[:1] * 3, responses, dataset)
+    assert marks["strict"] == [False, True, False]
+    assert marks["flexible"] == [True, True, False]
+
+
+def test_user_message_styles():
+    assert user_message("What is 2 + 2?", "plain") == "What is 2 + 2?"
+    assert user_message("What is 2 + 2?", "ours").startswith("What is 2 + 2?\n\nEnd with: Answer:")
+    with pytest.raises(ValueError, match="prompt style"):
+        user_message("q", "chat")
+
+
+def test_proportion_interval_is_wilson():
+    low, high = proportion_interval(20, 100)
+    # Wilson 95% for 20/100: [0.1333, 0.2888]
+    assert low == pytest.approx(0.1333, abs=1e-4) and high == pytest.approx(0.2888, abs=1e-4)
+    assert proportion_interval(0, 10)[0] == 0.0
+
+
+def test_paired_gain_interval_counts_only_changed_problems():
+    base = [False] * 60 + [True] * 40
+    other = [True] * 30 + [False] * 30 + [True] * 40  # 30 problems gained, none lost
+    mean, low, high = paired_gain_interval(base, other)
+    assert mean == pytest.approx(0.30)
+    half = 1.959964 * math.sqrt(0.30 * 0.70 * 100 / 99 / 100)
+    assert (low, high) == pytest.approx((0.30 - half, 0.30 + half), abs=1e-5)
+    assert paired_gain_interval(base, base) == (0.0, 0.0, 0.0)
