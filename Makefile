@@ -21,6 +21,9 @@ demo: $(STAMP)
 	test -f $(DEMO_DATA)/train.parquet || $(PY) -m hybridflow.data.preprocess.reasoning_gym --preset smollm2_easy \
 		--local_dir $(DEMO_DATA) --train_size 512 --test_size 64 --seed 0
 	RAY_AUTH_MODE=disabled $(PY) -m hybridflow.trainer.main_ppo --config-name grpo_smollm2_demo
+	$(PY) -m hybridflow.cli eval --model smollm2-135m-instruct --model outputs/demo/run --preset smollm2_easy \
+		--num_problems 256 --exclude $(DEMO_DATA)/train.parquet --exclude $(DEMO_DATA)/test.parquet --prompt ours \
+		--max_new_tokens 64 --json outputs/demo/heldout.json
 
 # The demo on SmolLM2 upcycled into a 4-expert Mixtral (built once into outputs/smollm2_moe).
 demo-moe: $(STAMP)

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from hybridflow.evaluation.heldout import evaluate, excluded_questions, heldout_problems
+from hybridflow.evaluation.heldout import evaluate, excluded_questions, heldout_problems, paired_gain_interval
 from hybridflow.data.preprocess.reasoning_gym import PRESETS
 from hybridflow.trainer.plot import read_metrics
 from hybridflow.utils.host import write_results
@@ -91,12 +91,13 @@ def main() -> None:
         for seed in args.seeds:
             started = time.monotonic()
             final = train(candidate, seed)
-            record = evaluate([BASE_MODEL, str(final)], problems, dataset, ["ours"], 64, 64)[1]
+            record = evaluate([str(final)], problems, dataset, ["ours"], 64, 64)[0]
+            gain, gain_low, gain_high = paired_gain_interval(base["correct"]["flexible"], record["correct"]["flexible"])
             rows.append({
                 "candidate": candidate, "seed": seed, "overrides": CANDIDATES[candidate][1],
                 "steps": CANDIDATES[candidate][0], "train_min": training_minutes(final.parent),
                 "acc": record["acc_flexible"], "acc_strict": record["acc_strict"],
-                "gain": record["gain_flexible"], "gain_ci95": record["gain_flexible_ci95"],
+                "gain": gain, "gain_ci95": [gain_low, gain_high],
                 "correct": record["correct"]["flexible"], "wall_s": time.monotonic() - started,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "correct"}), flush=True)

@@ -32,6 +32,9 @@ from hybridflow.trainer.plot import metrics_by_step
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "outputs" / "demo" / "data" / "train.parquet"
+# trl_grpo_baseline.py's settings, which the demo config's own recipe (lr 2e-5, temperature 1.0, 32 tokens) differs from
+TRL_MATCHED_SETTINGS = ("actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.rollout.temperature=0.7",
+                        "data.max_response_length=48")
 
 
 def run_hybridflow(steps: int, run_dir: Path, data: Path, max_prompt_length: int) -> list[dict]:
@@ -41,6 +44,7 @@ def run_hybridflow(steps: int, run_dir: Path, data: Path, max_prompt_length: int
         f"trainer.total_training_steps={steps}", "data.val_files=[]", "trainer.val_before_train=False",
         "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}", "trainer.logger=[file]",
         f"data.train_files=[{data}]", f"data.max_prompt_length={max_prompt_length}",
+        *TRL_MATCHED_SETTINGS,
     ]
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     records = metrics_by_step(run_dir)

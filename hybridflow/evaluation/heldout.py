@@ -12,8 +12,8 @@ gain that only holds under the training prompt is a gain in formatting, not in t
         --preset smollm2_easy --num_problems 256 --exclude outputs/demo/data/train.parquet \
         --exclude outputs/demo/data/test.parquet --json benchmarks/results/heldout.json
 
-A `--model` is a catalogue name, a Hugging Face directory, or a trainer checkpoint (`global_step_N` or its
-`actor/`), which is merged into a temporary directory first. The first model is the baseline: each other
+A `--model` is a catalogue name, a Hugging Face directory, a trainer checkpoint (`global_step_N` or its `actor/`,
+merged into a temporary directory first) or a run directory (`trainer.default_local_dir`: its latest checkpoint). The first model is the baseline: each other
 model's gain is reported as a paired difference on the same problems, with its own 95% interval.
 """
 
@@ -128,6 +128,9 @@ def resolve_eval_model(model: str, scratch: Path) -> str:
     from hybridflow.models.catalogue import resolve_model_path
 
     path = Path(model)
+    latest = path / "latest_checkpointed_iteration.txt"
+    if latest.is_file():  # a run directory: its latest checkpoint
+        path = path / f"global_step_{int(latest.read_text().strip())}"
     if path.is_dir():
         try:
             ckpt = find_checkpoint_dir(path)
