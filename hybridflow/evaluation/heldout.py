@@ -134,8 +134,8 @@ def resolve_eval_model(model: str, scratch: Path) -> str:
     if path.is_dir():
         try:
             ckpt = find_checkpoint_dir(path)
-        except FileNotFoundError:
-            return resolve_model_path(model)
+        except FileNotFoundError:  # a plain HF directory
+            return resolve_model_path(path)
         target = scratch / f"merged_{len(list(scratch.iterdir()))}"
         merge_checkpoint(ckpt, target)
         return str(target)

@@ -12,6 +12,7 @@ from hybridflow.evaluation.heldout import (
     heldout_problems,
     paired_gain_interval,
     proportion_interval,
+    resolve_eval_model,
     score_responses,
     user_message,
 )
@@ -69,3 +70,13 @@ def test_paired_gain_interval_counts_only_changed_problems():
     half = 1.959964 * math.sqrt(0.30 * 0.70 * 100 / 99 / 100)
     assert (low, high) == pytest.approx((0.30 - half, 0.30 + half), abs=1e-5)
     assert paired_gain_interval(base, base) == (0.0, 0.0, 0.0)
+
+
+def test_a_run_directory_resolves_to_its_latest_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    (run / "global_step_3").mkdir(parents=True)  # an HF directory stands in for the checkpoint
+    (run / "global_step_6").mkdir()
+    (run / "latest_checkpointed_iteration.txt").write_text("3\n")
+    assert resolve_eval_model(str(run), tmp_path) == str(run / "global_step_3")
+    with pytest.raises(ValueError, match="neither a catalogue name"):
+        resolve_eval_model(str(tmp_path / "missing"), tmp_path)
