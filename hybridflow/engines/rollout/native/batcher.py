@@ -247,6 +247,10 @@ class ContinuousBatcher:
         self.decode = DecodeStep(forward, cache, graphs)
 
     @torch.inference_mode()
+    def slot_limit(self, max_seqs: int | None) -> int:
+        """Cache slots a `generate` call may hold: `max_num_seqs`, or fewer under a memory budget's `max_seqs`."""
+        return min(self.max_num_seqs, max_seqs or self.max_num_seqs)
+
     def generate(
         self,
         prompts: list[torch.Tensor],
@@ -262,7 +266,7 @@ class ContinuousBatcher:
         max_seqs: cache slots this call may hold at most (a memory budget), below `max_num_seqs`; None: no limit.
         """
         n, max_new = params.n, params.max_new_tokens
-        limit = min(self.max_num_seqs, max_seqs or self.max_num_seqs)
+        limit = self.slot_limit(max_seqs)
         if n > limit:
             raise ValueError(
                 f"n={n} > {limit} cache slots: the n samples of a prompt share one prefill and need n slots at once; "

@@ -182,10 +182,11 @@ class NativeRollout(BaseRollout):
         sequence_len = int(keep.sum(1).max()) + params.max_new_tokens
         # The trainer repeats each prompt n times (verl's layout): generate each distinct prompt once with n
         # samples instead, so that its prefill runs once and its samples share it (rows keep their order).
+        # When the copies' samples do not fit in the slots at once, every row is prefilled on its own.
+        max_seqs = self._slots_within_budget(sequence_len, params.n)
         copies = interleaved_copies(prompt_ids, prompt_mask, prompt_pos)
-        max_seqs = self._slots_within_budget(sequence_len, copies * params.n)
-        if copies > 1 and copies * params.n > min(self.batcher.max_num_seqs, max_seqs or self.batcher.max_num_seqs):
-            copies, max_seqs = 1, self._slots_within_budget(sequence_len, params.n)
+        if copies * params.n > self.batcher.slot_limit(max_seqs):
+            copies = 1
         distinct = slice(None, None, copies)
         with self._threads():
             result = self.batcher.generate(

@@ -136,6 +136,23 @@ def test_repeated_prompt_rows_share_one_prefill(sharp_model, tiny_tokenizer):
     assert rollout.last_stats["prefill_tokens"] == 4 * distinct_tokens
 
 
+def test_repeated_rows_over_a_memory_budget_fall_back_to_one_prefill_each(sharp_model, tiny_tokenizer):
+    """A memory budget that holds n samples but not copies x n: the call runs row by row, as before sharing,
+    rather than failing."""
+
+    class FiveSequences:
+        def max_sequences(self, bytes_per_sequence, needed=1):
+            if needed > 5:
+                raise ValueError(f"room for 5 sequences, fewer than the {needed} decoded together")
+            return 5
+
+    rollout = NativeRollout(sharp_model, tiny_tokenizer, SamplingParams(max_new_tokens=4, n=2), max_num_seqs=8)
+    rollout.memory_budget = FiveSequences()
+    distinct = encode_prompts(tiny_tokenizer, PROMPTS[:3])
+    out = rollout.generate_sequences(distinct.repeat(4, interleave=True))  # 4 copies x n=2 = 8 > 5 slots
+    assert len(out) == 24 and rollout.last_stats["prefill_tokens"] == 4 * int(distinct.batch["attention_mask"].sum())
+
+
 def test_update_weights_then_restore(sharp_model_dir, tiny_tokenizer):
     source = build_causal_lm(sharp_model_dir)
     original = {name: p.detach().clone() for name, p in source.named_parameters()}
