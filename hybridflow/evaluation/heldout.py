@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridflow.algorithms.validation_metrics import compute_mean_interval
 from hybridflow.data.preprocess.reasoning_gym import PRESETS, build_prompt
 
 PROMPT_STYLES = ("ours", "plain")
@@ -83,16 +84,6 @@ def user_message(question: str, style: str) -> str:
     if style == "plain":
         return question
     raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
-
-
-def proportion_interval(successes: int, total: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion."""
-    if total <= 0:
-        raise ValueError("proportion_interval needs total > 0")
-    p = successes / total
-    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
-    half = z / (1 + z * z / total) * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def paired_gain_interval(base: Sequence[bool], other: Sequence[bool], z: float = Z95) -> tuple[float, float, float]:
@@ -180,7 +171,7 @@ def evaluate(models: Sequence[str], problems: Sequence[Problem], dataset: Any, s
                 record: dict[str, Any] = {"model": model, "prompt": style, "num_problems": len(problems),
                                           "correct": correct, "examples": responses[:4]}
                 for name, marks in correct.items():
-                    low, high = proportion_interval(sum(marks), len(marks))
+                    low, high = compute_mean_interval([float(mark) for mark in marks])  # Wilson for 0/1 marks
                     record[f"acc_{name}"] = sum(marks) / len(marks)
                     record[f"acc_{name}_ci95"] = [low, high]
                 records.append(record)

@@ -11,7 +11,6 @@ from hybridflow.evaluation.heldout import (
     excluded_questions,
     heldout_problems,
     paired_gain_interval,
-    proportion_interval,
     resolve_eval_model,
     score_responses,
     user_message,
@@ -55,11 +54,13 @@ def test_user_message_styles():
         user_message("q", "chat")
 
 
-def test_proportion_interval_is_wilson():
-    low, high = proportion_interval(20, 100)
+def test_accuracy_interval_is_wilson():
+    from hybridflow.algorithms.validation_metrics import compute_mean_interval
+
+    low, high = compute_mean_interval([1.0] * 20 + [0.0] * 80)
     # Wilson 95% for 20/100: [0.1333, 0.2888]
     assert low == pytest.approx(0.1333, abs=1e-4) and high == pytest.approx(0.2888, abs=1e-4)
-    assert proportion_interval(0, 10)[0] == 0.0
+    assert compute_mean_interval([0.0] * 10)[0] == 0.0
 
 
 def test_paired_gain_interval_counts_only_changed_problems():
