@@ -159,8 +159,11 @@ class ActorRolloutRefWorker(Worker):
         self._rollout_weights_stale = self.actor_engine is not None and not shares
         # Backend-specific settings of the rollout config, for the backends that take them.
         # vllm reads its keys from the section; hf and native take the memory share the rollout may use
-        extra = {"config": rollout} if rollout.backend_spec.reads_engine_keys else {
-            "memory_utilization": rollout.gpu_memory_utilization}
+        # and the engine keys their spec declares (native: enforce_eager)
+        spec = rollout.backend_spec
+        extra = {"config": rollout} if spec.reads_engine_keys else {
+            "memory_utilization": rollout.gpu_memory_utilization,
+            **(rollout_cls.kwargs_from_config(rollout) if spec.engine_keys else {})}
         if tp_mesh is not None:
             extra["tp_mesh"] = tp_mesh
         self.rollout = rollout_cls(

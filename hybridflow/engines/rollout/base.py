@@ -103,6 +103,12 @@ class BaseRollout(abc.ABC):
     """True if the backend has `serve(source, params, max_len, max_seqs)`: requests join a decode that is
     already running (the generation server then uses it instead of one `generate_sequences` per batch)."""
 
+    @classmethod
+    def kwargs_from_config(cls, config: Any) -> dict[str, Any]:
+        """Constructor arguments this backend takes from the rollout config section (`actor_rollout_ref.rollout`):
+        the engine keys its `RolloutSpec.engine_keys` declares. None by default."""
+        return {}
+
     def resolve_sampling_params(self, meta_info: Mapping[str, Any]) -> SamplingParams:
         """One call's parameters: the validation or training ones, with `meta_info`'s overrides applied."""
         base = self.val_sampling_params if meta_info.get("validate", False) else self.sampling_params

@@ -165,7 +165,9 @@ class RolloutConfig(SamplingConfig):
     units); unlike vLLM's own auto it does not follow the checkpoint's dtype. verl's default: bfloat16."""
     enforce_eager: Optional[bool] = None
     """vllm engine: True runs eagerly, False captures CUDA graphs / compiles. None: False on GPU (verl's
-    default), True on CPU (vLLM's CPU backend would compile with inductor at start-up, minutes)."""
+    default), True on CPU (vLLM's CPU backend would compile with inductor at start-up, minutes). native engine:
+    True decodes eagerly on CUDA, None or False replays its decode step from CUDA graphs (on CUDA, one rank per
+    replica, dense models; other devices always run eagerly)."""
     max_model_len: Optional[int] = None
     """vllm engine: longest prompt + response a sequence may reach; None is prompt_length + response_length."""
     max_num_seqs: int = 256
@@ -249,9 +251,11 @@ class RolloutConfig(SamplingConfig):
 
     def _refuse_vllm_only_keys(self) -> None:
         """The vllm engine's own keys at another value than their default with another engine: refused, since
-        the hf and native engines would ignore them."""
+        that engine would ignore them (except the keys its spec says it reads: native's `enforce_eager`)."""
         defaults = RolloutConfig(name="vllm")
         for key in _VLLM_ONLY_KEYS:
+            if key in self.backend_spec.engine_keys:
+                continue
             value = getattr(self, key)
             if value != getattr(defaults, key):
                 raise ConfigFieldError(

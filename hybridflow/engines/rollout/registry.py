@@ -38,6 +38,9 @@ class RolloutSpec:
     reads_engine_keys: bool = False
     """Reads its engine's own keys from the rollout section (`enforce_eager`, `max_num_batched_tokens`, ...), which
     other backends would ignore and therefore refuse."""
+    engine_keys: tuple[str, ...] = ()
+    """Of those engine keys, the ones this backend reads too (through its class's `kwargs_from_config`); the others
+    stay refused for it."""
     model_check: str | None = None
     """'module:function' taking a model's config.json (a mapping) and returning why the backend cannot run it, or
     None; torch-free, run before Ray."""
@@ -87,7 +90,7 @@ register_rollout("hf", "hybridflow.engines.rollout.hf:HFRollout", RolloutSpec(
     returns_log_probs=True, runs_vision=True, records_routing=True,
 ))
 register_rollout("native", "hybridflow.engines.rollout.native:NativeRollout", RolloutSpec(
-    returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True,
+    returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True, engine_keys=("enforce_eager",),
     model_check="hybridflow.engines.rollout.native_support:native_unsupported_reason",
 ))
 register_rollout("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout", RolloutSpec(

@@ -87,3 +87,33 @@ def test_no_backend_name_branch_outside_the_registry():
 def test_the_branch_finder_finds_a_branch():
     source = 'if rollout.name == "vllm":\n    pass\nif x in ("hf", "y"):\n    pass\nif z == "other":\n    pass\n'
     assert [line for line, _ in _name_branches(ast.parse(source), source)] == [1, 3]
+
+
+def test_native_reads_enforce_eager_and_still_refuses_the_other_vllm_keys():
+    from hybridflow.engines.rollout.config import RolloutConfig
+    from hybridflow.utils.config import ConfigFieldError
+
+    native = ROLLOUTS.get("native")
+    assert native.kwargs_from_config(RolloutConfig(name="native", enforce_eager=True)) == {"cuda_graphs": False}
+    assert native.kwargs_from_config(RolloutConfig(name="native", enforce_eager=False)) == {"cuda_graphs": True}
+    assert native.kwargs_from_config(RolloutConfig(name="native")) == {"cuda_graphs": True}  # None: graphs on CUDA
+    with pytest.raises(ConfigFieldError, match="max_num_seqs=64 sets the vllm engine, but name='native' does not read"):
+        RolloutConfig(name="native", max_num_seqs=64)
+    with pytest.raises(ConfigFieldError, match="enforce_eager=True sets the vllm engine, but name='hf' does not read"):
+        RolloutConfig(name="hf", enforce_eager=True)
+
+
+@pytest.mark.parametrize("name", ["hf", "native", "vllm"])
+def test_engine_keys_a_backend_declares_reach_its_constructor(name):
+    import inspect
+
+    from hybridflow.engines.rollout.config import _VLLM_ONLY_KEYS, RolloutConfig
+
+    spec = rollout_spec(name)
+    assert set(spec.engine_keys) <= set(_VLLM_ONLY_KEYS)
+    if spec.reads_engine_keys:
+        return  # takes the whole section (config=...)
+    backend = ROLLOUTS.get(name)
+    kwargs = backend.kwargs_from_config(RolloutConfig(name=name))
+    assert set(kwargs) <= set(inspect.signature(backend.__init__).parameters)
+    assert bool(kwargs) == bool(spec.engine_keys)  # a declared key is passed on; nothing else is

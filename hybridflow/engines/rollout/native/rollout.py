@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -166,6 +167,11 @@ class NativeRollout(BaseRollout):
         device = get_torch_device(dist_local_rank())
         torch_dtype = next(model.parameters()).dtype if isinstance(model, nn.Module) else to_torch_dtype(dtype)
         return build_sharded_causal_lm(model, torch_dtype, self.tp, device), device
+
+    @classmethod
+    def kwargs_from_config(cls, config) -> dict[str, Any]:
+        """`rollout.enforce_eager`: True turns the CUDA-graph decode off (None and False leave it on)."""
+        return {"cuda_graphs": not config.enforce_eager}
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
