@@ -226,3 +226,47 @@ def test_cuda_sync_detector_sees_no_per_micro_batch_sync(tiny_llama_dir, tiny_to
         counts[micro_batch_size] = passes
     assert counts[6] == counts[2], f"syncs with 2 micro-batches {counts[6]}, with 6 {counts[2]}"
     assert counts[6]["update"] <= MAX_UPDATE_SYNCS and counts[6]["log_prob"] <= MAX_LOG_PROB_SYNCS, counts
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_micro_batch_loop_runs_under_cuda_sync_error_mode(tiny_llama_dir, tiny_tokenizer, monkeypatch, layout):
+    """On CUDA, torch's own detector: `set_sync_debug_mode("error")` raises on any synchronising call. It is on from
+    the first micro-batch's forward until the optimizer step (every forward, loss and backward of the loop), and
+    around each forward of the log-prob pass; the mini-batch's own reads (counts before, grad norm and metrics
+    after) stay outside, as on CPU."""
+    data = _grouped_batch(len(tiny_tokenizer))
+    engine = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(LAYOUTS[layout], micro_batch_size_per_gpu=2))
+    assert engine.device.type == "cuda"
+    _update(engine, data, 2)  # warm-up: lazy initialisation and first allocations are not the loop's
+    _log_prob(engine, data, 2)
+    forward, clip_and_step = engine.forward_micro_batch, engine._clip_and_step
+    forwards = []
+
+    def forward_in_error_mode(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        forwards.append(1)
+        return forward(*args, **kwargs)
+
+    def step_after_the_loop():
+        torch.cuda.set_sync_debug_mode("default")
+        return clip_and_step()
+
+    monkeypatch.setattr(engine, "forward_micro_batch", forward_in_error_mode)
+    monkeypatch.setattr(engine, "_clip_and_step", step_after_the_loop)
+    try:
+        metrics = _update(engine, data, 2)
+        assert len(forwards) == ROWS // 2 and all(v[0] == v[0] for v in metrics.values())  # 6 micro-batches, no NaN
+
+        def log_prob_forward(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        monkeypatch.setattr(engine, "forward_micro_batch", log_prob_forward)
+        _log_prob(engine, data, 2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
