@@ -41,6 +41,10 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
                                 "data.max_response_length=32"]),
     "lr2e-5_t1.0_40_r32": (40, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0",
                                 "data.max_response_length=32"]),
+    "ent3e-3_cos_40": (40, ["actor_rollout_ref.actor.entropy_coeff=0.003",
+                            "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                            "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"]),
+    "dyn_24": (24, ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]),
     "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
                                 "data.max_response_length=32"]),
 }
@@ -72,6 +76,21 @@ def training_minutes(run_dir: Path) -> float:
     return seconds / 60
 
 
+def base_record(problems, dataset, num_problems: int, eval_seed: int) -> dict:
+    """The base model's evaluation on these problems, cached under outputs/recipe_search (greedy, so it does not
+    change between runs); the cache is keyed by the problem count, the seed and the questions themselves."""
+    questions = [problem.question for problem in problems]
+    cache = REPO / "outputs" / "recipe_search" / f"base_{num_problems}_seed{eval_seed}.json"
+    if cache.is_file():
+        cached = json.loads(cache.read_text())
+        if cached.get("questions") == questions:
+            return cached["record"]
+    record = evaluate([BASE_MODEL], problems, dataset, ["ours"], 64, 64)[0]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"questions": questions, "record": record}))
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidate", action="append", required=True, choices=sorted(CANDIDATES))
@@ -84,7 +103,7 @@ def main() -> None:
     problems, dataset = heldout_problems(task, dict(config), args.num_problems, args.eval_seed,
                                          excluded_questions([DATA / "train.parquet", DATA / "test.parquet"]))
     rows = []
-    base = evaluate([BASE_MODEL], problems, dataset, ["ours"], 64, 64)[0]
+    base = base_record(problems, dataset, args.num_problems, args.eval_seed)
     rows.append({"candidate": "base", "seed": None, "acc": base["acc_flexible"], "acc_strict": base["acc_strict"],
                  "correct": base["correct"]["flexible"]})
     for candidate in args.candidate:

@@ -12,6 +12,10 @@ gain that only holds under the training prompt is a gain in formatting, not in t
         --preset smollm2_easy --num_problems 256 --exclude outputs/demo/data/train.parquet \
         --exclude outputs/demo/data/test.parquet --json benchmarks/results/heldout.json
 
+`--samples N` also samples N responses per problem (at `--temperature`, no top-k/top-p, as the trainer's rollouts
+do) and reports pass@k for k = 1, 2, 4, ..., N (the unbiased estimator): what sampling can find, which bounds what
+RL can sharpen into the greedy answer.
+
 A `--model` is a catalogue name, a Hugging Face directory, a trainer checkpoint (`global_step_N` or its `actor/`,
 merged into a temporary directory first) or a run directory (`trainer.default_local_dir`: its latest checkpoint). The first model is the baseline: each other
 model's gain is reported as a paired difference on the same problems, with its own 95% interval.
@@ -157,16 +161,76 @@ def greedy_responses(model_dir: str, messages: Sequence[str], max_new_tokens: in
     return out
 
 
+def sampled_responses(model_dir: str, messages: Sequence[str], max_new_tokens: int, batch_size: int,
+                      num_samples: int, temperature: float, seed: int) -> list[list[str]]:
+    """`num_samples` sampled completions of each user message: softmax(logits / temperature) over the whole
+    vocabulary (no top-k / top-p, as the trainer's rollouts sample), fp32, seeded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
+                                           add_generation_prompt=True) for m in messages]
+    prompts_per_call = max(1, batch_size // num_samples)
+    torch.manual_seed(seed)
+    out: list[list[str]] = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), prompts_per_call):
+            batch = tokenizer(texts[start:start + prompts_per_call], return_tensors="pt", padding=True,
+                              add_special_tokens=False)
+            generated = model.generate(**batch, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                       num_return_sequences=num_samples, max_new_tokens=max_new_tokens,
+                                       pad_token_id=tokenizer.pad_token_id)
+            decoded = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+            out.extend(decoded[i:i + num_samples] for i in range(0, len(decoded), num_samples))
+    return out
+
+
+def compute_pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Unbiased pass@k of one problem from `num_correct` right answers in `num_samples` samples:
+    1 - C(n - c, k) / C(n, k), the chance that k of the n samples drawn without replacement hold a right one."""
+    if not 1 <= k <= num_samples or not 0 <= num_correct <= num_samples:
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={num_samples}, c={num_correct}, k={k}")
+    if num_samples - num_correct < k:
+        return 1.0
+    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+def pass_at_k_levels(num_samples: int) -> list[int]:
+    """The k reported for `num_samples` samples: 1, 2, 4, ... and n itself."""
+    levels = [1 << i for i in range(num_samples.bit_length()) if 1 << i < num_samples]
+    return levels + [num_samples]
+
+
+def sampled_record(problems: Sequence[Problem], samples: Sequence[Sequence[str]], dataset: Any) -> dict[str, Any]:
+    """Per-problem right-answer counts of sampled responses (flexible extraction) and the mean pass@k for each
+    `pass_at_k_levels` k: what sampling finds, the most RL can sharpen into the greedy answer."""
+    num_samples = len(samples[0])
+    counts = []
+    for problem, responses in zip(problems, samples, strict=True):
+        marks = score_responses([problem] * len(responses), responses, dataset)["flexible"]
+        counts.append(sum(marks))
+    pass_at = {str(k): sum(compute_pass_at_k(num_samples, c, k) for c in counts) / len(counts)
+               for k in pass_at_k_levels(num_samples)}
+    return {"num_samples": num_samples, "sampled_correct": counts, "pass_at_k": pass_at}
+
+
 def evaluate(models: Sequence[str], problems: Sequence[Problem], dataset: Any, styles: Sequence[str],
-             max_new_tokens: int, batch_size: int) -> list[dict[str, Any]]:
-    """One record per (model, prompt style): accuracy per extraction with its interval, and the samples."""
+             max_new_tokens: int, batch_size: int, num_samples: int = 0, temperature: float = 1.0,
+             sample_seed: int = 0) -> list[dict[str, Any]]:
+    """One record per (model, prompt style): accuracy per extraction with its interval, and the samples; with
+    `num_samples` > 0 also pass@k of that many sampled responses per problem at `temperature`."""
     records = []
     with tempfile.TemporaryDirectory(prefix="hybridflow_eval_") as scratch:
         for model in models:
             model_dir = resolve_eval_model(model, Path(scratch))
             for style in styles:
-                responses = greedy_responses(model_dir, [user_message(p.question, style) for p in problems],
-                                             max_new_tokens, batch_size)
+                messages = [user_message(p.question, style) for p in problems]
+                responses = greedy_responses(model_dir, messages, max_new_tokens, batch_size)
                 correct = score_responses(problems, responses, dataset)
                 record: dict[str, Any] = {"model": model, "prompt": style, "num_problems": len(problems),
                                           "correct": correct, "examples": responses[:4]}
@@ -174,6 +238,10 @@ def evaluate(models: Sequence[str], problems: Sequence[Problem], dataset: Any, s
                     low, high = compute_mean_interval([float(mark) for mark in marks])  # Wilson for 0/1 marks
                     record[f"acc_{name}"] = sum(marks) / len(marks)
                     record[f"acc_{name}_ci95"] = [low, high]
+                if num_samples > 0:
+                    samples = sampled_responses(model_dir, messages, max_new_tokens, batch_size, num_samples,
+                                                temperature, sample_seed)
+                    record.update(sampled_record(problems, samples, dataset), temperature=temperature)
                 records.append(record)
     for record in records:
         base = next(r for r in records if r["model"] == models[0] and r["prompt"] == record["prompt"])
@@ -193,6 +261,14 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
             return f"{100 * r[key]:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
         lines.append(f"| {r['model']} | {r['prompt']} | {pct('acc_strict')} | {pct('acc_flexible')} | "
                      f"{pct('gain_flexible')} |")
+    sampled = [r for r in records if "pass_at_k" in r]
+    if sampled:
+        levels = list(sampled[0]["pass_at_k"])
+        lines += ["", f"sampled at temperature {sampled[0]['temperature']} (flexible extraction):",
+                  "| model | prompt | " + " | ".join(f"pass@{k}" for k in levels) + " |",
+                  "|---|---|" + "---|" * len(levels)]
+        lines += [f"| {r['model']} | {r['prompt']} | " + " | ".join(f"{100 * r['pass_at_k'][k]:.1f}%" for k in levels)
+                  + " |" for r in sampled]
     return "\n".join(lines)
 
 
@@ -209,7 +285,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--exclude", action="append", default=[], help="parquet whose questions are left out")
     parser.add_argument("--prompt", action="append", choices=PROMPT_STYLES, help="prompt styles (default: both)")
     parser.add_argument("--max_new_tokens", type=int, default=96)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=64, help="sequences per generate call")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="also sample this many responses per problem and report pass@k (0: greedy only)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of --samples")
+    parser.add_argument("--sample_seed", type=int, default=0, help="torch seed of --samples")
     parser.add_argument("--json", help="write the records (with per-problem marks) to this file")
     return parser.parse_args(argv)
 
@@ -218,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.num_problems <= 0:
         raise SystemExit("--num_problems must be > 0")
+    if args.samples < 0 or (args.samples and args.temperature <= 0):
+        raise SystemExit("--samples must be >= 0, and sampling needs --temperature > 0 (greedy is always reported)")
     task, config = args.task, {}
     if args.preset:
         task, preset_config, _ = PRESETS[args.preset]
@@ -228,13 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems, dataset = heldout_problems(task, config, args.num_problems, args.seed,
                                          excluded_questions(args.exclude))
     records = evaluate(args.model, problems, dataset, args.prompt or list(PROMPT_STYLES), args.max_new_tokens,
-                       args.batch_size)
+                       args.batch_size, args.samples, args.temperature, args.sample_seed)
     print(format_table(records))
     if args.json:
         from hybridflow.utils.host import host_facts
 
         payload = {"host": host_facts(), "task": task, "task_config": config, "seed": args.seed,
-                   "excluded": args.exclude, "max_new_tokens": args.max_new_tokens, "records": records}
+                   "excluded": args.exclude, "max_new_tokens": args.max_new_tokens, "samples": args.samples,
+                   "temperature": args.temperature, "sample_seed": args.sample_seed, "records": records}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(payload, indent=1))
     return 0

@@ -8,10 +8,14 @@ import pytest
 from hybridflow.data.preprocess.common import write_splits
 from hybridflow.data.preprocess.reasoning_gym import PRESETS, build_rows
 from hybridflow.evaluation.heldout import (
+    compute_pass_at_k,
     excluded_questions,
     heldout_problems,
+    pass_at_k_levels,
     paired_gain_interval,
     resolve_eval_model,
+    sampled_record,
+    sampled_responses,
     score_responses,
     user_message,
 )
@@ -81,3 +85,37 @@ def test_a_run_directory_resolves_to_its_latest_checkpoint(tmp_path):
     assert resolve_eval_model(str(run), tmp_path) == str(run / "global_step_3")
     with pytest.raises(ValueError, match="neither a catalogue name"):
         resolve_eval_model(str(tmp_path / "missing"), tmp_path)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert compute_pass_at_k(8, 0, 8) == 0.0 and compute_pass_at_k(8, 8, 1) == 1.0
+    assert compute_pass_at_k(8, 2, 1) == pytest.approx(2 / 8)  # pass@1 is the fraction right
+    assert compute_pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert compute_pass_at_k(8, 1, 8) == 1.0  # every sample drawn: the right one is among them
+    assert compute_pass_at_k(8, 1, 4) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="pass@k"):
+        compute_pass_at_k(4, 1, 5)
+    assert pass_at_k_levels(8) == [1, 2, 4, 8] and pass_at_k_levels(6) == [1, 2, 4, 6] and pass_at_k_levels(1) == [1]
+
+
+def test_sampled_record_counts_right_samples_per_problem():
+    task, config = _easy()
+    problems, dataset = heldout_problems(task, config, 2, seed=7, exclude=set())
+    samples = [[f"= {problems[0].answer}", "= 100000", f"so {problems[0].answer}", "no"],
+               ["= 100000"] * 4]
+    record = sampled_record(problems, samples, dataset)
+    assert record["sampled_correct"] == [2, 0] and record["num_samples"] == 4
+    assert record["pass_at_k"]["1"] == pytest.approx((2 / 4 + 0) / 2)
+    assert record["pass_at_k"]["4"] == pytest.approx((1.0 + 0) / 2)
+
+
+def test_sampled_responses_give_n_seeded_samples_per_message(tmp_path):
+    from hybridflow.models import save_tiny_model
+
+    tiny_llama_dir = save_tiny_model(tmp_path, arch="llama", seed=0)
+    messages = ["What is 2 + 2?", "Name a colour.", "Count to three."]
+    first = sampled_responses(str(tiny_llama_dir), messages, 6, batch_size=4, num_samples=3, temperature=1.0, seed=3)
+    again = sampled_responses(str(tiny_llama_dir), messages, 6, batch_size=4, num_samples=3, temperature=1.0, seed=3)
+    assert [len(samples) for samples in first] == [3, 3, 3]
+    assert first == again  # seeded
+    assert any(len(set(samples)) > 1 for samples in first)  # sampled, not greedy copies
