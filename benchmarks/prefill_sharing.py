@@ -20,30 +20,23 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
 
-from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
-from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path
-from hybridflow.protocol import DataProto
-from hybridflow.utils.host import write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `benchmarks.rollout`
+
+from benchmarks.rollout import NoEosTokenizer  # noqa: E402
+from hybridflow.engines.rollout import ROLLOUTS, SamplingParams  # noqa: E402
+from hybridflow.models import build_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
+from hybridflow.protocol import DataProto  # noqa: E402
+from hybridflow.utils.host import write_results  # noqa: E402
 
 DEMO_PROMPTS = Path("outputs/demo/data/train.parquet")
 FALLBACK_QUESTIONS = ("Calculate 5 - 33.", "Calculate 71 + 74.", "Calculate 49 + 90.", "Calculate 81 - 88.")
-
-
-class NoEosTokenizer:
-    """A tokenizer view whose eos id is past the vocabulary: every row decodes the same number of tokens."""
-
-    def __init__(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self.eos_token_id = len(tokenizer)
-
-    def __getattr__(self, name: str):
-        return getattr(self._tokenizer, name)
 
 
 def load_messages(num_prompts: int) -> list[list[dict]]:

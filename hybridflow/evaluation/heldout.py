@@ -137,8 +137,11 @@ def resolve_eval_model(model: str, scratch: Path) -> str:
     return resolve_model_path(model)
 
 
-def greedy_responses(model_dir: str, messages: Sequence[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    """Greedy completions (chat template, left padding, fp32) of each user message."""
+def generate_responses(model_dir: str, messages: Sequence[str], max_new_tokens: int, batch_size: int,
+                       num_samples: int = 1, temperature: float = 0.0, seed: int = 0) -> list[list[str]]:
+    """`num_samples` completions of each user message (chat template, left padding, fp32), at most `batch_size`
+    sequences per `generate` call. temperature 0: greedy; above 0: sampled from softmax(logits / temperature) over
+    the whole vocabulary (no top-k / top-p, as the trainer's rollouts sample), seeded with `seed`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -149,32 +152,8 @@ def greedy_responses(model_dir: str, messages: Sequence[str], max_new_tokens: in
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
                                            add_generation_prompt=True) for m in messages]
-    out: list[str] = []
-    with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                              add_special_tokens=False)
-            generated = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
-                                       pad_token_id=tokenizer.pad_token_id)
-            new_tokens = generated[:, batch["input_ids"].shape[1]:]
-            out.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-    return out
-
-
-def sampled_responses(model_dir: str, messages: Sequence[str], max_new_tokens: int, batch_size: int,
-                      num_samples: int, temperature: float, seed: int) -> list[list[str]]:
-    """`num_samples` sampled completions of each user message: softmax(logits / temperature) over the whole
-    vocabulary (no top-k / top-p, as the trainer's rollouts sample), fp32, seeded."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
-                                           add_generation_prompt=True) for m in messages]
+    sampling = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0
+                else {"do_sample": False})
     prompts_per_call = max(1, batch_size // num_samples)
     torch.manual_seed(seed)
     out: list[list[str]] = []
@@ -182,12 +161,24 @@ def sampled_responses(model_dir: str, messages: Sequence[str], max_new_tokens: i
         for start in range(0, len(texts), prompts_per_call):
             batch = tokenizer(texts[start:start + prompts_per_call], return_tensors="pt", padding=True,
                               add_special_tokens=False)
-            generated = model.generate(**batch, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                                       num_return_sequences=num_samples, max_new_tokens=max_new_tokens,
-                                       pad_token_id=tokenizer.pad_token_id)
+            generated = model.generate(**batch, **sampling, num_return_sequences=num_samples,
+                                       max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
             decoded = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
             out.extend(decoded[i:i + num_samples] for i in range(0, len(decoded), num_samples))
     return out
+
+
+def greedy_responses(model_dir: str, messages: Sequence[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    """The greedy completion of each user message (`generate_responses` with one greedy sample)."""
+    return [samples[0] for samples in generate_responses(model_dir, messages, max_new_tokens, batch_size)]
+
+
+def sampled_responses(model_dir: str, messages: Sequence[str], max_new_tokens: int, batch_size: int,
+                      num_samples: int, temperature: float, seed: int) -> list[list[str]]:
+    """`num_samples` sampled completions of each user message at `temperature` > 0 (`generate_responses`)."""
+    if temperature <= 0:
+        raise ValueError(f"sampling needs temperature > 0, got {temperature}")
+    return generate_responses(model_dir, messages, max_new_tokens, batch_size, num_samples, temperature, seed)
 
 
 def compute_pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
