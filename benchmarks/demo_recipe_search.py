@@ -45,6 +45,7 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
                             "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
                             "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"]),
     "dyn_24": (24, ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]),
+    "answer_line_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}"]),
     "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
                                 "data.max_response_length=32"]),
 }
