@@ -169,7 +169,7 @@ class NativeRollout(BaseRollout):
         return build_sharded_causal_lm(model, torch_dtype, self.tp, device), device
 
     @classmethod
-    def kwargs_from_config(cls, config) -> dict[str, Any]:
+    def kwargs_from_config(cls, config: Any) -> dict[str, Any]:
         """`rollout.enforce_eager`: True turns the CUDA-graph decode off (None and False leave it on)."""
         return {"cuda_graphs": not config.enforce_eager}
 
