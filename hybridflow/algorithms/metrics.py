@@ -208,8 +208,8 @@ def compute_rollout_probs_diff(
     the rollout's log-probs must not stand in for the trainer's (bypass mode) and the policy is off its samples.
     """
     mask = response_mask.bool()
-    rollout = torch.exp(rollout_log_probs.float())[mask]
-    actor = torch.exp(actor_log_probs.float())[mask]
+    rollout = torch.exp(rollout_log_probs.detach().float())[mask]
+    actor = torch.exp(actor_log_probs.detach().float())[mask]
     if rollout.numel() == 0:
         return {"training/rollout_probs_diff_valid": 0.0}
     diff = (rollout - actor).abs()

@@ -561,7 +561,7 @@ class FSDPEngine:
         """Move parameters/gradients and/or optimizer state to CPU (no-op on CPU hosts)."""
         self._move(torch.device("cpu"), model=model, optimizer=optimizer)
 
-    def loadto_device(self, *, model: bool = True, optimizer: bool = True) -> None:
+    def load_to_device(self, *, model: bool = True, optimizer: bool = True) -> None:
         """Undo `offload_to_cpu`."""
         self._move(self.device, model=model, optimizer=optimizer)
 
