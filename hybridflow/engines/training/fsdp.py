@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.training import checkpoint, ulysses
+from hybridflow.engines.training import attention_masks, checkpoint, ulysses
 from hybridflow.engines.training.batches import INPUT_KEYS, as_data_proto, get, in_row_order, num_rows, partition_units
 from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
 from hybridflow.engines.training.batches import token_budget_units
@@ -202,7 +202,14 @@ class FSDPEngine:
                 chunk_size=config.model.fused_kernel_options.chunk_size, shard=self.vocab_shard,
             )
         self.head_chunk_size = self.head.chunk_size if self.head is not None else None
-        self.forward_model = ForwardModel(self.module, model_kind == "value", self.head, self.sp_group)
+        text_config = self.module.config.get_text_config()
+        self.forward_model = ForwardModel(
+            self.module, model_kind == "value", self.head, self.sp_group,
+            attn_kernel=text_config._attn_implementation,
+            prebuilt_masks=self.sp_group is None and attention_masks.takes_prebuilt_mask(text_config),
+            # FSDP2 computes in its parameter dtype; an unsharded module keeps float32 weights under autocast
+            mask_dtype=self.param_dtype if self.is_sharded else torch.float32,
+        )
         self.moe = build_moe_routing(self.module) if model_kind == "causal_lm" else None  # None: dense
         # tokens, attention pairs and projected positions computed since `pop_work`, by grad mode (for MFU)
         self._work = {False: ForwardWork(), True: ForwardWork()}

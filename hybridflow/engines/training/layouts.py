@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.engines.training import ulysses
+from hybridflow.engines.training import attention_masks, ulysses
 from hybridflow.engines.training.batches import get
 from hybridflow.engines.training.head import Head
 from hybridflow.engines.training.prefix_sharing import SharedPromptLayout, build_shared_prompt_layout
@@ -42,13 +42,24 @@ LayoutName = Literal["padded", "packed", "shared_prompts"]
 
 @dataclass(frozen=True)
 class ForwardModel:
-    """What a layout needs of the engine: the module, whether it is a value model, its head (causal LMs) and the
-    Ulysses group (None: none)."""
+    """What a layout needs of the engine: the module, whether it is a value model, its head (causal LMs), the
+    Ulysses group (None: none), and how its attention masks are made (`attention_masks`)."""
 
     module: nn.Module
     is_value: bool
     head: Head | None
     sp_group: dist.ProcessGroup | None
+    attn_kernel: str = "sdpa"
+    prebuilt_masks: bool = False
+    """The padded and packed layouts pass dense causal masks (False: transformers builds them)."""
+    mask_dtype: torch.dtype = torch.float32
+    """The dtype of the model's activations (eager attention's additive mask)."""
+
+    def dense_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """`allowed` (bool) in the form this model's attention kernel takes, when it takes a dense mask."""
+        if self.attn_kernel not in attention_masks.DENSE_MASK_KERNELS:
+            return allowed
+        return attention_masks.for_kernel(allowed, self.attn_kernel, self.mask_dtype)
 
 
 @dataclass(frozen=True)
@@ -188,22 +199,41 @@ def token_values(model: ForwardModel, tensors: dict[str, torch.Tensor], plan: Pl
     """The value head's output at every position, (bs, seq) float32 (0 at padding when packed)."""
     if plan.layout == "packed":
         ids, pos = _packed_row(tensors, plan.packed)
-        packed = model.module(input_ids=ids, position_ids=pos, use_cache=False).logits[0, :, 0].float()
+        packed = model.module(**_packed_inputs(model, ids, pos)).logits[0, :, 0].float()
         return _scatter(packed, plan.packed.kept, tuple(tensors["input_ids"].shape))
-    return model.module(**tensors, use_cache=False).logits[..., 0].float()
+    return model.module(**_padded_inputs(model, tensors)).logits[..., 0].float()
 
 
 def _packed_row(tensors: dict[str, torch.Tensor], packed: PackedPlan) -> tuple[torch.Tensor, torch.Tensor]:
     return (tensors["input_ids"].reshape(-1)[packed.kept][None], tensors["position_ids"].reshape(-1)[packed.kept][None])
 
 
+def _padded_inputs(model: ForwardModel, tensors: dict[str, torch.Tensor]) -> dict:
+    """The model's inputs for a padded micro-batch: its 2D padding mask becomes the dense causal mask, unless
+    transformers must build it (another kernel, sliding windows) or the rows carry images (vision models place
+    their image tokens by the 2D mask)."""
+    if not model.prebuilt_masks or "pixel_values" in tensors:
+        return dict(tensors, use_cache=False)
+    allowed = attention_masks.causal_padding_mask(tensors["attention_mask"])
+    return dict(tensors, attention_mask=model.dense_mask(allowed), use_cache=False)
+
+
+def _packed_inputs(model: ForwardModel, ids: torch.Tensor, pos: torch.Tensor) -> dict:
+    """The model's inputs for one packed row: with the block-diagonal causal mask, or, for transformers to derive
+    it from the position ids, without a mask."""
+    inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
+    if model.prebuilt_masks:
+        inputs["attention_mask"] = model.dense_mask(attention_masks.packed_causal_mask(pos))
+    return inputs
+
+
 def _forward_padded(model, tensors, response_length, temperature, calculate_entropy):
     if model.is_value:
-        logits = model.module(**tensors, use_cache=False).logits
+        logits = model.module(**_padded_inputs(model, tensors)).logits
         return {"values": logits[:, -response_length - 1 : -1, 0].float()}
     labels = tensors["input_ids"][:, -response_length:]
     log_probs, entropy = model.head.log_probs(
-        model.module, dict(tensors, use_cache=False), response_length + 1,
+        model.module, _padded_inputs(model, tensors), response_length + 1,
         lambda x: x[:, :-1].reshape(-1, x.size(-1)), labels.reshape(-1), temperature, calculate_entropy,
     )
     return _outputs(log_probs, entropy, lambda values: values.view(labels.shape))
@@ -212,8 +242,7 @@ def _forward_padded(model, tensors, response_length, temperature, calculate_entr
 def _forward_packed(model, tensors, plan, temperature, calculate_entropy):
     packed, shape = plan.packed, (tensors["input_ids"].size(0), plan.response_length)
     ids, pos = _packed_row(tensors, packed)
-    # No attention mask and use_cache=False: transformers derives a block-diagonal mask from the position ids.
-    inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
+    inputs = _packed_inputs(model, ids, pos)
     if model.is_value:
         values = model.module(**inputs).logits[0, :, 0].float()
         return {"values": _scatter(values[packed.window_src], packed.window_dst, shape)}
@@ -260,9 +289,10 @@ def _forward_packed_ulysses(model, tensors, plan, temperature, calculate_entropy
 def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperature, calculate_entropy):
     """One packed row in which rows with the same prompt share one copy of it (`prefix_sharing`); only the
     positions that predict response tokens are projected to the vocabulary."""
+    allowed = layout.attention_mask()
     inputs = dict(
-        input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=layout.attention_mask(),
-        use_cache=False,
+        input_ids=layout.input_ids, position_ids=layout.position_ids,
+        attention_mask=model.dense_mask(allowed), use_cache=False,
     )
     shape = (layout.num_rows, layout.response_length)
     if model.is_value:

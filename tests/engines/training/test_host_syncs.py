@@ -20,6 +20,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+import transformers
+
 import hybridflow
 from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
 from hybridflow.models.config import ModelConfig
@@ -29,8 +31,9 @@ from hybridflow.workers.ppo_update import make_actor_loss_fn, run_update
 from tests.engines.helpers import make_batch
 
 ROOT = Path(hybridflow.__file__).parent
-WATCHED = tuple(
-    str(ROOT / part) for part in ("engines/training/", "engines/logprob.py", "algorithms/", "workers/ppo_update.py")
+WATCHED = (
+    *(str(ROOT / part) for part in ("engines/training/", "engines/logprob.py", "algorithms/", "workers/ppo_update.py")),
+    str(Path(transformers.__file__).parent),  # the model's forward: its attention-mask building once read the mask
 )
 ROWS = 12  # one mini-batch: 3 prompts x 4 samples
 # Per pass, whatever the number of micro-batches: the update reads the mini-batch's global token/sequence counts
