@@ -3,9 +3,10 @@
 A real PPO update (policy loss, entropy bonus, KL loss) and a log-prob pass run on a tiny model on CPU while every
 call that would block the host on an accelerator is counted: reading a tensor's value (`item`, `tolist`,
 `__bool__`, `__float__`, `__int__`, `__index__`, `cpu`, `numpy`), and ops whose output size depends on tensor
-values (`nonzero`, `unique`, `masked_select`, boolean-mask indexing). Only calls made from the engine, loss and
-update code count (the model's own code is transformers'). The counts are a fixed small number per mini-batch:
-the same with 2 and with 6 micro-batches.
+values (`nonzero`, `unique`, `masked_select`, boolean-mask indexing). Calls made from the engine, loss and update
+code and from transformers (the model's forward and its attention-mask building) count; torch's own do not. The
+counts are a fixed small number per mini-batch: the same with 2 and with 6 micro-batches. Watching transformers is
+what sees its mask building read the padding mask and position ids (found on the H200 by CUDA's sync error mode).
 """
 
 from __future__ import annotations
