@@ -75,10 +75,17 @@ def random_init_copy(model_dir: Path, target: Path) -> Path:
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # initialised on the accelerator: on the host the 1.46B llama's initialisation took most of the 2026-11-27 H200
+    # smoke's 150 s before its first step
+    device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(target)
     params = sum(p.numel() for p in model.parameters())
+    del model  # the GPU memory goes back before training starts
+    if torch.accelerator.is_available():
+        torch.accelerator.empty_cache()
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(target)
     print(f"random-init {config.model_type} from {model_dir}: {params / 1e6:.1f}M parameters -> {target}")
     return target
 
