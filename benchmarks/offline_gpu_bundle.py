@@ -105,7 +105,7 @@ python3 -c "import torch,transformers,ray; print('torch',torch.__version__,'tran
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   el tests  # at the limit xdist may lose its summary (seen on the H100): each failure is in test_failures.log already
   HYBRIDFLOW_TEST_FAILURE_LOG=$OUT/test_failures.log timeout -s INT -k 20 ${TESTS_S:-240} python3 -m pytest -m gpu -p no:cacheprovider -v --timeout ${TEST_TIMEOUT_S:-150} -n ${NPROC:-4} -rfEs --tb=short \
-    ${TESTS:-tests/gpu tests/engines/test_gpu.py tests/engines/training/test_parallel_training.py tests/engines/rollout/native/test_tensor_parallel.py tests/algorithms/test_device.py tests/engines/training/test_host_syncs.py} \
+    ${TESTS:-tests/gpu tests/engines/test_gpu.py tests/engines/training/test_parallel_training.py tests/engines/rollout/native/test_tensor_parallel.py tests/algorithms/test_device.py tests/engines/training/test_host_syncs.py tests/engines/training/test_attention_masks.py} \
     > "$OUT/tests.log" 2>&1; echo "tests rc $?"; grep -E "passed|failed" "$OUT/tests.log" | tail -2
 fi
 if [ "${RUN_PROFILE:-1}" = 1 ]; then

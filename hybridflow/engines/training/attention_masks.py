@@ -10,21 +10,30 @@ transformers would build, in the form each attention kernel takes, without readi
 - sdpa: bool, True = may attend;
 - eager: additive float, 0 or the dtype's minimum.
 
+flex_attention gets a block mask instead (`block_mask`): the same pattern as a function of the query and key
+positions, evaluated block by block, so no (total x total) tensor exists. Packed rows and shared prompts use it.
+
 Three kinds of model keep transformers' own mask building, and with it the synchronisation:
 - models with sliding-window or chunked layers, where one mask for every layer would be wrong;
-- attention kernels that take no dense mask (flash_attention_2 uses the position ids; flex_attention uses a block
-  mask);
+- flash_attention_2, which takes the position ids instead of a mask, and flex_attention on padded rows;
 - mixture-of-experts models, whose router loss reads the 2D padding mask (their expert loop syncs anyway).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["DENSE_MASK_KERNELS", "takes_prebuilt_mask", "causal_padding_mask", "packed_causal_mask", "for_kernel"]
+__all__ = [
+    "DENSE_MASK_KERNELS", "PREBUILT_MASK_KERNELS", "takes_prebuilt_mask", "causal_padding_mask", "packed_causal_mask",
+    "packed_segments", "packed_allowed", "block_mask", "for_kernel",
+]
 
 DENSE_MASK_KERNELS = ("sdpa", "eager")
 """Attention kernels that take a dense 4D mask as it is."""
+PREBUILT_MASK_KERNELS = (*DENSE_MASK_KERNELS, "flex_attention")
+"""Attention kernels whose masks the layouts build (flex_attention: a block mask)."""
 
 
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -33,7 +42,7 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 def takes_prebuilt_mask(config) -> bool:
     """Whether a model of this (text) config gets one dense causal mask for every layer: a dense-mask kernel, every
     layer full attention (no sliding window, no attention chunks), and no experts."""
-    if getattr(config, "_attn_implementation", None) not in DENSE_MASK_KERNELS:
+    if getattr(config, "_attn_implementation", None) not in PREBUILT_MASK_KERNELS:
         return False
     if any(getattr(config, key, None) for key in EXPERT_COUNT_KEYS):
         return False
@@ -54,16 +63,36 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return causal[None, None] & attention_mask.bool()[:, None, None, :]
 
 
-def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """(1, 1, total, total) bool for one packed row of (1, total) position ids: causal within each sequence, where
-    a sequence starts wherever the position does not follow the previous one (transformers' packed-sequence rule)."""
+def packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
+    """(total,) int64: the sequence of each token of one packed row of (1, total) position ids. A sequence starts
+    wherever the position does not follow the previous one (transformers' packed-sequence rule)."""
     row = position_ids.reshape(-1)
     starts = torch.ones_like(row, dtype=torch.bool)
     starts[1:] = row[1:] != row[:-1] + 1
-    segment = starts.cumsum(0)
-    index = torch.arange(row.numel(), device=row.device)
+    return starts.cumsum(0)
+
+
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(1, 1, total, total) bool for one packed row of (1, total) position ids: causal within each sequence."""
+    segment = packed_segments(position_ids)
+    index = torch.arange(segment.numel(), device=segment.device)
     allowed = (index[None, :] <= index[:, None]) & (segment[None, :] == segment[:, None])
     return allowed[None, None]
+
+
+def block_mask(allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], length: int, device: torch.device):
+    """flex_attention's BlockMask over one row of `length` tokens, where `allowed(q, kv)` says (elementwise, on index
+    tensors) whether query q may attend to key kv. The pattern is evaluated block by block, compiled, so no
+    (length x length) tensor is made."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, kv: allowed(q, kv), None, None, length, length, device=device,
+                             _compile=True)
+
+
+def packed_allowed(segment: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`allowed(q, kv)` of a packed row: causal within each sequence of `segment`."""
+    return lambda q, kv: (kv <= q) & (segment[kv] == segment[q])
 
 
 def for_kernel(allowed: torch.Tensor, kernel: str, dtype: torch.dtype) -> torch.Tensor:

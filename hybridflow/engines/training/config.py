@@ -173,13 +173,11 @@ class FSDPEngineConfig:
                     "Ulysses attention wraps sdpa or eager, not "
                     f"model.override_config.attn_implementation={self.attn_implementation!r}",
                 )
-        if self.attn_implementation in ("flash_attention_2", "flex_attention") and self.share_prompts:
-            # flash takes no mask; transformers' flex path adds a dense mask inside its compiled score function,
-            # which aborted the process on CPU (heap corruption, torch 2.13 inductor)
+        if self.attn_implementation == "flash_attention_2" and self.share_prompts:
             raise ConfigFieldError(
                 "model.override_config.attn_implementation",
-                "shared-prompt forwards (use_prefix_grouper) pass a dense block attention mask, which "
-                f"{self.attn_implementation} does not take; use sdpa or eager, or turn use_prefix_grouper off",
+                "shared-prompt forwards (use_prefix_grouper) need a block attention mask, which flash_attention_2 "
+                "cannot take; use sdpa, eager or flex_attention, or turn use_prefix_grouper off",
             )
         if self.fsdp.expert_parallel_size > 1 and self.ulysses_sequence_parallel_size > 1:
             raise ConfigFieldError(

@@ -320,6 +320,11 @@ class FSDPEngine:
             `num_skipped_steps` (1 when the grad norm was NaN/inf and the step was skipped), and the mean over
             micro-batches of each metric returned by `loss_fn`.
         """
+        if self.forward_model.attn_kernel == "flex_attention" and self.device.type == "cpu":
+            raise NotImplementedError(
+                "model.override_config.attn_implementation='flex_attention': torch runs its backward on CUDA only, "
+                "and this rank is a CPU one; train with sdpa (log-prob passes may use flex_attention)"
+            )
         if isinstance(batch, (list, tuple)):
             micro_batches = [as_data_proto(micro_batch) for micro_batch in batch]
         else:

@@ -61,6 +61,10 @@ class ForwardModel:
             return allowed
         return attention_masks.for_kernel(allowed, self.attn_kernel, self.mask_dtype)
 
+    @property
+    def takes_block_mask(self) -> bool:
+        return self.attn_kernel == "flex_attention"
+
 
 @dataclass(frozen=True)
 class PackedPlan:
@@ -212,7 +216,7 @@ def _padded_inputs(model: ForwardModel, tensors: dict[str, torch.Tensor]) -> dic
     """The model's inputs for a padded micro-batch: its 2D padding mask becomes the dense causal mask, unless
     transformers must build it (another kernel, sliding windows) or the rows carry images (vision models place
     their image tokens by the 2D mask)."""
-    if not model.prebuilt_masks or "pixel_values" in tensors:
+    if not model.prebuilt_masks or model.takes_block_mask or "pixel_values" in tensors:
         return dict(tensors, use_cache=False)
     allowed = attention_masks.causal_padding_mask(tensors["attention_mask"])
     return dict(tensors, attention_mask=model.dense_mask(allowed), use_cache=False)
@@ -222,7 +226,10 @@ def _packed_inputs(model: ForwardModel, ids: torch.Tensor, pos: torch.Tensor) ->
     """The model's inputs for one packed row: with the block-diagonal causal mask, or, for transformers to derive
     it from the position ids, without a mask."""
     inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
-    if model.prebuilt_masks:
+    if model.prebuilt_masks and model.takes_block_mask:
+        allowed = attention_masks.packed_allowed(attention_masks.packed_segments(pos))
+        inputs["attention_mask"] = attention_masks.block_mask(allowed, ids.size(1), ids.device)
+    elif model.prebuilt_masks:
         inputs["attention_mask"] = model.dense_mask(attention_masks.packed_causal_mask(pos))
     return inputs
 
@@ -289,11 +296,11 @@ def _forward_packed_ulysses(model, tensors, plan, temperature, calculate_entropy
 def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperature, calculate_entropy):
     """One packed row in which rows with the same prompt share one copy of it (`prefix_sharing`); only the
     positions that predict response tokens are projected to the vocabulary."""
-    allowed = layout.attention_mask()
-    inputs = dict(
-        input_ids=layout.input_ids, position_ids=layout.position_ids,
-        attention_mask=model.dense_mask(allowed), use_cache=False,
-    )
+    if model.takes_block_mask:  # linear in tokens: the pattern is evaluated block by block
+        mask = attention_masks.block_mask(layout.allowed, layout.num_tokens, layout.input_ids.device)
+    else:
+        mask = model.dense_mask(layout.attention_mask())
+    inputs = dict(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False)
     shape = (layout.num_rows, layout.response_length)
     if model.is_value:
         values = model.module(**inputs).logits[0, :, 0].float()

@@ -54,6 +54,13 @@ class SharedPromptLayout:
     """Attention pairs counted as separate sequences count them (sum of squared lengths): per group
     P^2 + sum_i (2 r_i P + r_i^2) for a prompt of P tokens and responses of r_i tokens."""
 
+    def allowed(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """Whether packed position q may attend to kv (elementwise over index tensors): causal, within a group, and
+        a response sees its prompt and itself. `attention_mask()` is this over every pair; flex_attention's block
+        mask evaluates it block by block."""
+        seg, own = self.segment, self.owner
+        return (kv <= q) & (seg[kv] == seg[q]) & ((own[kv] == -1) | (own[kv] == own[q]))
+
     def attention_mask(self) -> torch.Tensor:
         """(1, 1, total, total) bool, True = may attend: causal, within a group, a response sees its prompt and
         itself. Built where the layout lives, from `segment` and `owner`, when the forward needs it (sdpa and eager

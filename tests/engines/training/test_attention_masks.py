@@ -52,7 +52,7 @@ def _config(cls, attn: str, **sizes):
     (_config(LlamaConfig, "sdpa"), True),
     (_config(LlamaConfig, "eager"), True),
     (_config(LlamaConfig, "flash_attention_2"), False),  # takes no dense mask
-    (_config(LlamaConfig, "flex_attention"), False),  # a block mask
+    (_config(LlamaConfig, "flex_attention"), True),  # a block mask
     (_config(Qwen2Config, "sdpa"), True),  # its sliding window is off by default
     (_config(Qwen2Config, "sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=1), False),
     (_config(MistralConfig, "sdpa", sliding_window=8), False),
@@ -118,11 +118,77 @@ def test_eager_shared_prompt_forward_gives_the_padded_log_probs(tiny_llama_dir, 
     torch.testing.assert_close(results["shared"][mask], results["padded"][mask], rtol=1e-5, atol=1e-5)
 
 
-def test_shared_prompts_refuse_flex_attention():
-    """flex_attention's compiled score function aborted the process on a dense mask: refused before any work.
-    (flash_attention_2 is refused the same way where flash-attn is installed, and for its absence here.)"""
-    from hybridflow.utils.config import ConfigFieldError
+def _shared_prompt_batch(vocab_size: int):
+    data = make_batch(vocab_size, batch_size=8, prompt_len=6, response_len=5, seed=4)
+    tensors = {key: data.batch[key].clone() for key in data.batch.keys()}
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        for group in range(2):  # rows 0-3 and 4-7 share their first row's prompt
+            tensors[key][group * 4 : group * 4 + 4, :6] = tensors[key][group * 4, :6]
+    tensors["position_ids"] = (tensors["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return type(data).from_dict(tensors=tensors)
 
-    with pytest.raises(ConfigFieldError, match="flex_attention does not take; use sdpa or eager") as refused:
-        FSDPEngineConfig(share_prompts=True, model=ModelConfig(override_config={"attn_implementation": "flex_attention"}))
-    assert "attn_implementation" in str(refused.value.field)
+
+def _flex_and_sdpa(tiny_llama_dir, data, layout: str, train: bool) -> dict:
+    """Per kernel: log-probs, and with `train` one update's gradients (the optimizer step skipped)."""
+    from tests.engines.helpers import seq_mean_nll
+
+    options = dict(share_prompts=True) if layout == "shared_prompts" else {}
+    model = dict(use_remove_padding=True) if layout == "packed" else {}
+    results = {}
+    for attn in ("sdpa", "flex_attention"):
+        config = FSDPEngineConfig(model=ModelConfig(override_config={"attn_implementation": attn}, **model),
+                                  optim=OptimConfig(lr=1e-3), micro_batch_size_per_gpu=8, **options)
+        engine = build_fsdp_engine(tiny_llama_dir, config)
+        assert engine.forward_model.prebuilt_masks
+        results[attn] = [engine.compute_log_prob(data, micro_batch_size=8)[0]]
+        if train:
+            engine.optimizer.step = lambda *args, **kwargs: None  # keep the weights: compare the gradients
+            engine.train_batch(data, seq_mean_nll)
+            results[attn].append([param.grad.clone() for param in engine.module.parameters() if param.grad is not None])
+    return results
+
+
+@pytest.mark.parametrize("layout", ["shared_prompts", "packed"])
+def test_flex_attention_block_masks_give_the_sdpa_log_probs(tiny_llama_dir, tiny_tokenizer, layout):
+    """flex_attention gets a block mask (no total x total tensor) and gives the dense-mask sdpa forward's numbers."""
+    data = _shared_prompt_batch(len(tiny_tokenizer))
+    results = _flex_and_sdpa(tiny_llama_dir, data, layout, train=False)
+    mask = data.batch["response_mask"].bool()
+    torch.testing.assert_close(results["flex_attention"][0][mask], results["sdpa"][0][mask], rtol=1e-5, atol=1e-5)
+
+
+def test_flex_attention_update_on_cpu_is_refused_with_the_reason(tiny_llama_dir, tiny_tokenizer):
+    from tests.engines.helpers import seq_mean_nll
+
+    config = FSDPEngineConfig(model=ModelConfig(override_config={"attn_implementation": "flex_attention"}),
+                              optim=OptimConfig(lr=1e-3))
+    engine = build_fsdp_engine(tiny_llama_dir, config)
+    if engine.device.type != "cpu":
+        pytest.skip("the refusal is for CPU ranks")
+    before = [param.detach().clone() for param in engine.module.parameters()]
+    with pytest.raises(NotImplementedError, match="flex_attention.*backward.*CPU.*sdpa"):
+        engine.train_batch(_shared_prompt_batch(len(tiny_tokenizer)), seq_mean_nll)
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex_attention's backward needs CUDA")
+@pytest.mark.parametrize("layout", ["shared_prompts", "packed"])
+def test_flex_attention_block_masks_give_the_sdpa_gradients(tiny_llama_dir, tiny_tokenizer, layout):
+    data = _shared_prompt_batch(len(tiny_tokenizer))
+    results = _flex_and_sdpa(tiny_llama_dir, data, layout, train=True)
+    assert len(results["sdpa"][1]) > 0
+    for flex_grad, sdpa_grad in zip(results["flex_attention"][1], results["sdpa"][1]):
+        torch.testing.assert_close(flex_grad, sdpa_grad, rtol=2e-2, atol=1e-4)  # bf16 autocast on both
+
+
+def test_block_mask_is_linear_in_tokens():
+    """A 16k-token packed row's block mask: per-block tables, not a (16k x 16k) tensor."""
+    from hybridflow.engines.training.attention_masks import block_mask, packed_allowed, packed_segments
+
+    lengths = [700] * 23 + [16384 - 700 * 23]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    mask = block_mask(packed_allowed(packed_segments(positions)), positions.size(1), positions.device)
+    stored = sum(t.numel() for t in mask.as_tuple() if isinstance(t, torch.Tensor))
+    assert stored < 16384 * 16384 / 1000, stored
+    assert mask.shape[-2:] == (16384, 16384)
