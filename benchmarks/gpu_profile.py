@@ -222,9 +222,11 @@ def measure_bandwidth(device: torch.device, num_bytes: int) -> float:
     return num_bytes / min(timed(src.sum)[1] for _ in range(3))
 
 
-def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cuda: bool) -> list[dict]:
+def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cuda: bool,
+                   ops: dict | None = None) -> list[dict]:
     """Per rollout and batch: a generation of `decode_tokens` tokens after a warm-up; per-step numbers divide the
-    profile of the whole call by its decode steps (prefill included, so an upper bound on launches)."""
+    profile of the whole call by its decode steps (prefill included, so an upper bound on launches). `ops` receives,
+    per rollout, the top device and host ops of the call at the middle batch size (where a step's time goes)."""
     bandwidth = measure_bandwidth(device, 2**30 if on_cuda else 2**26)
     rows = []
     for name in ("hf", "native"):
@@ -249,7 +251,10 @@ def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cu
             floor_s = (weight_bytes + batch * context * kv_per_token) / bandwidth
             rows.append({"rollout": name, "batch": batch, "tok_s": tokens / seconds, "step_ms": 1e3 * seconds / steps,
                          "floor_step_ms": 1e3 * floor_s, "x_floor": seconds / steps / floor_s,
-                         "launches_per_step": summary["launches"], "gpu_busy_pct": summary["gpu_busy_pct"]})
+                         "launches_per_step": summary["launches"], "syncs_per_step": summary["syncs"],
+                         "gpu_busy_pct": summary["gpu_busy_pct"]})
+            if ops is not None and batch == plan.decode_batches[len(plan.decode_batches) // 2]:
+                ops[f"{name}, batch {batch}"] = {key: summary[key] for key in ("top_ops_ms", "top_host_ops_ms")}
         del rollout, model
     return rows
 
@@ -386,9 +391,15 @@ def main() -> None:
             print_table("A/B: update seconds", [{"variant": k, "update_s": v} for k, v in report["ab"].items()])
             save_report()
         if "decode" in sections:
+            report["decode_ops"] = {}
             report["decode"] = attempt("decode", lambda: section_decode(plan, path_of(plan.engine_model), tokenizer, device,
-                                                                        on_cuda)) or []
+                                                                        on_cuda, report["decode_ops"])) or []
             print_table("decode step per rollout", report["decode"])
+            for call, ranked in report["decode_ops"].items():  # the whole call: divide by its steps for one step
+                print_table(f"top ops: {call} ({plan.decode_tokens} tokens)",
+                            [{"op": o, "ms": ms, "calls": c} for o, ms, c in ranked["top_ops_ms"]])
+                print_table(f"top host ops: {call}", [{"op": o, "host_ms": ms, "calls": c}
+                                                      for o, ms, c in ranked["top_host_ops_ms"]])
             save_report()
         if "steps" in sections:
             report["steps"] = []

@@ -148,13 +148,14 @@ def _flex_and_sdpa(tiny_llama_dir, data, layout: str, train: bool) -> dict:
     return results
 
 
-@pytest.mark.parametrize("layout", ["shared_prompts", "packed"])
-def test_flex_attention_block_masks_give_the_sdpa_log_probs(tiny_llama_dir, tiny_tokenizer, layout):
-    """flex_attention gets a block mask (no total x total tensor) and gives the dense-mask sdpa forward's numbers."""
+def test_flex_attention_block_masks_give_the_sdpa_log_probs(tiny_llama_dir, tiny_tokenizer):
+    """flex_attention gets a block mask (no total x total tensor) and gives the dense-mask sdpa forward's numbers,
+    for shared prompts and packed rows (one test: each compiles flex's kernels, seconds on CPU)."""
     data = _shared_prompt_batch(len(tiny_tokenizer))
-    results = _flex_and_sdpa(tiny_llama_dir, data, layout, train=False)
     mask = data.batch["response_mask"].bool()
-    torch.testing.assert_close(results["flex_attention"][0][mask], results["sdpa"][0][mask], rtol=1e-5, atol=1e-5)
+    for layout in ("shared_prompts", "packed"):
+        results = _flex_and_sdpa(tiny_llama_dir, data, layout, train=False)
+        torch.testing.assert_close(results["flex_attention"][0][mask], results["sdpa"][0][mask], rtol=1e-5, atol=1e-5)
 
 
 def test_flex_attention_update_on_cpu_is_refused_with_the_reason(tiny_llama_dir, tiny_tokenizer):
@@ -183,7 +184,8 @@ def test_flex_attention_block_masks_give_the_sdpa_gradients(tiny_llama_dir, tiny
 
 
 def test_block_mask_is_linear_in_tokens():
-    """A 16k-token packed row's block mask: per-block tables, not a (16k x 16k) tensor."""
+    """A 16k-token packed row's block mask: per-block tables, not a (16k x 16k) tensor (whose creation would also
+    take a quarter of a gigabyte)."""
     from hybridflow.engines.training.attention_masks import block_mask, packed_allowed, packed_segments
 
     lengths = [700] * 23 + [16384 - 700 * 23]
