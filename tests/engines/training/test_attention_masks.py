@@ -148,9 +148,10 @@ def _flex_and_sdpa(tiny_llama_dir, data, layout: str, train: bool) -> dict:
     return results
 
 
+@pytest.mark.slow  # inductor compiles flex's kernels for each shape: 45 s in a fresh clone (make test-all runs it)
 def test_flex_attention_block_masks_give_the_sdpa_log_probs(tiny_llama_dir, tiny_tokenizer):
     """flex_attention gets a block mask (no total x total tensor) and gives the dense-mask sdpa forward's numbers,
-    for shared prompts and packed rows (one test: each compiles flex's kernels, seconds on CPU)."""
+    for shared prompts and packed rows."""
     data = _shared_prompt_batch(len(tiny_tokenizer))
     mask = data.batch["response_mask"].bool()
     for layout in ("shared_prompts", "packed"):
