@@ -15,6 +15,7 @@ from hybridflow.rewards.score.reasoning_gym import extract_answer
 FORMAT_BONUS = 0.2
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, format_bonus=FORMAT_BONUS):
+    """`format_bonus` (custom_reward_function.reward_kwargs.format_bonus) is added for an 'Answer:' line."""
     score = verifier_score(data_source, solution_str, ground_truth, extra_info)
-    return score + (FORMAT_BONUS if extract_answer(solution_str) is not None else 0.0)
+    return score + (format_bonus if extract_answer(solution_str) is not None else 0.0)

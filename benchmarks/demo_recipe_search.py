@@ -46,6 +46,8 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
                             "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"]),
     "dyn_24": (24, ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]),
     "answer_line_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}"]),
+    "answer_line_b05_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}",
+                                "+custom_reward_function.reward_kwargs.format_bonus=0.5"]),
     "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
                                 "data.max_response_length=32"]),
 }

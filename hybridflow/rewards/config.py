@@ -4,10 +4,10 @@ penalty) and `custom_reward_function.*` (a user scorer loaded from a file)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hybridflow.rewards.pool import ScoringConfig
-from hybridflow.utils.config import unsupported
+from hybridflow.utils.config import ConfigFieldError, unsupported
 
 __all__ = ["CustomRewardFunctionConfig", "OverlongBufferConfig", "RewardModelConfig"]
 
@@ -63,3 +63,14 @@ class CustomRewardFunctionConfig:
     """Python file defining the function (`~` is expanded); None uses the built-in scorers by data_source."""
     name: str = "compute_score"
     """Function name in that file."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to the function on every call (verl's custom_reward_function.reward_kwargs, set as
+    +custom_reward_function.reward_kwargs.NAME=VALUE). The function must accept them; checked before Ray starts."""
+
+    def __post_init__(self) -> None:
+        if self.reward_kwargs and self.path is None:
+            raise ConfigFieldError(
+                "reward_kwargs",
+                f"reward_kwargs={dict(self.reward_kwargs)} are passed to custom_reward_function.path's function, and "
+                "no path is set: set custom_reward_function.path, or drop the reward_kwargs",
+            )

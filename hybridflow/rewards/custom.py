@@ -9,6 +9,7 @@ file once on first use.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import importlib.util
 import os
 import sys
@@ -67,5 +68,25 @@ def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score",
     resolved = str(Path(path).expanduser().resolve())
     if not os.path.isfile(resolved):
         raise FileNotFoundError(f"custom_reward_function.path not found: {path}")
-    _load_function(resolved, name)
-    return FileRewardFunction(resolved, name, dict(reward_kwargs or {}))
+    function = _load_function(resolved, name)
+    reward_kwargs = dict(reward_kwargs or {})
+    _check_accepts(function, reward_kwargs, name, resolved)
+    return FileRewardFunction(resolved, name, reward_kwargs)
+
+
+def _check_accepts(function: Callable[..., Any], reward_kwargs: dict[str, Any], name: str, path: str) -> None:
+    """Raise unless `function` takes every name of `reward_kwargs` as a keyword (the scorer's own arguments differ by
+    reward manager: naive and batch name them differently)."""
+    if not reward_kwargs:
+        return
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    try:
+        signature.bind_partial(**reward_kwargs)
+    except TypeError as err:
+        raise TypeError(
+            f"custom_reward_function.name={name!r} in {path} does not take custom_reward_function.reward_kwargs "
+            f"{sorted(reward_kwargs)}: {err}; add them to its parameters (or **kwargs)"
+        ) from None

@@ -49,7 +49,7 @@ def build_reward_manager(
     reward: RewardModelConfig, custom: CustomRewardFunctionConfig, data: RLHFDataConfig, tokenizer: Any
 ) -> Any:
     """The reward manager named by `reward_model.reward_manager`, with the custom function if one is set."""
-    compute_score = load_custom_reward_fn(custom.path, custom.name) if custom.path else None
+    compute_score = load_custom_reward_fn(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
     return get_reward_manager_cls(reward.reward_manager).from_config(tokenizer, compute_score, reward, data)
 
 
