@@ -184,6 +184,7 @@ def test_flex_attention_block_masks_give_the_sdpa_gradients(tiny_llama_dir, tiny
         torch.testing.assert_close(flex_grad, sdpa_grad, rtol=2e-2, atol=1e-4)  # bf16 autocast on both
 
 
+@pytest.mark.slow  # compiling the block mask's creation takes about 20 s in a fresh clone
 def test_block_mask_is_linear_in_tokens():
     """A 16k-token packed row's block mask: per-block tables, not a (16k x 16k) tensor (whose creation would also
     take a quarter of a gigabyte)."""
