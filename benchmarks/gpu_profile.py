@@ -47,6 +47,7 @@ from hybridflow.models.config import ModelConfig
 from hybridflow.models.loader import save_model_and_tokenizer
 from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
+from hybridflow.utils.device import get_torch_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = {  # random-init stand-ins: Qwen2-0.5B/1.5B and llama of the same sizes with SmolLM2's vocabulary
@@ -122,8 +123,7 @@ def save_model(name: str, directory: Path, tokenizer) -> str:
         torch.manual_seed(0)
         # initialised on the accelerator: on the host a 1.5B model's random init takes about a minute of the
         # profile's few minutes
-        device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
-        with device:
+        with get_torch_device():
             model = AutoModelForCausalLM.from_config(config)
         save_model_and_tokenizer(model, tokenizer, target)
         del model

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from hybridflow.trainer.plot import metrics_by_step
+from hybridflow.utils.device import get_torch_device
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "outputs" / "demo" / "data"
@@ -77,8 +78,7 @@ def random_init_copy(model_dir: Path, target: Path) -> Path:
     config = AutoConfig.from_pretrained(model_dir)
     # initialised on the accelerator: on the host the 1.46B llama's initialisation took most of the 2026-11-27 H200
     # smoke's 150 s before its first step
-    device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
-    with device:
+    with get_torch_device():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(target)
     params = sum(p.numel() for p in model.parameters())

@@ -27,7 +27,7 @@ import torch
 
 __all__ = [
     "DENSE_MASK_KERNELS", "PREBUILT_MASK_KERNELS", "takes_prebuilt_mask", "causal_padding_mask", "packed_causal_mask",
-    "packed_segments", "packed_allowed", "block_mask", "for_kernel",
+    "packed_segments", "packed_allowed", "dense_mask", "block_mask", "for_kernel",
 ]
 
 DENSE_MASK_KERNELS = ("sdpa", "eager")
@@ -72,12 +72,18 @@ def packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
     return starts.cumsum(0)
 
 
+def dense_mask(allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], length: int,
+               device: torch.device) -> torch.Tensor:
+    """(1, 1, length, length) bool: `allowed(q, kv)` over every pair of one row's positions (what `block_mask`
+    evaluates block by block)."""
+    index = torch.arange(length, device=device)
+    return allowed(index[:, None], index[None, :])[None, None]
+
+
 def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     """(1, 1, total, total) bool for one packed row of (1, total) position ids: causal within each sequence."""
     segment = packed_segments(position_ids)
-    index = torch.arange(segment.numel(), device=segment.device)
-    allowed = (index[None, :] <= index[:, None]) & (segment[None, :] == segment[:, None])
-    return allowed[None, None]
+    return dense_mask(packed_allowed(segment), segment.numel(), segment.device)
 
 
 def block_mask(allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], length: int, device: torch.device):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hybridflow.engines.training.attention_masks import dense_mask
 from hybridflow.utils.device import to_device_async
 
 __all__ = ["SharedPromptLayout", "build_shared_prompt_layout", "compute_prompt_groups"]
@@ -65,14 +66,7 @@ class SharedPromptLayout:
         """(1, 1, total, total) bool, True = may attend: causal, within a group, a response sees its prompt and
         itself. Built where the layout lives, from `segment` and `owner`, when the forward needs it (sdpa and eager
         attention take a dense mask; the layout itself stays linear in tokens)."""
-        index = torch.arange(self.segment.numel(), device=self.segment.device)
-        seg, own = self.segment, self.owner
-        allowed = (
-            (index[None, :] <= index[:, None])
-            & (seg[None, :] == seg[:, None])
-            & ((own[None, :] == -1) | (own[None, :] == own[:, None]))
-        )
-        return allowed[None, None]
+        return dense_mask(self.allowed, self.segment.numel(), self.segment.device)
 
     @property
     def num_tokens(self) -> int:
