@@ -64,6 +64,11 @@ CASES = [
     ("actor_rollout_ref.rollout.agent.max_concurrent_loops=0", ["agent.max_concurrent_loops", "> 0"]),
     ("trainer.rpc_timeout_s=0", ["trainer.rpc_timeout_s", "> 0"]),
     ("trainer.heartbeat_timeout_s=-1", ["trainer.heartbeat_timeout_s", "> 0"]),
+    ("actor_rollout_ref.actor.optim.optimizer=AdamWW", ["actor.optim.optimizer='AdamWW'", "'AdamW'"]),
+    ("+actor_rollout_ref.actor.optim.override_optimizer_config.fusd=True",
+     ["actor.optim.override_optimizer_config has ['fusd']", "'fused'"]),
+    ("algorithm.adv_estimator=gae critic.optim.optimizer_impl=no_such_optim_package",
+     ["critic.optim.optimizer_impl='no_such_optim_package' cannot be imported"]),
 ]
 
 

@@ -8,7 +8,7 @@ nests them with the model section; it copies nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from hybridflow.models.config import ModelConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_range, unsupported
@@ -20,8 +20,16 @@ __all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig", "
 class OptimConfig:
     """AdamW and its learning-rate schedule (verl's `optim.*` keys)."""
 
-    optimizer: Literal["AdamW"] = "AdamW"
-    """Optimizer class; AdamW is the one implemented."""
+    optimizer: str = "AdamW"
+    """Optimizer class in `optimizer_impl` (verl's key), e.g. AdamW, Adam, SGD; checked before Ray starts."""
+    optimizer_impl: str = "torch.optim"
+    """Module the optimizer class is imported from (verl's key): torch.optim, or an installed package's module such
+    as torchao.optim or bitsandbytes.optim."""
+    override_optimizer_config: Optional[dict[str, Any]] = None
+    """Keyword arguments for the optimizer class, over lr, betas, eps and weight_decay (verl's key), e.g.
+    +actor_rollout_ref.actor.optim.override_optimizer_config.fused=False. Checked against the class's signature
+    before Ray starts. Unless it names `fused` or `foreach`, a torch optimizer that has a fused kernel for the
+    parameters' device runs it (one kernel for all parameters, not a few per tensor)."""
     lr: float = 1e-6
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -40,6 +48,8 @@ class OptimConfig:
     """Final learning rate of the linear and cosine schedules as a fraction of lr."""
     clip_grad: float = 1.0
     """Max global gradient norm; 0 disables clipping (the norm is still measured and reported)."""
+    num_cycles: float = 0.5
+    """Waves of the cosine schedule (verl's key): 0.5 decays once from lr to min_lr_ratio * lr; more rise again."""
     total_training_steps: int = -1
     """Length of the schedule in optimizer-schedule steps; -1 takes the trainer's total number of steps."""
     warmup_style: Optional[str] = unsupported(None, "verl renamed it; use lr_scheduler_type")
@@ -53,8 +63,25 @@ class OptimConfig:
         check_at_least("clip_grad", self.clip_grad, 0.0, "0 disables clipping")
         check_at_least("weight_decay", self.weight_decay, 0.0)
         check_at_least("lr_warmup_steps", self.lr_warmup_steps, -1, "-1 derives it from lr_warmup_steps_ratio")
+        check_at_least("num_cycles", self.num_cycles, 0.0)
+        if self.num_cycles != 0.5 and self.lr_scheduler_type != "cosine":
+            raise ConfigFieldError(
+                "num_cycles",
+                f"num_cycles={self.num_cycles} shapes the cosine schedule only, and lr_scheduler_type="
+                f"{self.lr_scheduler_type!r}; set lr_scheduler_type=cosine or drop num_cycles",
+            )
+        for name in ("optimizer", "optimizer_impl"):
+            if not str(getattr(self, name)).replace(".", "").replace("_", "").isalnum():
+                raise ConfigFieldError(name, f"{name}={getattr(self, name)!r} is not a Python name")
         for index, beta in enumerate(self.betas):
             check_range(f"betas[{index}]", beta, 0.0, 1.0, high_open=True)
+
+    @property
+    def is_default_optimizer(self) -> bool:
+        """torch.optim.AdamW with no overrides: known to take these arguments, so checking it needs no import."""
+        return (
+            self.optimizer_impl == "torch.optim" and self.optimizer == "AdamW" and not self.override_optimizer_config
+        )
 
     def num_warmup_steps(self, total_steps: int) -> int:
         """Warm-up length in scheduler steps, from `lr_warmup_steps` or the ratio of `total_steps`."""

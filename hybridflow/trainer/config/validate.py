@@ -44,6 +44,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_lengths(cfg)
     check_rollout_model(cfg)
     check_lora_on_experts(cfg)
+    _check_optimizers(cfg)
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
@@ -87,6 +88,18 @@ def _check_names(cfg: PPOConfig) -> None:
     for key, value, known in named:
         if value not in known:
             raise ValueError(f"{key}={value!r} is unknown; known: {sorted(known)}")
+
+
+def _check_optimizers(cfg: PPOConfig) -> None:
+    """A non-default optimizer class imports and takes its arguments. Only then are torch and that class imported:
+    the default needs no check, and later errors still print before torch loads."""
+    sections = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.optim)]
+    sections += [("critic", cfg.critic.optim)] if cfg.critic_enabled else []
+    for section, optim in sections:
+        if not optim.is_default_optimizer:
+            from hybridflow.engines.training.optim import check_optimizer
+
+            check_optimizer(optim, section)
 
 
 def check_rollout_backend(cfg: PPOConfig) -> None:
