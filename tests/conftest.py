@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,16 @@ def tiny_vlm_dir(tmp_path_factory):
     from hybridflow.models.tiny_vlm import save_tiny_vlm
 
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm"), seed=0)
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind():
+    """A process group a test made in this process (a bf16 engine alone joins a one-rank group) is destroyed after
+    it: the next test starts without one, as an engine's choice of layout depends on it."""
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def pytest_runtest_logreport(report):

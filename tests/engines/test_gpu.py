@@ -82,10 +82,17 @@ def test_engines_on_one_gpu(tiny_llama_dir, tmp_path):
     assert results["resume_max_diff"] < 1e-5
 
 
-def test_unsharded_engine_with_autocast_on_gpu(tiny_llama_dir):
+def test_one_gpu_without_a_group_computes_in_bf16_over_a_group_of_its_own(tiny_llama_dir):
+    """No process group (one GPU outside a worker group): the engine joins a one-rank group, so FSDP2's mixed
+    precision runs it in bf16 over float32 master weights, not autocast over float32 weights."""
+    assert not torch.distributed.is_initialized()  # tests/conftest.py destroys the group a test made
     engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
-    assert not engine.is_sharded and engine.param_dtype == torch.bfloat16
-    batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4)
+    assert engine.is_sharded and engine.world_size == 1 and engine.param_dtype == torch.bfloat16
+    _train_and_score(engine, len(load_tokenizer(tiny_llama_dir)))
+
+
+def _train_and_score(engine, vocab_size: int) -> None:
+    batch = make_batch(vocab_size, batch_size=4)
     losses = [engine.train_batch(batch, seq_mean_nll)["loss"] for _ in range(4)]
     assert losses[-1] < losses[0]
     log_probs, entropy = engine.compute_log_prob(batch, calculate_entropy=True)

@@ -50,11 +50,11 @@ from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, bui
 from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_over_meshes
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
-from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_checkpointing
+from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_checkpointing, join_single_rank_group
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
-from hybridflow.env import dist_local_rank
+from hybridflow.env import dist_local_rank, dist_world_size
 from hybridflow.models.loader import build_causal_lm, resolve_dtype
 from hybridflow.models.lora import (
     apply_lora,
@@ -151,10 +151,12 @@ class FSDPEngine:
         self.config = config
         self.model_kind = model_kind
         self.tokenizer = tokenizer
+        self.device = get_torch_device(dist_local_rank())
+        if dist_world_size() == 1 and rank0_weights is None:
+            join_single_rank_group(config, self.device)  # bf16 compute: FSDP2's mixed precision, on one rank too
         self.is_sharded = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1
-        self.device = get_torch_device(dist_local_rank())
         self.param_dtype = resolve_dtype(config.fsdp.dtype, self.device)
         if config.attn_implementation == "flash_attention_2" and self.device.type != "cuda":
             raise ValueError(

@@ -18,7 +18,28 @@ from hybridflow.models.loader import resolve_dtype, to_torch_dtype
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_fsdp2", "enable_activation_checkpointing"]
+__all__ = ["apply_fsdp2", "enable_activation_checkpointing", "join_single_rank_group"]
+
+
+def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bool:
+    """Give a lone rank that computes below float32 a process group of its own; True if one was made.
+
+    FSDP2's mixed precision is how the engine computes in bfloat16 over float32 master weights: parameters cast
+    once per forward, activations, norms and the residual stream in bfloat16, gradients reduced to float32 (verl
+    runs one GPU the same way, as a one-rank torchrun group). Without a group, `fully_shard` cannot run and an
+    engine falls back to autocast over float32 weights: a float32 residual stream and norms, and elementwise casts
+    in every layer of every micro-batch. The group uses an in-memory store (no port) and the device's backend.
+    A rank inside a larger group, or computing in float32 (the CPU default), is left as it is."""
+    if not dist.is_available() or dist.is_initialized() or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
+        return False
+    from hybridflow.utils.device import get_dist_backend
+
+    dist.init_process_group(
+        backend=get_dist_backend(), store=dist.HashStore(), rank=0, world_size=1,
+        device_id=device if device.type == "cuda" else None,
+    )
+    logger.info("one rank computing in %s: a one-rank process group runs FSDP2's mixed precision", config.fsdp.dtype)
+    return True
 
 
 def apply_fsdp2(
