@@ -24,3 +24,34 @@ def run_steps(config_name: str, steps: int, run_dir: Path, *overrides: str) -> l
     subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return [record for step, record in sorted(metrics_by_step(run_dir).items()) if step > 1]
+
+
+def compare_variants(
+    config_name: str, variants: dict[str, list[str]], steps: int, rounds: int, scratch: Path
+) -> tuple[dict[str, list[dict]], list[float]]:
+    """Each variant's overrides for `steps` steps, the variants alternating for `rounds` rounds so that a noisy
+    machine hurts them alike; returns the per-step metrics after each run's first step, by variant, and the 1-minute
+    load average before and after every run. Each record also gets `tokens_per_s` over the whole step."""
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    loads = [os.getloadavg()[0]]
+    for round_index in range(rounds):
+        for index, (name, overrides) in enumerate(variants.items()):
+            for record in run_steps(config_name, steps, scratch / f"{round_index}_{index}", *overrides):
+                record["tokens_per_s"] = record["perf/total_num_tokens"] / record["timing_s/step"]
+                results[name].append(record)
+            loads.append(os.getloadavg()[0])
+    return results, loads
+
+
+def print_mean_table(results: dict[str, list[dict]], columns: tuple[tuple[str, str], ...], label: str) -> None:
+    """A markdown table of each variant's mean of each column (`perf/mfu*` as percentages)."""
+    import statistics
+
+    print(f"| {label} | " + " | ".join(title for title, _ in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for name, records in results.items():
+        cells = []
+        for _, key in columns:
+            value = statistics.mean(r[key] for r in records)
+            cells.append(f"{value:.1%}" if key.startswith("perf/mfu") else f"{value:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")

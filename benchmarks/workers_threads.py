@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from demo_steps import run_steps  # benchmarks/ is on the path when run as a script
+from demo_steps import compare_variants, print_mean_table  # benchmarks/ is on the path when run as a script
 from hybridflow.utils.host import write_results
 
 LAYOUTS = {"2 workers x 1 thread": (2, 1), "1 worker x 2 threads": (1, 2)}
@@ -25,38 +24,21 @@ COLUMNS = (("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", 
            ("tokens/s", "tokens_per_s"), ("update MFU", "perf/mfu/actor"), ("response length", "response_length/mean"))
 
 
-def run(workers: int, threads: int, steps: int, run_dir: Path) -> list[dict]:
-    """The demo config with `workers` processes of `threads` torch threads; per-step metrics after the first."""
-    later = run_steps("grpo_smollm2_demo", steps, run_dir, f"trainer.n_gpus_per_node={workers}",
-                      f"trainer.num_threads_per_worker={threads}")
-    for record in later:
-        record["tokens_per_s"] = record["perf/total_num_tokens"] / record["timing_s/step"]
-    return later
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    started, loads = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), [os.getloadavg()[0]]
-    load_before = list(os.getloadavg())
-    results: dict[str, list[dict]] = {name: [] for name in LAYOUTS}
+    started, load_before = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), list(os.getloadavg())
+    variants = {
+        name: [f"trainer.n_gpus_per_node={workers}", f"trainer.num_threads_per_worker={threads}"]
+        for name, (workers, threads) in LAYOUTS.items()
+    }
     with tempfile.TemporaryDirectory() as scratch:
-        for round_index in range(args.rounds):
-            for name, (workers, threads) in LAYOUTS.items():
-                results[name] += run(workers, threads, args.steps, Path(scratch) / f"{round_index}_{workers}")
-                loads.append(os.getloadavg()[0])
+        results, loads = compare_variants("grpo_smollm2_demo", variants, args.steps, args.rounds, Path(scratch))
     print(f"demo GRPO step, {args.steps} steps x {args.rounds} rounds per layout, started {started}, "
           f"load (1 min) {min(loads):.1f}-{max(loads):.1f}")
-    print("| layout | " + " | ".join(title for title, _ in COLUMNS) + " |")
-    print("|---|" + "---|" * len(COLUMNS))
-    for name, records in results.items():
-        cells = []
-        for _, key in COLUMNS:
-            value = statistics.mean(r[key] for r in records)
-            cells.append(f"{value:.1%}" if key.startswith("perf/mfu") else f"{value:.1f}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print_mean_table(results, COLUMNS, "layout")
     rows = [{"layout": name, **record} for name, records in results.items() for record in records]
     print(f"raw results: {write_results('workers_threads', vars(args), rows, load_before)}")
 
