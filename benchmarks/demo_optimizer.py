@@ -8,13 +8,8 @@ steps after each run's first of the step, the actor update and its MFU:
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
-import time
-from pathlib import Path
 
-from demo_steps import compare_variants, print_mean_table  # benchmarks/ is on the path when run as a script
-from hybridflow.utils.host import write_results
+from demo_steps import compare_and_report  # benchmarks/ is on the path when run as a script
 
 VARIANTS = {
     "fused AdamW (default)": [],
@@ -29,14 +24,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    started, load_before = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), list(os.getloadavg())
-    with tempfile.TemporaryDirectory() as scratch:
-        results, loads = compare_variants("grpo_smollm2_demo", VARIANTS, args.steps, args.rounds, Path(scratch))
-    print(f"demo GRPO step, {args.steps} steps x {args.rounds} rounds per variant, started {started}, "
-          f"load (1 min) {min(loads):.1f}-{max(loads):.1f}")
-    print_mean_table(results, COLUMNS, "optimizer")
-    rows = [{"variant": name, **record} for name, records in results.items() for record in records]
-    print(f"raw results: {write_results('demo_optimizer', vars(args), rows, load_before)}")
+    compare_and_report("demo_optimizer", "grpo_smollm2_demo", VARIANTS, COLUMNS, "variant", args.steps, args.rounds)
 
 
 if __name__ == "__main__":

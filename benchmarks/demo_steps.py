@@ -55,3 +55,25 @@ def print_mean_table(results: dict[str, list[dict]], columns: tuple[tuple[str, s
             value = statistics.mean(r[key] for r in records)
             cells.append(f"{value:.1%}" if key.startswith("perf/mfu") else f"{value:.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def compare_and_report(
+    benchmark: str, config_name: str, variants: dict[str, list[str]], columns: tuple[tuple[str, str], ...],
+    label: str, steps: int, rounds: int,
+) -> None:
+    """`compare_variants` in a scratch directory, then its table (with the start time and the load range) and its
+    raw records in benchmarks/results/`benchmark`_<time>.json."""
+    import tempfile
+    import time
+
+    from hybridflow.utils.host import write_results
+
+    started, load_before = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), list(os.getloadavg())
+    with tempfile.TemporaryDirectory() as scratch:
+        results, loads = compare_variants(config_name, variants, steps, rounds, Path(scratch))
+    print(f"{config_name}, {steps} steps x {rounds} rounds per {label}, started {started}, "
+          f"load (1 min) {min(loads):.1f}-{max(loads):.1f}")
+    print_mean_table(results, columns, label)
+    rows = [{label: name, **record} for name, records in results.items() for record in records]
+    config = {"config_name": config_name, "steps": steps, "rounds": rounds, "variants": variants}
+    print(f"raw results: {write_results(benchmark, config, rows, load_before)}")

@@ -11,13 +11,8 @@ seconds, tokens per second over the whole step, and the update's MFU:
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
-import time
-from pathlib import Path
 
-from demo_steps import compare_variants, print_mean_table  # benchmarks/ is on the path when run as a script
-from hybridflow.utils.host import write_results
+from demo_steps import compare_and_report  # benchmarks/ is on the path when run as a script
 
 LAYOUTS = {"2 workers x 1 thread": (2, 1), "1 worker x 2 threads": (1, 2)}
 COLUMNS = (("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", "timing_s/update_actor"),
@@ -29,18 +24,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    started, load_before = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), list(os.getloadavg())
     variants = {
         name: [f"trainer.n_gpus_per_node={workers}", f"trainer.num_threads_per_worker={threads}"]
         for name, (workers, threads) in LAYOUTS.items()
     }
-    with tempfile.TemporaryDirectory() as scratch:
-        results, loads = compare_variants("grpo_smollm2_demo", variants, args.steps, args.rounds, Path(scratch))
-    print(f"demo GRPO step, {args.steps} steps x {args.rounds} rounds per layout, started {started}, "
-          f"load (1 min) {min(loads):.1f}-{max(loads):.1f}")
-    print_mean_table(results, COLUMNS, "layout")
-    rows = [{"layout": name, **record} for name, records in results.items() for record in records]
-    print(f"raw results: {write_results('workers_threads', vars(args), rows, load_before)}")
+    compare_and_report("workers_threads", "grpo_smollm2_demo", variants, COLUMNS, "layout", args.steps, args.rounds)
 
 
 if __name__ == "__main__":
