@@ -77,15 +77,18 @@ itself (about 9 s on a 2-core host, two ranks at once); a rank forked from the s
 def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo") -> None:
     """Run `fn(rank, world_size, *args)` in `world_size` processes joined by a `backend` group.
 
-    The ranks are forked from a fork server (`RANK_PRELOAD` imported once, no thread or device touched): they start
-    as clean as spawned ones, without paying the imports again. The rendezvous store listens in this process on a
+    CPU ranks are forked from a fork server (`RANK_PRELOAD` imported once, no thread or device touched): they start
+    as clean as spawned ones, without paying the imports again. Ranks of an nccl group are spawned. The rendezvous store listens in this process on a
     port the OS picks, from before the ranks start until they end: no other process can take the port in between
     (a port found free and released could be taken)."""
-    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+    # CUDA ranks are spawned: the fork server's imports may query the driver, and CUDA does not survive a fork.
+    start_method = "spawn" if "nccl" in backend else "forkserver"
+    if start_method == "forkserver":
+        multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     mp.start_processes(
         _entry, args=(world_size, store.port, backend, fn, args), nprocs=world_size, join=True,
-        start_method="forkserver",
+        start_method=start_method,
     )
 
 
