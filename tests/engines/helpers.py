@@ -78,9 +78,9 @@ def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo")
     """Run `fn(rank, world_size, *args)` in `world_size` processes joined by a `backend` group.
 
     CPU ranks are forked from a fork server (`RANK_PRELOAD` imported once, no thread or device touched): they start
-    as clean as spawned ones, without paying the imports again. Ranks of an nccl group are spawned. The rendezvous store listens in this process on a
-    port the OS picks, from before the ranks start until they end: no other process can take the port in between
-    (a port found free and released could be taken)."""
+    as clean as spawned ones, without paying the imports again. Ranks of an nccl group are spawned. The rendezvous
+    store listens in this process on a port the OS picks, from before the ranks start until they end: no other
+    process can take the port in between (a port found free and released could be taken)."""
     # CUDA ranks are spawned: the fork server's imports may query the driver, and CUDA does not survive a fork.
     start_method = "spawn" if "nccl" in backend else "forkserver"
     if start_method == "forkserver":

@@ -31,7 +31,7 @@ def build_optimizer(module: nn.Module, optim: OptimConfig) -> torch.optim.Optimi
         try:
             return cls(params, **kwargs, fused=True)
         except RuntimeError as err:  # a device or dtype without the fused kernel: torch's per-tensor default
-            logger.info("optimizer %s: no fused kernel for these parameters (%s); using torch's default", cls.__name__, err)
+            logger.info("optimizer %s: no fused kernel for these parameters (%s); torch's default", cls.__name__, err)
     return cls(params, **kwargs)
 
 
@@ -48,7 +48,8 @@ def optimizer_class(optim: OptimConfig) -> type[torch.optim.Optimizer]:
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         known = sorted(
             name for name, value in vars(source).items()
-            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer
+            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
+            and value is not torch.optim.Optimizer
         )
         raise ValueError(
             f"optim.optimizer={optim.optimizer!r} is not an optimizer class of {optim.optimizer_impl}; known: {known}"

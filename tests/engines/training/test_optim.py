@@ -187,7 +187,8 @@ def test_another_optimizer_class_and_overrides_are_built_as_configured():
     [
         ({"optimizer": "AdamWW"}, r"optimizer='AdamWW' is not an optimizer class of torch.optim; known: \[.*'AdamW'"),
         ({"optimizer_impl": "no_such_optim_package"}, "optimizer_impl='no_such_optim_package' cannot be imported"),
-        ({"override_optimizer_config": {"fusd": True}}, r"override_optimizer_config has \['fusd'\], which torch.optim.AdamW does not take; it takes \[.*'fused'"),
+        ({"override_optimizer_config": {"fusd": True}},
+         r"override_optimizer_config has \['fusd'\], which torch.optim.AdamW does not take; it takes \[.*'fused'"),
         ({"optimizer": "SGD", "eps": 1e-6}, "eps=1e-06: torch.optim.SGD has no eps parameter"),
         ({"override_optimizer_config": {"params": []}}, r"override_optimizer_config has \['params'\]"),
     ],
