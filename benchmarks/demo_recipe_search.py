@@ -48,6 +48,9 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
     "answer_line_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}"]),
     "answer_line_b05_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}",
                                 "+custom_reward_function.reward_kwargs.format_bonus=0.5"]),
+    # DAPO's clip-higher: a wider upper clip lets low-probability tokens gain, against the entropy collapse that
+    # leaves most groups flat late in the demo's run.
+    "clip_high028_40": (40, ["actor_rollout_ref.actor.clip_ratio_high=0.28"]),
     "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
                                 "data.max_response_length=32"]),
 }
