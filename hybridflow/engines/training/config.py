@@ -18,7 +18,8 @@ __all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig", "
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW and its learning-rate schedule (verl's `optim.*` keys)."""
+    """The optimizer (AdamW unless `optimizer` names another) and its learning-rate schedule (verl's `optim.*`
+    keys)."""
 
     optimizer: str = "AdamW"
     """Optimizer class in `optimizer_impl` (verl's key), e.g. AdamW, Adam, SGD; checked before Ray starts."""
@@ -33,11 +34,11 @@ class OptimConfig:
     lr: float = 1e-6
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    """Betas of AdamW (and of any optimizer class that takes them)."""
     eps: float = 1e-8
-    """AdamW epsilon."""
+    """Epsilon of AdamW (and of any optimizer class that takes it)."""
     weight_decay: float = 0.01
-    """AdamW decoupled weight decay."""
+    """Weight decay (AdamW's is decoupled), for optimizer classes that take it."""
     lr_warmup_steps: int = -1
     """Linear warm-up steps; -1 derives them from lr_warmup_steps_ratio."""
     lr_warmup_steps_ratio: float = 0.0
