@@ -48,8 +48,10 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
     "answer_line_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}"]),
     "answer_line_b05_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}",
                                 "+custom_reward_function.reward_kwargs.format_bonus=0.5"]),
-    # DAPO's clip-higher: a wider upper clip lets low-probability tokens gain, against the entropy collapse that
-    # leaves most groups flat late in the demo's run.
+    # DAPO's clip-higher. In the demo's update (one mini-batch, one epoch: exactly on-policy) every ratio is 1 and
+    # nothing is clipped (pg_clipfrac 0), so this run is the demo again: a control of what the code changes since
+    # the demo's seed-1 run (fused AdamW among them) do to one seed's result. Clipping acts with
+    # ppo_mini_batch_size < train_batch_size or ppo_epochs > 1.
     "clip_high028_40": (40, ["actor_rollout_ref.actor.clip_ratio_high=0.28"]),
     "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
                                 "data.max_response_length=32"]),
