@@ -88,11 +88,7 @@ def test_one_gpu_without_a_group_computes_in_bf16_over_a_group_of_its_own(tiny_l
     assert not torch.distributed.is_initialized()  # tests/conftest.py destroys the group a test made
     engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
     assert engine.is_sharded and engine.world_size == 1 and engine.param_dtype == torch.bfloat16
-    _train_and_score(engine, len(load_tokenizer(tiny_llama_dir)))
-
-
-def _train_and_score(engine, vocab_size: int) -> None:
-    batch = make_batch(vocab_size, batch_size=4)
+    batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4)
     losses = [engine.train_batch(batch, seq_mean_nll)["loss"] for _ in range(4)]
     assert losses[-1] < losses[0]
     log_probs, entropy = engine.compute_log_prob(batch, calculate_entropy=True)

@@ -54,7 +54,7 @@ from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
-from hybridflow.env import dist_local_rank, dist_world_size
+from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, resolve_dtype
 from hybridflow.models.lora import (
     apply_lora,
@@ -152,8 +152,7 @@ class FSDPEngine:
         self.model_kind = model_kind
         self.tokenizer = tokenizer
         self.device = get_torch_device(dist_local_rank())
-        if dist_world_size() == 1 and rank0_weights is None:
-            join_single_rank_group(config, self.device)  # bf16 compute: FSDP2's mixed precision, on one rank too
+        join_single_rank_group(config, self.device)  # bf16 compute alone: FSDP2's mixed precision, on one rank too
         self.is_sharded = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1

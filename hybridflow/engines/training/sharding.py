@@ -14,7 +14,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.expert_parallel import apply_expert_fsdp
+from hybridflow.env import dist_world_size
 from hybridflow.models.loader import resolve_dtype, to_torch_dtype
+from hybridflow.utils.device import get_dist_backend
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +31,11 @@ def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bo
     runs one GPU the same way, as a one-rank torchrun group). Without a group, `fully_shard` cannot run and an
     engine falls back to autocast over float32 weights: a float32 residual stream and norms, and elementwise casts
     in every layer of every micro-batch. The group uses an in-memory store (no port) and the device's backend.
-    A rank inside a larger group, or computing in float32 (the CPU default), is left as it is."""
-    if not dist.is_available() or dist.is_initialized() or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
+    A rank of a larger worker group (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default),
+    is left as it is."""
+    alone = dist.is_available() and not dist.is_initialized() and dist_world_size() == 1
+    if not alone or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
         return False
-    from hybridflow.utils.device import get_dist_backend
-
     dist.init_process_group(
         backend=get_dist_backend(), store=dist.HashStore(), rank=0, world_size=1,
         device_id=device if device.type == "cuda" else None,

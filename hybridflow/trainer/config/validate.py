@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.data.config import expand_path
+from hybridflow.engines.training.config import OptimConfig
 from hybridflow.engines.rollout.registry import backends_with
 from hybridflow.trainer.config.batches import BatchSizes, derive_batch_sizes
 from hybridflow.trainer.config.data_checks import check_data_files, check_rows
@@ -91,15 +92,20 @@ def _check_names(cfg: PPOConfig) -> None:
 
 
 def _check_optimizers(cfg: PPOConfig) -> None:
-    """A non-default optimizer class imports and takes its arguments. Only then are torch and that class imported:
-    the default needs no check, and later errors still print before torch loads."""
-    sections = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.optim)]
-    sections += [("critic", cfg.critic.optim)] if cfg.critic_enabled else []
-    for section, optim in sections:
-        if not optim.is_default_optimizer:
-            from hybridflow.engines.training.optim import check_optimizer
+    check_optimizer_section(cfg.actor_rollout_ref.actor.optim, "actor_rollout_ref.actor")
+    if cfg.critic_enabled:
+        check_optimizer_section(cfg.critic.optim, "critic")
 
-            check_optimizer(optim, section)
+
+def check_optimizer_section(optim: OptimConfig, section: str) -> None:
+    """The optimizer class imports and takes the section's arguments (`optim.check_optimizer`; ValueError naming
+    `section`.optim). The default is known to take them and is not checked: torch is not imported for it, so later
+    config errors still print before torch loads."""
+    if optim.is_default_optimizer:
+        return
+    from hybridflow.engines.training.optim import check_optimizer
+
+    check_optimizer(optim, section)
 
 
 def check_rollout_backend(cfg: PPOConfig) -> None:

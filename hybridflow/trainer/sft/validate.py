@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from hybridflow.engines.training.config import ParallelLayout
-from hybridflow.engines.training.optim import check_optimizer
 from hybridflow.models.loader import load_model_config
 from hybridflow.models.parallel_plan import check_ep_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.data_checks import check_data_files
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
+from hybridflow.trainer.config.validate import check_optimizer_section
 
 
 def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     """Files, paths, batch arithmetic, the model's context and loggers; returns the batch table rows."""
     data, ranks = cfg.data, cfg.trainer.world_size
     check_data_files(data)
-    if not cfg.optim.is_default_optimizer:
-        check_optimizer(cfg.optim, "")
+    check_optimizer_section(cfg.optim, "")
     layout = check_sft_parallelism(cfg)
     world = layout.dp
     where = "trainer.nnodes x trainer.n_gpus_per_node" + (

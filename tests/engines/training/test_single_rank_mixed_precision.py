@@ -66,8 +66,11 @@ def test_the_bf16_engine_update_follows_the_float32_one(tiny_llama_dir, no_proce
     torch.testing.assert_close(got[mask], expected[mask], atol=0.05, rtol=0.02)
 
 
-def test_float32_and_a_rank_of_a_larger_group_are_left_alone(no_process_group):
+def test_float32_and_a_rank_of_a_larger_group_are_left_alone(no_process_group, monkeypatch):
     cpu = torch.device("cpu")
+    with monkeypatch.context() as patch:  # a rank of a 2-rank worker group, before it joins its group
+        patch.setenv("WORLD_SIZE", "2")
+        assert join_single_rank_group(FSDPEngineConfig(fsdp=FSDPConfig(dtype="bfloat16")), cpu) is False
     assert join_single_rank_group(FSDPEngineConfig(fsdp=FSDPConfig(dtype="float32")), cpu) is False
     assert join_single_rank_group(FSDPEngineConfig(), cpu) is False  # auto is float32 on a CPU
     assert not dist.is_initialized()
