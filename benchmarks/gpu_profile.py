@@ -8,6 +8,10 @@ Sections (each prints a table and lands in the JSON written to `benchmarks/resul
   synchronising calls it reports (CUDA only);
 - `ab`: update seconds for micro-batch sizes, with and without `empty_cache()` between updates, and sdpa against
   eager attention;
+- `levers`: the update and log-prob passes of the `engine` shape under each of autocast over unsharded float32
+  weights (the default for one rank) and FSDP2's mixed precision over a one-rank group (`join_single_rank_group`),
+  each with AdamW's fused kernel (the default) and its foreach kernels: best-of-3 wall seconds, MFU, and one
+  profiled update's memcpy and launch counts, all in one process, so the variants share a card and a run;
 - `decode`: one decode step of each rollout (hf, native) at three batch sizes: kernel launches (CUDA graph launches
   counted as one) and GPU busy % per step, tokens/s, and the bandwidth floor (weights plus the KV cache at the mean
   context read once per step over the measured device bandwidth);
@@ -37,12 +41,14 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.rollout.base import compute_rollout_copy_dtype
-from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training.sharding import join_single_rank_group
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.loader import save_model_and_tokenizer
 from hybridflow.models.tiny import build_tiny_tokenizer
@@ -93,6 +99,11 @@ class Plan:
 GPU_PLAN = Plan("qwen2-0.5b", 64, 256, 512, (4, 16, 32), (8, 64, 256), 64,
                 ("llama-0.5b", "qwen2-0.5b", "llama-1.5b", "qwen2-1.5b"), 32, 8, 16384)
 TINY_PLAN = Plan("tiny-llama", 8, 8, 8, (2, 8), (2, 4, 8), 4, ("tiny-llama", "tiny-qwen2"), 2, 2, 16)
+
+
+def peak_flops() -> float:
+    """The MFU denominator: GPU_PEAK_TFLOPS, default 989 (dense bf16 of an H100 or H200 SXM)."""
+    return float(os.environ.get("GPU_PEAK_TFLOPS", "989")) * 1e12
 
 
 def synchronize() -> None:
@@ -223,6 +234,43 @@ def section_ab(plan: Plan, path: str, vocab: int) -> dict:
     return rows
 
 
+LEVERS = (("autocast", False, True), ("autocast", False, False),
+          ("one-rank FSDP2", True, True), ("one-rank FSDP2", True, False))  # (precision, own group, fused AdamW)
+
+
+def section_levers(plan: Plan, path: str, vocab: int, on_cuda: bool) -> list[dict]:
+    """The engine shape's update and log-prob passes per (precision path, AdamW kernel); see the module's doc."""
+    batch = random_batch(vocab, plan.batch, plan.prompt_len, plan.response_len)
+    tokens = plan.batch * (plan.prompt_len + plan.response_len)
+    peak = peak_flops() if on_cuda else float("nan")
+    rows = []
+    for precision, own_group, fused in LEVERS:
+        config = dataclasses.replace(engine_config(plan, plan.micro_batches[-1]), fsdp=FSDPConfig(dtype="bfloat16"),
+                                     optim=OptimConfig(lr=1e-6, override_optimizer_config={"fused": fused, "foreach": not fused}))
+        joined = own_group and join_single_rank_group(config, get_torch_device(0) if on_cuda else torch.device("cpu"))
+        if own_group and not joined:
+            raise RuntimeError("a process group already exists: the one-rank variants need to make their own")
+        try:
+            engine = build_fsdp_engine(path, config)
+            params = sum(p.numel() for p in engine.module.parameters())
+            engine.train_batch(batch, nll_loss)
+            engine.compute_log_prob(batch)
+            update_s = min(timed(lambda: engine.train_batch(batch, nll_loss))[1] for _ in range(3))
+            log_prob_s = min(timed(lambda: engine.compute_log_prob(batch))[1] for _ in range(3))
+            summary = profiled(lambda: engine.train_batch(batch, nll_loss), on_cuda)
+            rows.append({"precision": precision, "adamw": "fused" if fused else "foreach", "update_s": update_s,
+                         "update_mfu_pct": 100 * 6 * params * tokens / update_s / peak,
+                         "log_prob_s": log_prob_s, "log_prob_mfu_pct": 100 * 2 * params * tokens / log_prob_s / peak,
+                         "memcpys": summary["memcpys"], "launches": summary["launches"],
+                         "gpu_busy_pct": summary["gpu_busy_pct"]})
+            del engine
+        finally:
+            if joined:
+                dist.destroy_process_group()
+            release_memory()
+    return rows
+
+
 def measure_bandwidth(device: torch.device, num_bytes: int) -> float:
     """Bytes read per second by a reduction over a large tensor on `device` (best of 3)."""
     src = torch.ones(num_bytes // 4, device=device)
@@ -299,8 +347,7 @@ def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device,
            "log_prob_s": logp_s, "update_s": update_s, "step_s": gen_s + logp_s + update_s,
            "tokens_per_s": tokens / (gen_s + logp_s + update_s)}
     if on_cuda:
-        peak = float(os.environ.get("GPU_PEAK_TFLOPS", "989")) * 1e12  # H100/H200 dense bf16
-        row["update_mfu_pct"] = 100 * 6 * params * tokens / update_s / peak
+        row["update_mfu_pct"] = 100 * 6 * params * tokens / update_s / peak_flops()
     del rollout, engine, module, generator
     return row
 
@@ -396,6 +443,12 @@ def main() -> None:
         if "ab" in sections:
             report["ab"] = attempt("ab", lambda: section_ab(plan, path_of(plan.engine_model), vocab)) or {}
             print_table("A/B: update seconds", [{"variant": k, "update_s": v} for k, v in report["ab"].items()])
+            save_report()
+        if "levers" in sections:
+            report["levers"] = attempt("levers", lambda: section_levers(
+                plan, path_of(plan.engine_model), vocab, on_cuda)) or []
+            print_table(f"levers: update and log-prob per precision path and AdamW kernel ({plan.engine_model})",
+                        report["levers"])
             save_report()
         if "decode" in sections:
             report["decode_ops"] = {}

@@ -9,6 +9,7 @@ import torch
 
 from hybridflow.engines.rollout import HFRollout, SamplingParams
 from hybridflow.engines.training import FSDPConfig, FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training.sharding import join_single_rank_group
 from hybridflow.models import load_tokenizer
 from hybridflow.utils.device import get_dist_backend
 from tests.engines.helpers import encode_prompts, make_batch, run_distributed, seq_mean_nll
@@ -82,12 +83,15 @@ def test_engines_on_one_gpu(tiny_llama_dir, tmp_path):
     assert results["resume_max_diff"] < 1e-5
 
 
-def test_one_gpu_without_a_group_computes_in_bf16_over_a_group_of_its_own(tiny_llama_dir):
-    """No process group (one GPU outside a worker group): the engine joins a one-rank group, so FSDP2's mixed
-    precision runs it in bf16 over float32 master weights, not autocast over float32 weights."""
+@pytest.mark.parametrize("own_group", [False, True], ids=["autocast", "one-rank-group"])
+def test_one_gpu_computes_in_bf16_alone_or_over_a_group_of_its_own(tiny_llama_dir, own_group):
+    """No process group (one GPU outside a worker group): autocast over float32 weights by default; after
+    `join_single_rank_group`, FSDP2's mixed precision over float32 master weights."""
     assert not torch.distributed.is_initialized()  # tests/conftest.py destroys the group a test made
+    if own_group:
+        assert join_single_rank_group(CONFIG, torch.device("cuda"))
     engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
-    assert engine.is_sharded and engine.world_size == 1 and engine.param_dtype == torch.bfloat16
+    assert engine.is_sharded == own_group and engine.world_size == 1 and engine.param_dtype == torch.bfloat16
     batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4)
     losses = [engine.train_batch(batch, seq_mean_nll)["loss"] for _ in range(4)]
     assert losses[-1] < losses[0]

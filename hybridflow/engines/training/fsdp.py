@@ -50,7 +50,7 @@ from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, bui
 from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_over_meshes
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
-from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_checkpointing, join_single_rank_group
+from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_checkpointing
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
@@ -152,7 +152,6 @@ class FSDPEngine:
         self.model_kind = model_kind
         self.tokenizer = tokenizer
         self.device = get_torch_device(dist_local_rank())
-        join_single_rank_group(config, self.device)  # bf16 compute alone: FSDP2's mixed precision, on one rank too
         self.is_sharded = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1
@@ -583,7 +582,8 @@ class FSDPEngine:
             return
         if model and not self.config.fsdp.param_offload:
             self.module.to(device)
-        if optimizer:
+        if optimizer and not (self.is_sharded and self.config.fsdp.param_offload):
+            # (with FSDP2's parameter offload the optimizer steps on the host: its state stays beside the shards)
             for state in self.optimizer.state.values():
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor) and key != "step":

@@ -24,15 +24,16 @@ __all__ = ["apply_fsdp2", "enable_activation_checkpointing", "join_single_rank_g
 
 
 def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bool:
-    """Give a lone rank that computes below float32 a process group of its own; True if one was made.
+    """Give a lone rank that computes below float32 a process group of its own, as a one-rank torchrun would;
+    True if one was made. An engine built afterwards shards over it and computes through FSDP2's mixed precision
+    (parameters cast once per forward, bf16 activations and residual stream over float32 master weights) instead
+    of autocast over unsharded float32 weights.
 
-    FSDP2's mixed precision is how the engine computes in bfloat16 over float32 master weights: parameters cast
-    once per forward, activations, norms and the residual stream in bfloat16, gradients reduced to float32 (verl
-    runs one GPU the same way, as a one-rank torchrun group). Without a group, `fully_shard` cannot run and an
-    engine falls back to autocast over float32 weights: a float32 residual stream and norms, and elementwise casts
-    in every layer of every micro-batch. The group uses an in-memory store (no port) and the device's backend.
-    A rank of a larger worker group (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default),
-    is left as it is."""
+    Opt-in, not the engine's default: on an H200 (2026-11-28, `gpu_profile.py --sections levers`) the one-rank
+    FSDP2 update of qwen2-0.5b was slower than autocast's (FSDP2's per-layer all-gather copies and their host
+    calls cost more than the casts they remove), and LoRA under it failed on CUDA (a bf16 gradient assigned to a
+    float32 shard). The group uses an in-memory store (no port) and the device's backend. A rank of a larger
+    worker group (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default), is left as it is."""
     alone = dist.is_available() and not dist.is_initialized() and dist_world_size() == 1
     if not alone or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
         return False

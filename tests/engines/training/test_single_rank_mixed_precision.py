@@ -1,6 +1,6 @@
-"""One rank computing in bfloat16 runs FSDP2's mixed precision (a one-rank process group of its own), not autocast
-over float32 weights: bf16 activations and residual stream, float32 master weights, and an update that follows
-the float32 engine's."""
+"""One rank computing in bfloat16 over a one-rank process group of its own (`join_single_rank_group`, opt-in) runs
+FSDP2's mixed precision: bf16 activations and residual stream, float32 master weights, and an update that follows
+the float32 engine's. Without the group (the default) the same engine runs autocast over unsharded weights."""
 
 from __future__ import annotations
 
@@ -20,14 +20,24 @@ def no_process_group():
     assert not dist.is_initialized()
 
 
-def _engine(model_dir: str, dtype: str):
+def _engine(model_dir: str, dtype: str, *, own_group: bool = True):
     config = FSDPEngineConfig(
         fsdp=FSDPConfig(dtype=dtype), optim=OptimConfig(lr=1e-3, weight_decay=0.0), micro_batch_size_per_gpu=4
     )
+    if own_group:
+        join_single_rank_group(config, torch.device("cpu"))
     return build_fsdp_engine(model_dir, config)
 
 
-def test_a_bf16_rank_alone_shards_over_its_own_group_and_computes_in_bf16(tiny_llama_dir, no_process_group):
+def test_a_bf16_rank_alone_runs_autocast_unless_it_joins_a_group(tiny_llama_dir, no_process_group):
+    engine = _engine(tiny_llama_dir, "bfloat16", own_group=False)
+    assert not dist.is_initialized() and not engine.is_sharded and engine.param_dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in engine.module.parameters())
+    metrics = engine.train_batch(make_batch(engine.module.config.vocab_size, batch_size=8, seed=0), seq_mean_nll)
+    assert metrics["grad_norm"] > 0
+
+
+def test_a_bf16_rank_over_its_own_group_shards_and_computes_in_bf16(tiny_llama_dir, no_process_group):
     engine = _engine(tiny_llama_dir, "bfloat16")
     assert dist.is_initialized() and dist.get_world_size() == 1 and engine.is_sharded
     params = dict(engine.module.named_parameters())
