@@ -338,14 +338,27 @@ def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device,
     prompts = random_batch(module.config.vocab_size, plan.step_prompts, plan.prompt_len, 0)
     prompts = DataProto.from_dict(tensors={k: prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")})
     params = sum(p.numel() for p in module.parameters())
+    peak_gib = {}  # per stage: the most memory it held, so an out-of-memory row says where
+
+    def stage(label: str, fn):
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            return timed(fn)
+        except Exception as error:
+            raise RuntimeError(f"{label} failed (peak GiB of the stages before: {peak_gib}): {error!r}"[:900]) from error
+        finally:
+            if on_cuda:
+                peak_gib[label] = torch.cuda.max_memory_allocated() / 2**30
+
     for attempt in range(2):  # the first step warms up (graph capture, allocator); the second is reported
-        batch, gen_s = timed(generate)
-        _, logp_s = timed(lambda: engine.compute_log_prob(batch, max_token_len=budget))
-        _, update_s = timed(lambda: engine.train_batch(engine.split_micro_batches(batch, None, budget)[0], nll_loss))
+        batch, gen_s = stage("generate", generate)
+        _, logp_s = stage("log_prob", lambda: engine.compute_log_prob(batch, max_token_len=budget))
+        _, update_s = stage("update", lambda: engine.train_batch(engine.split_micro_batches(batch, None, budget)[0], nll_loss))
     tokens = int(batch.batch["attention_mask"].sum())
     row = {"model": name, "params_b": params / 1e9, "rollout_dtype": str(copy_dtype or "shared"), "rows": len(batch), "tokens": tokens, "gen_s": gen_s,
            "log_prob_s": logp_s, "update_s": update_s, "step_s": gen_s + logp_s + update_s,
-           "tokens_per_s": tokens / (gen_s + logp_s + update_s)}
+           "tokens_per_s": tokens / (gen_s + logp_s + update_s), **{f"peak_gib_{k}": v for k, v in peak_gib.items()}}
     if on_cuda:
         row["update_mfu_pct"] = 100 * 6 * params * tokens / update_s / peak_flops()
     del rollout, engine, module, generator
@@ -361,7 +374,8 @@ def section_steps(plan: Plan, path_of, tokenizer, device: torch.device, on_cuda:
         try:
             row = _step_row(plan, name, path_of(name), tokenizer, device, on_cuda)
         except Exception as error:  # an out-of-memory shape: say so and go on to the next model
-            print(f"\n## step row: {name} failed: {error!r}"[:600])
+            traceback.print_exc()
+            print(f"\n## step row: {name} failed: {error!r}"[:1200])
             release_memory()
             continue
         rows.append(row)

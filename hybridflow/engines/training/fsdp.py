@@ -162,6 +162,13 @@ class FSDPEngine:
                 f"is {self.device.type}: use sdpa"
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
+        if self.lora_scaling is not None and self.world_size == 1 and self.is_sharded and self.device.type == "cuda" \
+                and self.param_dtype != torch.float32:
+            raise RuntimeError(
+                "LoRA with FSDP2's bf16 mixed precision over a one-rank process group fails on CUDA (torch 2.11: FSDP2 "
+                "assigns a bf16 gradient to a float32 shard; seen on an H200, 2026-11-28): run this rank without a "
+                "process group (autocast), or set fsdp_config.dtype=float32"
+            )
         if config.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         layout = ParallelLayout(

@@ -29,14 +29,16 @@ def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bo
     (parameters cast once per forward, bf16 activations and residual stream over float32 master weights) instead
     of autocast over unsharded float32 weights.
 
-    Opt-in, not the engine's default: on an H200 (2026-11-28, `gpu_profile.py --sections levers`) the one-rank
-    FSDP2 update of qwen2-0.5b was slower than autocast's (FSDP2's per-layer all-gather copies and their host
-    calls cost more than the casts they remove), and LoRA under it failed on CUDA (a bf16 gradient assigned to a
-    float32 shard). The group uses an in-memory store (no port) and the device's backend. A rank of a larger
-    worker group (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default), is left as it is."""
+    Opt-in, not the engine's default. On an H200 (2026-11-28, `gpu_profile.py --sections levers`, one process)
+    it made qwen2-0.5b's update 0.965x autocast's time (0.661 s against 0.685 s; log-prob 0.219 s against 0.229 s)
+    but broke LoRA on CUDA (FSDP2 assigned a bf16 gradient to a float32 shard), which no CPU run reproduces.
+    The group uses an in-memory store (no port) and the device's backend. A rank of a larger worker group
+    (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default), is left as it is."""
     alone = dist.is_available() and not dist.is_initialized() and dist_world_size() == 1
     if not alone or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
         return False
+    if device.type == "cuda" and device.index is None:  # init_process_group's device_id needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(
         backend=get_dist_backend(), store=dist.HashStore(), rank=0, world_size=1,
         device_id=device if device.type == "cuda" else None,

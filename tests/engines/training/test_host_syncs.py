@@ -41,6 +41,14 @@ ROWS = 12  # one mini-batch: 3 prompts x 4 samples
 # (4), one host copy of the masks to plan every micro-batch's layout (2), the grad norm (1) and the metrics (2);
 # the log-prob pass the host copy (2) and its results (2).
 MAX_UPDATE_SYNCS, MAX_LOG_PROB_SYNCS = 9, 4
+SYNC_REPORT = "called a synchronizing CUDA operation"
+"""What `set_sync_debug_mode("warn")` says of each synchronising call. Its once-per-process notice ("Synchronization
+debug mode is a prototype feature and does not yet detect all synchronizing operations") is not one: counted, it
+made the first engine's update look one sync dearer on the H200 (2026-11-28)."""
+
+
+def count_sync_reports(caught: list[warnings.WarningMessage]) -> int:
+    return sum(SYNC_REPORT in str(w.message) for w in caught)
 
 
 def _is_bool_index(index) -> bool:
@@ -205,6 +213,16 @@ def test_the_counter_sees_each_kind_of_blocking_call(monkeypatch):
     assert torch.tensor([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]  # no sequence slot left behind
 
 
+def test_only_the_detectors_reports_count_as_syncs():
+    def caught(*texts):
+        return [warnings.WarningMessage(text, UserWarning, __file__, 0) for text in texts]
+
+    notice = "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"
+    report = f"{SYNC_REPORT} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.h:150.)"
+    assert count_sync_reports(caught(notice, report, report)) == 2
+    assert count_sync_reports(caught(notice)) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -226,7 +244,7 @@ def test_cuda_sync_detector_sees_no_per_micro_batch_sync(tiny_llama_dir, tiny_to
                     run_pass(engine, data, micro_batch_size)
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-            passes[name] = sum("synchroniz" in str(w.message) for w in caught)
+            passes[name] = count_sync_reports(caught)
         counts[micro_batch_size] = passes
     assert counts[6] == counts[2], f"syncs with 2 micro-batches {counts[6]}, with 6 {counts[2]}"
     assert counts[6]["update"] <= MAX_UPDATE_SYNCS and counts[6]["log_prob"] <= MAX_LOG_PROB_SYNCS, counts

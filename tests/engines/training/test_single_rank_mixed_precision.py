@@ -86,3 +86,16 @@ def test_float32_and_a_rank_of_a_larger_group_are_left_alone(no_process_group, m
     assert not dist.is_initialized()
     assert join_single_rank_group(FSDPEngineConfig(fsdp=FSDPConfig(dtype="bfloat16")), cpu) is True
     assert join_single_rank_group(FSDPEngineConfig(fsdp=FSDPConfig(dtype="bfloat16")), cpu) is False  # one exists
+
+
+def test_lora_over_a_one_rank_group_on_cuda_is_refused_before_any_step(tiny_llama_dir, no_process_group, monkeypatch):
+    """FSDP2 on a one-rank CUDA group assigned a bf16 gradient to a float32 LoRA shard (H200, torch 2.11): the
+    engine says so when it is built (the device is faked: the check runs before anything moves to it)."""
+    import hybridflow.engines.training.fsdp as fsdp_module
+    from hybridflow.models.config import ModelConfig
+
+    config = FSDPEngineConfig(fsdp=FSDPConfig(dtype="bfloat16"), model=ModelConfig(lora_rank=4, lora_alpha=8))
+    assert join_single_rank_group(config, torch.device("cpu"))
+    monkeypatch.setattr(fsdp_module, "get_torch_device", lambda rank: torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="LoRA with FSDP2's bf16 mixed precision over a one-rank"):
+        build_fsdp_engine(tiny_llama_dir, config)
