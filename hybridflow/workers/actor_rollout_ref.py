@@ -19,7 +19,7 @@ import torch
 
 from hybridflow.algorithms import masked_mean
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
-from hybridflow.engines.rollout.base import compute_rollout_copy_dtype, copy_buffers
+from hybridflow.engines.rollout.base import compute_rollout_copy_dtype, copy_buffers, rollout_engine_metrics
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
 from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
@@ -214,16 +214,21 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"generate_sequences called on a worker with role {self.role!r} (no rollout)")
         start = time.perf_counter()
         self.rollout.wake_up()  # first, so that the hand-over copies device to device, never through host memory
+        wake_up_s = time.perf_counter() - start
         update_weights_s = self._sync_rollout_weights()
         self._seed_sampling(prompts.meta_info.get("sampling_seed_offset", 0))
         output = self.rollout.generate_sequences(prompts)
         # Which weights sampled each row: the trainer checks that on-policy steps never reuse old ones.
         output.batch[WEIGHT_VERSION_KEY] = torch.full((len(output),), self._served_weight_version(), dtype=torch.int64)
+        sleep_start = time.perf_counter()
         if self.config.rollout.free_cache_engine:
             self.rollout.sleep()
         output.meta_info["metrics"] = {
             "timing_s/update_weights": update_weights_s,
+            "timing_s/rollout_wake_up": wake_up_s,
+            "timing_s/rollout_sleep": time.perf_counter() - sleep_start,
             "timing_s/generate_sequences": time.perf_counter() - start,
+            **rollout_engine_metrics(getattr(self.rollout, "last_stats", None)),
             **self._weight_check_metrics,
         }
         return output

@@ -216,3 +216,6 @@ def test_grpo_on_a_mixtral_with_the_native_rollout_hands_the_experts_over(worksp
         assert record["actor/grad_norm"] > 0 and record["actor/moe/router_entropy"] > 0
         assert record["training/rollout_probs_diff_max"] < 1e-3, (step, record["training/rollout_probs_diff_max"])
     assert records[2]["rollout/weight_version"] > records[1]["rollout/weight_version"]
+    # the native engine's own figures reach the step's metrics (CUDA graphs: none on CPU)
+    assert records[2]["rollout/engine/num_decode_steps"] > 0 and records[2]["rollout/engine/decode_s"] > 0
+    assert records[2]["rollout/engine/decode_graph_captures"] == 0 and records[2]["timing_s/rollout_wake_up"] >= 0

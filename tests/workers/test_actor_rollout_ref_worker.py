@@ -63,6 +63,8 @@ def test_generate_logprob_update_and_weight_handover(group):
     # The next generation first receives the updated weights from the FSDP shards (hand-over is timed)...
     second = group.generate_sequences(prompts())
     assert min(second.meta_info["metrics"]["timing_s/update_weights"]) > 0
+    for key in ("timing_s/rollout_wake_up", "timing_s/rollout_sleep"):
+        assert len(second.meta_info["metrics"][key]) == 2 and min(second.meta_info["metrics"][key]) >= 0, key
     # Every sample carries the version of the weights that sampled it: the initial ones, then the one update's.
     assert batch.batch["rollout_weight_version"].tolist() == [0] * BATCH
     assert second.batch["rollout_weight_version"].tolist() == [1] * BATCH

@@ -156,6 +156,16 @@ def place_rollout_model(
     return model.to(device).eval(), device
 
 
+def rollout_engine_metrics(stats: dict | None) -> dict[str, float]:
+    """A rollout's own figures for its last call (`last_stats`: the native engine's prefill and decode seconds,
+    decode steps, CUDA graphs captured...) as `rollout/engine/<name>` metrics; numbers only."""
+    return {
+        f"rollout/engine/{name}": float(value)
+        for name, value in (stats or {}).items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
 def compute_rollout_copy_dtype(
     setting: str | torch.dtype, device: torch.device, training_dtype: torch.dtype
 ) -> torch.dtype | None:

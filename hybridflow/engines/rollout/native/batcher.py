@@ -393,13 +393,16 @@ class ContinuousBatcher:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self, run: _Run, waiting: deque[int]) -> GenerationResult:
-        start = time.perf_counter()
+        start, captures_before = time.perf_counter(), self.decode.num_captures
         while True:
             self._fill_slots(run, waiting)
             if run.num_active == 0:
                 break
             self._step(run)
         run.stats["total_s"] = time.perf_counter() - start
+        # CUDA graphs captured in this call: each costs a warm-up and a capture of the whole step, and they are
+        # dropped whenever the cache moves (sleep/wake_up between steps), so a count above 0 every step is a cost
+        run.stats["decode_graph_captures"] = self.decode.num_captures - captures_before
         logger.debug("native rollout: %s", run.stats)
         return GenerationResult(run.tokens[:, :-1], run.log_probs[:, :-1], run.num_generated, dict(run.stats))
 

@@ -37,7 +37,7 @@ def _record_step_shapes(rollout: NativeRollout) -> list[tuple]:
         return logits
 
     rollout.batcher.decode = recording
-    recording.graphs = step.graphs
+    recording.graphs, recording.num_captures = step.graphs, step.num_captures  # the attributes the batcher reads
     return calls
 
 
