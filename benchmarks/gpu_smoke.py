@@ -38,7 +38,9 @@ DATA = REPO / "outputs" / "demo" / "data"
 COLUMNS = (
     ("step s", "timing_s/step"), ("gen s", "timing_s/gen"), ("update s", "timing_s/update_actor"),
     ("tokens/s", "perf/throughput_step"), ("response len", "response_length/mean"), ("MFU update", "perf/mfu/actor"), ("MFU log-prob", "perf/mfu/actor_infer"),
-    ("peak GiB", "perf/max_memory_allocated_gb"),
+    ("peak GiB", "perf/max_memory_allocated_gb"), ("wake s", "timing_s/rollout_wake_up"),
+    ("sleep s", "timing_s/rollout_sleep"), ("decode s", "rollout/engine/decode_s"),
+    ("graphs captured", "rollout/engine/decode_graph_captures"),
 )
 
 
@@ -48,6 +50,12 @@ def settings(num_gpus: int) -> dict[str, list[str]]:
     runs = {
         "hf, 1 GPU": [*one, "actor_rollout_ref.rollout.name=hf"],
         "native, 1 GPU": [*one, "actor_rollout_ref.rollout.name=native"],
+        # the 2026-11-28 H200 smoke spent 2.9 s of a 4.5 s 1.46B step generating 32 tokens, and its update ran
+        # 8 micro-batches of 640 tokens: these two isolate the rollout's sleep/wake and the micro-batch size
+        "native, rollout kept awake, 1 GPU": [*one, "actor_rollout_ref.rollout.name=native",
+                                              "actor_rollout_ref.rollout.free_cache_engine=False"],
+        "native + token-budget micro-batches, 1 GPU": [*one, "actor_rollout_ref.rollout.name=native",
+                                                       "actor_rollout_ref.actor.use_dynamic_bsz=True"],
         "hf + param/optimizer offload, 1 GPU": [
             *one, "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.fsdp_config.param_offload=True",
             "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",

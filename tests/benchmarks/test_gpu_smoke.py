@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks.gpu_smoke import COLUMNS, settings, summarize
 from hybridflow.trainer.config import load_config
+from hybridflow.trainer.config.validate import validate_config
 
 
 def test_every_setting_is_a_valid_demo_command_line():
@@ -15,6 +16,7 @@ def test_every_setting_is_a_valid_demo_command_line():
     for overrides in runs.values():
         config = load_config(["trainer.device=cpu", *overrides], config_name="grpo_smollm2_demo")
         assert config.trainer.n_gpus_per_node in (1, 2)
+        validate_config(config)  # every setting is one the trainer accepts, before a GPU minute is spent on it
 
 
 def test_summary_skips_the_warm_up_step_and_computes_tokens_per_second():
