@@ -86,7 +86,7 @@ class _SlotState:
 class _Run:
     """Everything one `generate` call works on."""
 
-    prompts: list[torch.Tensor]
+    prompts: list[torch.Tensor]  # on the host (see `ContinuousBatcher.generate`)
     positions: list[torch.Tensor]
     params: SamplingParams
     stop_ids: torch.Tensor
@@ -187,11 +187,10 @@ class _Serving:
                 f"server's max_len {self.max_len}"
             )
         run, row = self.run, self.free_rows.pop()
-        device = run.tokens.device
         self.keys[row] = key
         self.prompt_ids[row] = list(prompt)
-        run.prompts[row] = torch.tensor(prompt, dtype=torch.long, device=device)
-        run.positions[row] = torch.arange(len(prompt), device=device)
+        run.prompts[row] = torch.tensor(prompt, dtype=torch.long)  # on the host, as `generate`'s prompts
+        run.positions[row] = torch.arange(len(prompt))
         run.stats["prompt_tokens"] += len(prompt)
         run.limits[row] = max_new_tokens
         run.tokens[row] = run.pad_id
@@ -262,7 +261,8 @@ class ContinuousBatcher:
     ) -> GenerationResult:
         """Generate `params.n` responses per prompt.
 
-        prompts, positions: per prompt, (prompt_len,) int64 token ids and rope positions (no padding).
+        prompts, positions: per prompt, (prompt_len,) int64 token ids and rope positions (no padding), on the
+            host: the prefill sends each chunk to the device in one copy.
         max_seqs: cache slots this call may hold at most (a memory budget), below `max_num_seqs`; None: no limit.
         """
         n, max_new = params.n, params.max_new_tokens
@@ -275,7 +275,7 @@ class ContinuousBatcher:
         device = self.cache.device
         num_rows = len(prompts) * n
         max_prompt_len = max(p.numel() for p in prompts)
-        max_position = max(int(pos[-1]) for pos in positions) + max_new + 1
+        max_position = int(torch.stack([pos[-1] for pos in positions]).max()) + max_new + 1  # one read, not one a prompt
         capacity = min(limit, num_rows)
         padded = round_up(capacity, ROWS_MULTIPLE)
         self.cache.reserve(padded if padded <= limit else capacity, max_prompt_len + max_new)
@@ -377,9 +377,13 @@ class ContinuousBatcher:
         """Start `row` in the next free slot from a parked cache holding its first `reused` prompt tokens."""
         start = time.perf_counter()
         slot = run.num_active
-        prompt, positions = run.prompts[row], run.positions[row]
+        prompt, positions = run.prompts[row], run.positions[row]  # on the host
         self.cache.copy_slot(park_slot, slot, reused)
-        logits = self.forward.extend(prompt[reused:], positions[reused:], self.cache, slot, reused)
+        device = self.cache.device
+        logits = self.forward.extend(
+            prompt[reused:].to(device, non_blocking=True), positions[reused:].to(device, non_blocking=True),
+            self.cache, slot, reused,
+        )
         tokens, log_probs = sample_tokens(logits, run.params, self.forward.kernels)
         s = run.slots
         s.row[slot], s.length[slot], s.position[slot] = row, prompt.numel(), positions[-1] + 1
@@ -432,20 +436,24 @@ class ContinuousBatcher:
         n = run.params.n
         start = time.perf_counter()
         device = self.cache.device
+        # The chunk's layout is built on the host (prompts live there) and sent in one non-blocking copy per
+        # tensor: no per-prompt copy or launch, and nothing that waits for the device.
         sizes = [run.prompts[p].numel() for p in chunk]
-        lengths = torch.tensor(sizes, device=device)
-        ids = torch.full((len(chunk), max(sizes)), run.pad_id, dtype=torch.long, device=device)
+        ids = torch.full((len(chunk), max(sizes)), run.pad_id, dtype=torch.long)
         pos = torch.zeros_like(ids)
         for i, p in enumerate(chunk):  # right-pad: real tokens first
             ids[i, : sizes[i]] = run.prompts[p]
             pos[i, : sizes[i]] = run.positions[p]
+        host_rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).reshape(-1)
+        host_last = pos[torch.arange(len(chunk)), torch.tensor(sizes) - 1]
+        ids, pos, lengths, rows, last_positions = (
+            tensor.to(device, non_blocking=True) for tensor in (ids, pos, torch.tensor(sizes), host_rows, host_last)
+        )
         first = run.num_active
         logits = self.forward.prefill(ids, pos, lengths - 1, self.cache, first, n)
         logits = logits.repeat_interleave(n, dim=0) if n > 1 else logits
         tokens, log_probs = sample_tokens(logits, run.params, self.forward.kernels)
         slots = slice(first, first + len(chunk) * n)
-        rows = (torch.tensor(chunk, device=device)[:, None] * n + torch.arange(n, device=device)).reshape(-1)
-        last_positions = torch.stack([run.positions[p][-1] for p in chunk]).to(device)
         run.slots.row[slots] = rows
         run.slots.length[slots] = lengths.repeat_interleave(n)
         run.slots.position[slots] = (last_positions + 1).repeat_interleave(n)
