@@ -7,16 +7,20 @@ import pytest
 from benchmarks.gpu_smoke import COLUMNS, settings, summarize
 from hybridflow.trainer.config import load_config
 from hybridflow.trainer.config.validate import validate_config
+from tests.helpers import write_rows
 
 
-def test_every_setting_is_a_valid_demo_command_line():
+def test_every_setting_is_a_valid_demo_command_line(tmp_path):
+    rows = write_rows(tmp_path / "train.parquet", ["reasoning_gym/basic_arithmetic"] * 16)
+    data = [f"data.train_files=[{rows}]", f"data.val_files=[{rows}]"]
     runs = settings(num_gpus=2)
     assert "hf, 2 GPUs" in runs and "hf, 1 GPU" in runs and "native, 1 GPU" in runs
     assert "hf, 2 GPUs" not in settings(num_gpus=1)
     for overrides in runs.values():
         config = load_config(["trainer.device=cpu", *overrides], config_name="grpo_smollm2_demo")
         assert config.trainer.n_gpus_per_node in (1, 2)
-        validate_config(config)  # every setting is one the trainer accepts, before a GPU minute is spent on it
+        # every setting is one the trainer accepts, before a GPU minute is spent on it
+        validate_config(load_config(["trainer.device=cpu", *overrides, *data], config_name="grpo_smollm2_demo"))
 
 
 def test_summary_skips_the_warm_up_step_and_computes_tokens_per_second():

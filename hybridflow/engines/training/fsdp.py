@@ -50,7 +50,7 @@ from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, bui
 from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_over_meshes
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
-from hybridflow.engines.training.sharding import apply_fsdp2, enable_activation_checkpointing
+from hybridflow.engines.training.sharding import apply_fsdp2, check_one_rank_lora, enable_activation_checkpointing
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
@@ -162,13 +162,7 @@ class FSDPEngine:
                 f"is {self.device.type}: use sdpa"
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
-        if self.lora_scaling is not None and self.world_size == 1 and self.is_sharded and self.device.type == "cuda" \
-                and self.param_dtype != torch.float32:
-            raise RuntimeError(
-                "LoRA with FSDP2's bf16 mixed precision over a one-rank process group fails on CUDA (torch 2.11: FSDP2 "
-                "assigns a bf16 gradient to a float32 shard; seen on an H200, 2026-11-28): run this rank without a "
-                "process group (autocast), or set fsdp_config.dtype=float32"
-            )
+        check_one_rank_lora(self.lora_scaling is not None, self.is_sharded, self.world_size, self.device, self.param_dtype)
         if config.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         layout = ParallelLayout(

@@ -20,7 +20,7 @@ from hybridflow.utils.device import get_dist_backend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_fsdp2", "enable_activation_checkpointing", "join_single_rank_group"]
+__all__ = ["apply_fsdp2", "check_one_rank_lora", "enable_activation_checkpointing", "join_single_rank_group"]
 
 
 def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bool:
@@ -45,6 +45,19 @@ def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bo
     )
     logger.info("one rank computing in %s: a one-rank process group runs FSDP2's mixed precision", config.fsdp.dtype)
     return True
+
+
+def check_one_rank_lora(
+    lora: bool, sharded: bool, world_size: int, device: torch.device, param_dtype: torch.dtype
+) -> None:
+    """Refuse LoRA under FSDP2's mixed precision over a one-rank CUDA group: its first update fails there (torch
+    2.11: FSDP2 assigns a bf16 gradient to a float32 shard; seen on an H200, 2026-11-28, not on CPU)."""
+    if lora and sharded and world_size == 1 and device.type == "cuda" and param_dtype != torch.float32:
+        raise RuntimeError(
+            "LoRA with FSDP2's bf16 mixed precision over a one-rank process group fails on CUDA (FSDP2 assigns a "
+            "bf16 gradient to a float32 shard): run this rank without a process group (autocast), or set "
+            "fsdp_config.dtype=float32"
+        )
 
 
 def apply_fsdp2(
