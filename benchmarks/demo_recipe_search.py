@@ -33,7 +33,8 @@ BASE_MODEL = "smollm2-135m-instruct"
 
 # name -> (total steps, overrides of grpo_smollm2_demo)
 CANDIDATES: dict[str, tuple[int, list[str]]] = {
-    "demo": (14, []),
+    "demo": (14, []),  # the demo config cut at the old demo's 14 steps; demo_40 is `make demo`
+    "demo_40": (40, []),  # the demo as `make demo` runs it: the baseline a candidate is compared with in one session
     "lr3e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
     "lr2e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
     "lr5e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=5e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
