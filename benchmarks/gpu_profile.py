@@ -399,7 +399,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="tiny models and batches (a CPU check in seconds)")
-    parser.add_argument("--sections", default="engine,ab,decode,steps")
+    parser.add_argument("--sections", default="engine,ab,levers,decode,steps")
     parser.add_argument("--step-models", help="comma-separated shapes for the step table (default: the plan's)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -18,7 +18,7 @@ def test_tiny_cpu_run_prints_every_table(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for heading in ("## engine passes", "## top ops: update", "## sync debug", "## A/B: update seconds",
-                    "## decode step per rollout", "## step table (no Ray)"):
+                    "## levers: update and log-prob", "## decode step per rollout", "## step table (no Ray)"):
         assert heading in out, heading
     for row in ("| update |", "| log_prob |", "| micro_batch=2 |", "| empty_cache between updates |",
                 "| attention eager |", "| hf | 2 |", "| native | 8 |", "| tiny-llama |", "| tiny-qwen2 |"):
@@ -28,3 +28,6 @@ def test_tiny_cpu_run_prints_every_table(tmp_path):
     assert [row["batch"] for row in report["decode"]] == [2, 4, 8, 2, 4, 8]
     assert all(row["tokens_per_s"] > 0 and row["step_s"] > 0 for row in report["steps"])
     assert report["engine"]["update"]["wall_s"] > 0
+    levers = {(row["precision"], row["adamw"]): row for row in report["levers"]}
+    assert set(levers) == {(p, a) for p in ("autocast", "one-rank FSDP2") for a in ("fused", "foreach")}
+    assert all(row["update_s"] > 0 and row["log_prob_s"] > 0 for row in levers.values())
