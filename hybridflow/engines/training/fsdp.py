@@ -156,13 +156,16 @@ class FSDPEngine:
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1
         self.param_dtype = resolve_dtype(config.fsdp.dtype, self.device)
+        self.shards_on_host = self.is_sharded and config.fsdp.param_offload  # FSDP2 CPU offload: params, grads, step
         if config.attn_implementation == "flash_attention_2" and self.device.type != "cuda":
             raise ValueError(
                 f"model.override_config.attn_implementation='flash_attention_2' runs on CUDA only; this rank's device "
                 f"is {self.device.type}: use sdpa"
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
-        check_one_rank_lora(self.lora_scaling is not None, self.is_sharded, self.world_size, self.device, self.param_dtype)
+        check_one_rank_lora(
+            self.lora_scaling is not None, self.is_sharded, self.world_size, self.device, self.param_dtype
+        )
         if config.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         layout = ParallelLayout(
@@ -177,7 +180,7 @@ class FSDPEngine:
         self.layout = layout
         if rank0_weights is not None and not self.is_sharded:
             raise RuntimeError("rank0_weights needs a process group: the other ranks receive rank 0's weights")
-        if not (self.is_sharded and config.fsdp.param_offload) and rank0_weights is None:
+        if not self.shards_on_host and rank0_weights is None:
             module.to(self.device)
         self.meshes: TrainingMeshes | None = build_training_meshes(self.device, layout) if self.is_sharded else None
         self.vocab_shard: VocabShard | None = None
@@ -195,7 +198,7 @@ class FSDPEngine:
         )
         if rank0_weights is not None:  # offloaded parameters live on the host
             host = torch.device("cpu")
-            materialize_from_rank0(self.module, rank0_weights, host if config.fsdp.param_offload else self.device)
+            materialize_from_rank0(self.module, rank0_weights, host if self.shards_on_host else self.device)
         self.head = None
         if model_kind == "causal_lm":
             self.head = build_head(
@@ -583,8 +586,7 @@ class FSDPEngine:
             return
         if model and not self.config.fsdp.param_offload:
             self.module.to(device)
-        if optimizer and not (self.is_sharded and self.config.fsdp.param_offload):
-            # (with FSDP2's parameter offload the optimizer steps on the host: its state stays beside the shards)
+        if optimizer and not self.shards_on_host:  # the optimizer steps on the host: its state stays beside the shards
             for state in self.optimizer.state.values():
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor) and key != "step":

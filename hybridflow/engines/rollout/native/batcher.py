@@ -275,7 +275,7 @@ class ContinuousBatcher:
         device = self.cache.device
         num_rows = len(prompts) * n
         max_prompt_len = max(p.numel() for p in prompts)
-        max_position = int(torch.stack([pos[-1] for pos in positions]).max()) + max_new + 1  # one read, not one a prompt
+        max_position = int(torch.stack([pos[-1] for pos in positions]).max()) + max_new + 1  # one read, not per prompt
         capacity = min(limit, num_rows)
         padded = round_up(capacity, ROWS_MULTIPLE)
         self.cache.reserve(padded if padded <= limit else capacity, max_prompt_len + max_new)
@@ -445,7 +445,7 @@ class ContinuousBatcher:
             ids[i, : sizes[i]] = run.prompts[p]
             pos[i, : sizes[i]] = run.positions[p]
         host_rows = (torch.tensor(chunk)[:, None] * n + torch.arange(n)).reshape(-1)
-        host_last = pos[torch.arange(len(chunk)), torch.tensor(sizes) - 1]
+        host_last = torch.stack([run.positions[p][-1] for p in chunk])
         ids, pos, lengths, rows, last_positions = (
             tensor.to(device, non_blocking=True) for tensor in (ids, pos, torch.tensor(sizes), host_rows, host_last)
         )
