@@ -31,34 +31,46 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "outputs" / "demo" / "data"
 BASE_MODEL = "smollm2-135m-instruct"
 
-# name -> (total steps, overrides of grpo_smollm2_demo)
+# The demo's recipe before 2026-11-28 (no entropy bonus, a constant lr), written out so that the candidates measured
+# against it keep their meaning now that the demo config has the entropy bonus and the cosine decay.
+LR, TEMPERATURE = "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.temperature"
+PLAIN = ["actor_rollout_ref.actor.entropy_coeff=0.0", "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+         "actor_rollout_ref.actor.optim.min_lr_ratio=0.0"]
+ENTROPY_COSINE = ["actor_rollout_ref.actor.entropy_coeff=0.003",
+                  "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                  "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"]
+
+# name -> (total steps, overrides of grpo_smollm2_demo). A name always means the same recipe, since a run whose
+# final checkpoint exists is scored again rather than trained: `make demo` since 2026-11-28 is `ent3e-3_cos_40`;
+# before it, `make demo` was `plain_40` (its rows in benchmarks/results/ up to 2026-11-28T06 are named `demo_40`).
 CANDIDATES: dict[str, tuple[int, list[str]]] = {
-    "demo": (14, []),  # the demo config cut at the old demo's 14 steps; demo_40 is `make demo`
-    "demo_40": (40, []),  # the demo as `make demo` runs it: the baseline a candidate is compared with in one session
-    "lr3e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
-    "lr2e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
-    "lr5e-5_t1.0_24": (24, ["actor_rollout_ref.actor.optim.lr=5e-5", "actor_rollout_ref.rollout.temperature=1.0"]),
-    "lr2e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0",
+    "demo": (14, PLAIN),  # the plain recipe cut at the old demo's 14 steps
+    "plain_40": (40, PLAIN),
+    "ent3e-3_cos_40": (40, ENTROPY_COSINE),  # `make demo`
+    # lr 3e-5 collapsed the entropy by step 11 without the bonus (docs/recipes.md); with the bonus and the decay it
+    # may learn faster than 2e-5 and still end stable.
+    "ent3e-3_cos_lr3e-5_40": (40, [*ENTROPY_COSINE, f"{LR}=3e-5"]),
+    "lr3e-5_t1.0_24": (24, [*PLAIN, f"{LR}=3e-5", f"{TEMPERATURE}=1.0"]),
+    "lr2e-5_t1.0_24": (24, [*PLAIN, f"{LR}=2e-5", f"{TEMPERATURE}=1.0"]),
+    "lr5e-5_t1.0_24": (24, [*PLAIN, f"{LR}=5e-5", f"{TEMPERATURE}=1.0"]),
+    "lr2e-5_t1.0_32_r32": (32, [*PLAIN, f"{LR}=2e-5", f"{TEMPERATURE}=1.0",
                                 "data.max_response_length=32"]),
-    "lr2e-5_t1.0_40_r32": (40, ["actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.rollout.temperature=1.0",
+    "lr2e-5_t1.0_40_r32": (40, [*PLAIN, f"{LR}=2e-5", f"{TEMPERATURE}=1.0",
                                 "data.max_response_length=32"]),
-    "ent3e-3_cos_40": (40, ["actor_rollout_ref.actor.entropy_coeff=0.003",
-                            "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
-                            "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"]),
-    "dyn_24": (24, ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]),
-    "answer_line_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}"]),
-    "answer_line_b05_40": (40, [f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}",
+    "dyn_24": (24, [*PLAIN, "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]),
+    "answer_line_40": (40, [*PLAIN, f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}"]),
+    "answer_line_b05_40": (40, [*PLAIN, f"custom_reward_function.path={REPO / 'benchmarks' / 'answer_line_reward.py'}",
                                 "+custom_reward_function.reward_kwargs.format_bonus=0.5"]),
     # DAPO's clip-higher. In the demo's update (one mini-batch, one epoch: exactly on-policy) every ratio is 1 and
-    # nothing is clipped (pg_clipfrac 0), so this run is the demo again: a control of what the code changes since
-    # the demo's seed-1 run (fused AdamW among them) do to one seed's result. Clipping acts with
+    # nothing is clipped (pg_clipfrac 0), so this run is the plain recipe again: a control of what the code changes
+    # since the demo's seed-1 run (fused AdamW among them) do to one seed's result. Clipping acts with
     # ppo_mini_batch_size < train_batch_size or ppo_epochs > 1.
-    "clip_high028_40": (40, ["actor_rollout_ref.actor.clip_ratio_high=0.28"]),
-    "lr3e-5_t1.0_32_r32": (32, ["actor_rollout_ref.actor.optim.lr=3e-5", "actor_rollout_ref.rollout.temperature=1.0",
+    "clip_high028_40": (40, [*PLAIN, "actor_rollout_ref.actor.clip_ratio_high=0.28"]),
+    "lr3e-5_t1.0_32_r32": (32, [*PLAIN, f"{LR}=3e-5", f"{TEMPERATURE}=1.0",
                                 "data.max_response_length=32"]),
     # The same 64 samples a step as 4 prompts x 16: a group finds a right answer more often on the problems the
     # base model rarely solves (its pass@8 on negative differences is 1.6%), so fewer groups are flat.
-    "n16_p4_40": (40, ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=16",
+    "n16_p4_40": (40, [*PLAIN, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=16",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]),
 }

@@ -97,3 +97,17 @@ def test_one_gpu_computes_in_bf16_alone_or_over_a_group_of_its_own(tiny_llama_di
     assert losses[-1] < losses[0]
     log_probs, entropy = engine.compute_log_prob(batch, calculate_entropy=True)
     assert log_probs.device.type == "cpu" and log_probs.dtype == torch.float32 and entropy.shape == log_probs.shape
+
+
+def test_one_gpu_with_param_offload_keeps_its_parameters_on_the_host(tiny_llama_dir):
+    """A lone GPU rank with param_offload joins a one-rank group, so FSDP2's CPU offload holds the parameters
+    (and the optimizer state beside them) on the host between steps; without it the setting did nothing."""
+    assert not torch.distributed.is_initialized()  # tests/conftest.py destroys the group a test made
+    engine = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, fsdp=FSDPConfig(param_offload=True)))
+    assert engine.is_sharded and engine.world_size == 1 and engine.shards_on_host
+    batch = make_batch(len(load_tokenizer(tiny_llama_dir)), batch_size=4)
+    losses = [engine.train_batch(batch, seq_mean_nll)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0]
+    assert all(p.to_local().device.type == "cpu" for p in engine.module.parameters())
+    engine.load_to_device()  # the worker's call before an update: the state stays with the host shards
+    assert all(v.device.type == "cpu" for s in engine.optimizer.state.values() for v in s.values() if v.dim())

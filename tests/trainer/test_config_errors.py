@@ -233,3 +233,21 @@ def test_lora_all_linear_on_a_moe_actor_is_refused_before_ray(tmp_path, train_fi
                                              r"\('mixtral'\).*target_modules=\[q_proj,k_proj,v_proj,o_proj\]"):
             check(grpo_overrides(train_file) + model)
         check(grpo_overrides(train_file) + model + ["actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
+
+
+def test_lora_with_param_offload_on_one_gpu_is_refused_before_ray(train_file):
+    """One GPU with param_offload joins a one-rank group for FSDP2's CPU offload, where LoRA's bf16 update fails
+    on CUDA: refused by the config, naming both keys and the ways out."""
+    base = grpo_overrides(train_file) + ["trainer.n_gpus_per_node=1", "actor_rollout_ref.model.lora_rank=4",
+                                         "actor_rollout_ref.actor.fsdp_config.param_offload=True"]
+    with nothing_started():
+        with pytest.raises(ValueError, match=r"param_offload=True with LoRA .*lora_rank=4.* on one GPU.*"
+                                             r"param_offload=False.*fsdp_config.dtype=float32"):
+            check(base + ["trainer.device=cuda"])
+        # Passed by this check, stopped by the next (this host has no GPU): float32 has no mixed precision, and two
+        # ranks (grpo_overrides' n_gpus_per_node=2) form a real group.
+        two_ranks = [override for override in base if override != "trainer.n_gpus_per_node=1"]
+        for passes in (base + ["actor_rollout_ref.actor.fsdp_config.dtype=float32"], two_ranks):
+            with pytest.raises(ValueError, match="trainer.device='cuda' but this machine has no CUDA device"):
+                check(passes + ["trainer.device=cuda"])
+    check(base + ["trainer.device=cpu"])  # the host is the device: nothing to offload to

@@ -100,7 +100,8 @@ class FSDPConfig:
     """How a model is sharded (FSDP2) and what is offloaded (verl's `fsdp_config.*` keys)."""
 
     param_offload: bool = False
-    """Keep sharded parameters and gradients on the CPU (FSDP2 CPUOffloadPolicy; the optimizer step runs there)."""
+    """Keep sharded parameters and gradients on the CPU (FSDP2 CPUOffloadPolicy; the optimizer step runs there). A
+    lone GPU rank joins a one-rank process group for it."""
     optimizer_offload: bool = False
     """Move optimizer state to the CPU between updates."""
     reshard_after_forward: bool = True

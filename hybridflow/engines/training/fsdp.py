@@ -12,7 +12,8 @@ Inside a process group (Ray worker after `init_process_group`, or torchrun) the 
 parallel for MoE models); `sharding.apply_fsdp2` shards every decoder layer and the root module with `fully_shard`
 over the data-parallel (`fsdp`) mesh, and expert-parallel experts over their own. Every rank must then call
 every method (they are collective) with the same number of micro-batches. Without a process group the module runs
-unsharded with the same API.
+unsharded with the same API, unless it sets `param_offload` on an accelerator: it then joins a one-rank group, since
+offload is FSDP2's.
 
 The forward layouts (padded, packed, shared-prompt, Ulysses) live in `layouts`, the output head in `head`, batch
 handling in `batches`. Batches are `DataProto`s (a dict or TensorDict of tensors is wrapped at entry) with `input_ids`,
@@ -50,20 +51,16 @@ from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, bui
 from hybridflow.engines.training.moe import add_router_loss, build_moe_routing, moe_forward
 from hybridflow.engines.training.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_over_meshes
 from hybridflow.engines.training.prefix_sharing import compute_prompt_groups
-from hybridflow.engines.training.sharding import apply_fsdp2, check_one_rank_lora, enable_activation_checkpointing
+from hybridflow.engines.training.sharding import (
+    apply_fsdp2, check_one_rank_lora, enable_activation_checkpointing, join_group_for_param_offload,
+)
 from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_from_rank0, weights_of
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, resolve_dtype
-from hybridflow.models.lora import (
-    apply_lora,
-    is_lora_model,
-    lora_scaling_of,
-    merge_lora_named_tensors,
-    save_hf_model_from_state_dict,
-    save_lora_adapter,
-)
+from hybridflow.models.lora import apply_lora, is_lora_model, lora_scaling_of, merge_lora_named_tensors
+from hybridflow.models.lora import save_hf_model_from_state_dict, save_lora_adapter
 from hybridflow.models.value_head import build_value_model, compute_sequence_scores
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
@@ -152,6 +149,7 @@ class FSDPEngine:
         self.model_kind = model_kind
         self.tokenizer = tokenizer
         self.device = get_torch_device(dist_local_rank())
+        join_group_for_param_offload(config, self.device)  # an unsharded module has no offload of its own
         self.is_sharded = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1

@@ -20,7 +20,10 @@ from hybridflow.utils.device import get_dist_backend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_fsdp2", "check_one_rank_lora", "enable_activation_checkpointing", "join_single_rank_group"]
+__all__ = [
+    "apply_fsdp2", "check_one_rank_lora", "enable_activation_checkpointing", "join_group_for_param_offload",
+    "join_single_rank_group",
+]
 
 
 def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bool:
@@ -34,17 +37,38 @@ def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bo
     but broke LoRA on CUDA (FSDP2 assigned a bf16 gradient to a float32 shard), which no CPU run reproduces.
     The group uses an in-memory store (no port) and the device's backend. A rank of a larger worker group
     (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default), is left as it is."""
-    alone = dist.is_available() and not dist.is_initialized() and dist_world_size() == 1
-    if not alone or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
+    if not _alone() or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
         return False
+    _join_one_rank_group(device)
+    logger.info("one rank computing in %s: a one-rank process group runs FSDP2's mixed precision", config.fsdp.dtype)
+    return True
+
+
+def join_group_for_param_offload(config: FSDPEngineConfig, device: torch.device) -> bool:
+    """Give a lone rank on an accelerator that sets `fsdp_config.param_offload` a process group of its own; True if
+    one was made. Parameter offload is FSDP2's CPUOffloadPolicy (parameters, gradients and the optimizer step on
+    the host, each layer copied to the device for its forward and backward), which needs a group to shard over:
+    without one the engine would keep the whole module on the device and the setting would do nothing. On a CPU
+    the device is the host, so a lone CPU rank is left as it is (its parameters are on the host already)."""
+    if not config.fsdp.param_offload or device.type == "cpu" or not _alone():
+        return False
+    _join_one_rank_group(device)
+    logger.info("one rank with param_offload on %s: a one-rank process group runs FSDP2's CPU offload", device)
+    return True
+
+
+def _alone() -> bool:
+    """This process is in no process group and no larger worker group (WORLD_SIZE 1 or unset)."""
+    return dist.is_available() and not dist.is_initialized() and dist_world_size() == 1
+
+
+def _join_one_rank_group(device: torch.device) -> None:
     if device.type == "cuda" and device.index is None:  # init_process_group's device_id needs an index
         device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(
         backend=get_dist_backend(), store=dist.HashStore(), rank=0, world_size=1,
         device_id=device if device.type == "cuda" else None,
     )
-    logger.info("one rank computing in %s: a one-rank process group runs FSDP2's mixed precision", config.fsdp.dtype)
-    return True
 
 
 def check_one_rank_lora(
@@ -55,8 +79,8 @@ def check_one_rank_lora(
     if lora and sharded and world_size == 1 and device.type == "cuda" and param_dtype != torch.float32:
         raise RuntimeError(
             "LoRA with FSDP2's bf16 mixed precision over a one-rank process group fails on CUDA (FSDP2 assigns a "
-            "bf16 gradient to a float32 shard): run this rank without a process group (autocast), or set "
-            "fsdp_config.dtype=float32"
+            "bf16 gradient to a float32 shard): run this rank without a process group (autocast; a lone GPU with "
+            "fsdp_config.param_offload=True joins one, so leave param_offload off), or set fsdp_config.dtype=float32"
         )
 
 

@@ -190,6 +190,31 @@ def check_lora_on_experts(cfg: PPOConfig) -> None:
         )
 
 
+def check_lora_with_lone_param_offload(cfg: PPOConfig) -> None:
+    """LoRA with `param_offload` on one GPU: the lone rank joins a one-rank process group for FSDP2's CPU offload,
+    and LoRA under FSDP2's bf16 mixed precision over a one-rank CUDA group fails (`sharding.check_one_rank_lora`);
+    refused before Ray starts where this machine's workers get a GPU. A cluster joined by address with
+    trainer.device=auto is checked by the engine once its device is known."""
+    arr, trainer = cfg.actor_rollout_ref, cfg.trainer
+    fsdp = arr.actor.fsdp_config
+    if arr.model.lora_rank <= 0 or not fsdp.param_offload or trainer.world_size != 1 or trainer.device == "cpu":
+        return
+    import torch  # here: most configs never reach this line
+
+    from hybridflow.models.loader import resolve_dtype
+    from hybridflow.utils.device import device_count
+
+    if resolve_dtype(fsdp.dtype, torch.device("cuda")) == torch.float32:
+        return
+    if trainer.device == "cuda" or device_count() > 0:
+        raise ValueError(
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True with LoRA (actor_rollout_ref.model.lora_rank="
+            f"{arr.model.lora_rank}) on one GPU: offload runs FSDP2 over a one-rank process group, where LoRA's bf16 "
+            "update fails on CUDA; set param_offload=False (a LoRA run's frozen base weights stay on the GPU), or "
+            "actor_rollout_ref.actor.fsdp_config.dtype=float32"
+        )
+
+
 def check_lengths(cfg: PPOConfig) -> None:
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
     context = model_context_length(cfg.actor_rollout_ref.model.path)
