@@ -61,11 +61,30 @@ def test_greedy_is_argmax_and_sampling_follows_the_distribution():
     torch.testing.assert_close(counts, torch.softmax(logits[0], -1), atol=0.015, rtol=0)
 
 
-def test_sample_from_weights_never_picks_zero_weight_and_follows_weights():
-    from hybridflow.engines.rollout.native.sampler import sample_from_weights
-
+@pytest.mark.parametrize("draw", [sampler.sample_from_weights, sampler.race_from_weights], ids=["cdf", "race"])
+def test_both_draws_never_pick_zero_weight_and_follow_weights(draw):
     weights = torch.tensor([[0.0, 1.0, 0.0, 3.0, 0.0]]).expand(40000, 5).contiguous()
     torch.manual_seed(0)
-    counts = torch.bincount(sample_from_weights(weights.clone()), minlength=5).float() / 40000
+    counts = torch.bincount(draw(weights.clone()), minlength=5).float() / 40000
     assert counts[[0, 2, 4]].sum() == 0
     torch.testing.assert_close(counts, torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0]), atol=0.01, rtol=0)
+
+
+def test_the_race_follows_a_large_vocabulary_and_accelerators_use_it():
+    """The exponential race over a 50k vocabulary whose mass sits on a few tokens among tiny weights (as after
+    `exp(logits - max)`): each token's frequency within binomial noise of its probability, the tail's total too."""
+    torch.manual_seed(1)
+    vocab, rows = 50_000, 4000
+    logits = torch.randn(vocab) * 0.1 - 12.0
+    logits[[7, 123, 40_000]] = torch.tensor([2.0, 1.0, 0.0])
+    probs = torch.softmax(logits, -1)
+    weights = (logits - logits.max()).exp().expand(rows, vocab).contiguous()
+    tokens = sampler.race_from_weights(weights)
+    for token in (7, 123, 40_000):
+        share = (tokens == token).float().mean().item()
+        tolerance = 4 * (probs[token].item() * (1 - probs[token].item()) / rows) ** 0.5
+        assert abs(share - probs[token].item()) < tolerance, token
+    tail = 1 - probs[[7, 123, 40_000]].sum().item()
+    assert abs((~torch.isin(tokens, torch.tensor([7, 123, 40_000]))).float().mean().item() - tail) < 0.03
+    assert sampler.draw_for(torch.device("cpu")) is sampler.sample_from_weights
+    assert sampler.draw_for(torch.device("cuda", 0)) is sampler.race_from_weights
