@@ -50,6 +50,9 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
     # lr 3e-5 collapsed the entropy by step 11 without the bonus (docs/recipes.md); with the bonus and the decay it
     # may learn faster than 2e-5 and still end stable.
     "ent3e-3_cos_lr3e-5_40": (40, [*ENTROPY_COSINE, f"{LR}=3e-5"]),
+    # TRL 1.16's GRPOTrainer at the demo's settings (`benchmarks/trl_grpo_baseline.py --recipe demo`, its own
+    # environment benchmarks/.venv-trl): the learning comparison at equal samples. The list is its arguments.
+    "trl_demo_40": (40, ["--recipe", "demo"]),
     "lr3e-5_t1.0_24": (24, [*PLAIN, f"{LR}=3e-5", f"{TEMPERATURE}=1.0"]),
     "lr2e-5_t1.0_24": (24, [*PLAIN, f"{LR}=2e-5", f"{TEMPERATURE}=1.0"]),
     "lr5e-5_t1.0_24": (24, [*PLAIN, f"{LR}=5e-5", f"{TEMPERATURE}=1.0"]),
@@ -80,8 +83,35 @@ def run_dir_of(candidate: str, seed: int) -> Path:
     return REPO / "outputs" / "recipe_search" / f"{candidate}_seed{seed}"
 
 
+TRL_PYTHON = REPO / "benchmarks" / ".venv-trl" / "bin" / "python"
+
+
+def train_with_trl(candidate: str, seed: int) -> Path:
+    """A `trl_*` candidate: TRL's trainer with the same model, prompts and scorer; its final model directory."""
+    steps, arguments = CANDIDATES[candidate]
+    run_dir = run_dir_of(candidate, seed)
+    final = run_dir / f"global_step_{steps}"
+    if not final.is_dir():
+        if not TRL_PYTHON.is_file():
+            raise SystemExit(f"{TRL_PYTHON} is missing: make TRL's environment as benchmarks/trl_grpo_baseline.py says")
+        from hybridflow.models.catalogue import resolve_model_path
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        command = [
+            str(TRL_PYTHON), str(REPO / "benchmarks" / "trl_grpo_baseline.py"), *arguments,
+            "--model", str(resolve_model_path(BASE_MODEL)), "--data", str(DATA / "train.parquet"),
+            "--steps", str(steps), "--seed", str(seed), "--output-dir", str(run_dir / "trainer"),
+            "--save-dir", str(final), "--metrics-file", str(run_dir / "metrics.jsonl"),
+        ]
+        subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return final
+
+
 def train(candidate: str, seed: int) -> Path:
     """Train one candidate with one seed (unless its final checkpoint exists); its final global_step dir."""
+    if candidate.startswith("trl_"):
+        return train_with_trl(candidate, seed)
     steps, overrides = CANDIDATES[candidate]
     run_dir = run_dir_of(candidate, seed)
     final = run_dir / f"global_step_{steps}"

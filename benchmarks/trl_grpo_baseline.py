@@ -7,8 +7,16 @@ Runs in its own environment so TRL's pins never touch hybridflow's:
     PYTHONPATH=. benchmarks/.venv-trl/bin/python benchmarks/trl_grpo_baseline.py \
         --model ~/.cache/hybridflow/models/smollm2-135m-instruct --data outputs/demo/data/train.parquet
 
-Same settings as `hybridflow/trainer/config/grpo_smollm2_demo.yaml`: 8 prompts x 8 samples per step,
-48 new tokens, temperature 0.7, lr 1e-5, no KL term, fp32 on CPU, and the same reasoning-gym scorer.
+Two recipes (`--recipe`), both with 8 prompts x 8 samples per step, no KL term, fp32 on CPU and hybridflow's
+reasoning-gym scorer:
+- `speed` (default): the step-time comparison of `benchmarks/e2e_grpo.py` (48 new tokens, temperature 0.7,
+  lr 1e-5 constant), as the demo was when it was measured;
+- `demo`: the learning comparison at the demo's settings (`grpo_smollm2_demo.yaml`): 32 new tokens,
+  temperature 1.0, lr 2e-5 decayed on a cosine to 0.1x, AdamW weight decay 0.01, gradient clip 1.0, token-mean loss
+  (TRL's `dapo`), group-normalised advantages, one update per generation. TRL has no entropy bonus, so the demo's
+  0.003 is the one setting it lacks. `--save-dir` keeps the final model (an HF directory) for `hybridflow eval`,
+  and `--metrics-file` writes each step's seconds as hybridflow's metrics.jsonl does (`benchmarks/demo_recipe_search.py`
+  runs both as its `trl_*` candidates).
 Prints a table of per-step wall times (the first step, which includes warm-up, is reported apart).
 """
 
@@ -56,7 +64,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: 48 (speed), 32 (demo)")
+    parser.add_argument("--recipe", choices=["speed", "demo"], default="speed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-dir", default=None, help="save the final model (HF format) here")
+    parser.add_argument("--metrics-file", default=None, help="append {'step', 'timing_s/step'} lines here")
     parser.add_argument("--output-dir", default="outputs/trl_baseline")
     parser.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
                         help="TRL turns it on by default; off is faster when memory allows")
@@ -78,22 +90,31 @@ def main() -> None:
             if logs and "num_tokens" in logs:
                 step_logs.append(dict(logs))
 
+    if args.recipe == "demo":
+        recipe = dict(
+            temperature=1.0, learning_rate=2e-5, lr_scheduler_type="cosine_with_min_lr",
+            lr_scheduler_kwargs={"min_lr_rate": 0.1}, weight_decay=0.01, max_grad_norm=1.0, loss_type="dapo",
+            scale_rewards="group",
+        )
+        max_new_tokens = args.max_new_tokens or 32
+    else:
+        recipe = dict(temperature=0.7, learning_rate=1e-5)
+        max_new_tokens = args.max_new_tokens or 48
     config = GRPOConfig(
         output_dir=args.output_dir,
         use_cpu=True,
         bf16=False,
         per_device_train_batch_size=args.prompts_per_step * args.n,
         num_generations=args.n,
-        max_completion_length=args.max_new_tokens,
-        temperature=0.7,
-        learning_rate=1e-5,
+        max_completion_length=max_new_tokens,
         beta=0.0,
         max_steps=args.steps,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        seed=0,
+        seed=args.seed,
         gradient_checkpointing=args.gradient_checkpointing == "on",
+        **recipe,
     )
     dataset = build_dataset(args.data, args.steps * args.prompts_per_step * 2)
     trainer = GRPOTrainer(
@@ -102,6 +123,13 @@ def main() -> None:
     start = time.perf_counter()
     trainer.train()
     times = [end - begin for begin, end in zip([start, *step_ends[:-1]], step_ends, strict=True)]
+    if args.save_dir:
+        trainer.save_model(args.save_dir)
+        trainer.processing_class.save_pretrained(args.save_dir)
+    if args.metrics_file:
+        with open(args.metrics_file, "a") as metrics:
+            for step, (seconds, logs) in enumerate(zip(times, step_logs), start=1):
+                metrics.write(json.dumps({"step": step, "timing_s/step": seconds, "reward": logs.get("reward")}) + "\n")
     if args.json:
         seen = 0.0
         for step, (seconds, logs) in enumerate(zip(times, step_logs), start=1):
