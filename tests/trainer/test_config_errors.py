@@ -163,22 +163,28 @@ def test_cross_section_errors_print_before_torch_transformers_or_ray_load(train_
     assert report["loaded"] == [], f"a config error loaded {report['loaded']}"
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3"])  # MLA attention
-def test_the_native_rollout_refuses_a_moe_it_cannot_run_before_ray_and_hf_takes_it(tmp_path, train_file, arch):
+def test_the_native_rollout_refuses_a_moe_it_cannot_run_before_ray_and_hf_takes_it(tmp_path, train_file):
+    """A family whose attention the native engine lacks (a tiny DeepSeek-V3 checkpoint whose config.json names
+    DeepSeek-V2) is refused before Ray starts; the hf rollout takes it."""
+    import json
+    from pathlib import Path
+
     from hybridflow.models.moe import save_tiny_moe_model
 
-    model_dir = save_tiny_moe_model(tmp_path / arch, arch)
+    model_dir = save_tiny_moe_model(tmp_path / "v2", "deepseek_v3")
+    config_file = Path(model_dir) / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "model_type": "deepseek_v2"}))
     overrides = grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={model_dir}"]
-    with nothing_started(), pytest.raises(ValueError, match=rf"rollout.name='native' cannot run .*model type '{arch}' "
-                                                            r"is a mixture-of-experts model.*rollout.name=hf"):
+    with nothing_started(), pytest.raises(ValueError, match=r"rollout.name='native' cannot run .*model type "
+                                                            r"'deepseek_v2' is a mixture-of-experts model.*rollout.name=hf"):
         check(overrides + ["actor_rollout_ref.rollout.name=native"])
-    check(overrides + ["actor_rollout_ref.rollout.name=hf"])
 
 
-def test_the_native_rollout_takes_mixtral_qwen2_moe_and_qwen3_moe(tmp_path, train_file):
+def test_the_native_rollout_takes_mixtral_qwen2_moe_qwen3_moe_and_deepseek_v3(tmp_path, train_file):
     from hybridflow.models.moe import save_tiny_moe_model
 
-    for arch in ("mixtral", "qwen2_moe", "qwen3_moe"):
+    for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"):
         model_dir = save_tiny_moe_model(tmp_path / arch, arch)
         check(grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=native"])
 

@@ -199,15 +199,17 @@ def save_tiny_model_like(path: Path) -> None:
     save_tiny_model(path, num_layers=2, hidden=64, seed=11)
 
 
-def test_grpo_on_a_mixtral_with_the_native_rollout_hands_the_experts_over(workspace):
-    """Two GRPO steps of a tiny Mixtral on 2 FSDP ranks with expert parallelism (each rank trains 2 of the 4
-    experts): the native rollout runs the model's own routing, and after the first update it receives every
-    expert's new weights, gathered from both ranks (its log-probs still match the trainer's)."""
+@pytest.mark.parametrize("arch", ["mixtral", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
+def test_grpo_on_a_moe_with_the_native_rollout_hands_the_experts_over(workspace, arch):
+    """Two GRPO steps of a tiny MoE on 2 FSDP ranks with expert parallelism (each rank trains 2 of the 4
+    experts): the native rollout runs the model's own routing (DeepSeek-V3: and its latent attention), and after
+    the first update it receives every expert's new weights, gathered from both ranks (its log-probs still match
+    the trainer's)."""
     from hybridflow.models.moe import save_tiny_moe_model
 
-    model_dir = save_tiny_moe_model(workspace / "tiny_mixtral", "mixtral")
+    model_dir = save_tiny_moe_model(workspace / f"tiny_{arch}", arch)
     records = by_step(run(overrides(
-        workspace, workspace / "mixtral", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        workspace, workspace / arch, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.name=native", f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2", "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
     )))

@@ -8,10 +8,11 @@ from typing import Any
 
 from hybridflow.models.moe_shape import is_moe_config
 
-NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
-"""Model types whose forward the native engine reproduces: Llama-family attention (Qwen3's with per-head q/k norms),
-with dense MLPs or with mixture-of-experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE), which it runs through the
-model's own routing code."""
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+"""Model types whose forward the native engine reproduces: Llama-family attention (Qwen3's with per-head q/k norms)
+or DeepSeek-V3's multi-head latent attention (absorbed, over a latent cache), with dense MLPs or with
+mixture-of-experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3), which it runs through the model's own
+routing code."""
 NATIVE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """RoPE scalings whose frequencies do not change with the sequence length."""
 

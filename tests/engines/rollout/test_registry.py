@@ -25,7 +25,8 @@ def test_built_in_specs_say_what_each_backend_can_do():
     assert vllm.reads_engine_keys and not hf.reads_engine_keys and not native.reads_engine_keys
     assert native.unsupported_model_reason({"model_type": "llama"}) is None
     assert native.unsupported_model_reason({"model_type": "qwen3_moe", "num_experts": 8}) is None
-    assert "mixture-of-experts" in native.unsupported_model_reason({"model_type": "deepseek_v3", "n_routed_experts": 8})
+    assert native.unsupported_model_reason({"model_type": "deepseek_v3", "n_routed_experts": 8}) is None
+    assert "mixture-of-experts" in native.unsupported_model_reason({"model_type": "gpt_oss", "num_local_experts": 8})
     assert hf.unsupported_model_reason({"model_type": "anything"}) is None  # no check declared
 
 

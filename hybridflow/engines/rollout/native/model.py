@@ -12,6 +12,8 @@ Two entry points:
 - `decode`: one token per active slot at per-slot positions; grouped-query heads are folded into the query
   length (q: (slots, kv_heads, group, head_dim)), so K/V are read straight from the cache views.
 
+Multi-head latent attention (DeepSeek-V2/V3) runs in its absorbed form over a latent cache (`mla.py`).
+
 Tensor parallel (`tp`, see `tensor_parallel.py`): the module holds this rank's shard of the heads, the MLP and the
 vocabulary; the outputs of o_proj and down_proj are summed over the group, the embedding is looked up across it
 and the logits are gathered from it, so every rank returns the same full logits.
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.engines.rollout.native.kv_cache import KVCache
+from hybridflow.engines.rollout.native.mla import MLAShape, MLAWeights, expand_values, latent_queries_and_keys
 from hybridflow.engines.rollout.native_support import NATIVE_ROPE_TYPES, native_unsupported_reason
 from hybridflow.engines.rollout.native.tensor_parallel import RolloutTensorParallel
 
@@ -40,14 +43,15 @@ _PRODUCT_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
 @dataclass(frozen=True)
 class LayerWeights:
     """References to one decoder layer's parameters (biases may be None). A mixture-of-experts layer has no dense
-    MLP weights (`gate`, `up`, `down` are None) and keeps its HF block in `moe`, which routes and runs the experts."""
+    MLP weights (`gate`, `up`, `down` are None) and keeps its HF block in `moe`, which routes and runs the experts.
+    A multi-head latent attention layer has no `q`, `k`, `v` (None) and keeps its attention weights in `mla`."""
 
     input_norm: torch.Tensor
-    q: torch.Tensor
+    q: torch.Tensor | None
     q_bias: torch.Tensor | None
-    k: torch.Tensor
+    k: torch.Tensor | None
     k_bias: torch.Tensor | None
-    v: torch.Tensor
+    v: torch.Tensor | None
     v_bias: torch.Tensor | None
     o: torch.Tensor
     o_bias: torch.Tensor | None
@@ -63,6 +67,7 @@ class LayerWeights:
     q_norm: torch.Tensor | None = None
     """Qwen3's per-head RMSNorm weights (head_dim,) on queries and keys before RoPE; None in Llama/Qwen2."""
     k_norm: torch.Tensor | None = None
+    mla: MLAWeights | None = None
 
 
 class PackedWeights:
@@ -177,8 +182,19 @@ class LlamaFamilyForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = config.num_attention_heads // tp_size  # this rank's heads
         self.num_kv_heads = config.num_key_value_heads // tp_size
+        self.mla = MLAShape.of(config)
+        self.latent_values: int | None = None
+        """The cache's `latent_values` (MLA: values are the keys' latent features), else None."""
+        if self.mla is not None:  # one cached key/value "head": the latent and the shared rotated key
+            if self.tp is not None:
+                raise ValueError("the native rollout does not shard multi-head latent attention; use "
+                                 "tensor_model_parallel_size=1")
+            self.num_kv_heads, self.head_dim, self.latent_values = 1, self.mla.cache_dim, self.mla.kv_lora_rank
         self.group = self.num_heads // self.num_kv_heads
         self._silu = getattr(config, "hidden_act", None) == "silu"  # the kernels fuse silu(gate) * up
+        if kernels is not None and self.mla is not None:
+            logger.info("native rollout: multi-head latent attention decodes with torch ops (no CPU kernels)")
+            self.kernels = None
         if kernels is not None and self.head_dim % 8:
             logger.warning("native rollout: head_dim %d is not a multiple of 8; decoding with torch ops", self.head_dim)
             self.kernels = None
@@ -227,6 +243,7 @@ class LlamaFamilyForward:
         tensors = [self._cos, self._sin, model.model.embed_tokens.weight, model.model.norm.weight, model.lm_head.weight]
         tensors += [t for w in self._layers for t in vars(w).values() if isinstance(t, torch.Tensor)]
         tensors += [t for w in self._layers if w.moe is not None for t in w.moe.parameters()]
+        tensors += [t for w in self._layers if w.mla is not None for t in w.mla.tensors()]
         return tuple(t.data_ptr() for t in tensors)
 
     def release(self) -> None:
@@ -242,16 +259,22 @@ class LlamaFamilyForward:
         """Whether some layer routes over experts (the routing has data-dependent shapes: no decode graphs)."""
         return any(is_moe_block(layer.mlp) for layer in self.model.model.layers)
 
-    @staticmethod
-    def _layer_weights(layer: nn.Module) -> LayerWeights:
+    def _layer_weights(self, layer: nn.Module) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
-        attention = dict(
-            input_norm=layer.input_layernorm.weight, q=attn.q_proj.weight, q_bias=attn.q_proj.bias,
-            k=attn.k_proj.weight, k_bias=attn.k_proj.bias, v=attn.v_proj.weight, v_bias=attn.v_proj.bias,
-            o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
-            q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
-            k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+        common = dict(
+            input_norm=layer.input_layernorm.weight, o=attn.o_proj.weight, o_bias=attn.o_proj.bias,
+            post_norm=layer.post_attention_layernorm.weight,
         )
+        if self.mla is not None:
+            attention = dict(**common, q=None, q_bias=None, k=None, k_bias=None, v=None, v_bias=None,
+                             mla=MLAWeights.of(attn, self.mla))
+        else:
+            attention = dict(
+                **common, q=attn.q_proj.weight, q_bias=attn.q_proj.bias, k=attn.k_proj.weight, k_bias=attn.k_proj.bias,
+                v=attn.v_proj.weight, v_bias=attn.v_proj.bias,
+                q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
+                k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+            )
         if is_moe_block(mlp):
             return LayerWeights(
                 **attention, gate=None, gate_bias=None, up=None, up_bias=None, down=None, down_bias=None, act=None,
@@ -295,6 +318,16 @@ class LlamaFamilyForward:
             q, k = _rms_norm(q, w.q_norm, self.eps), _rms_norm(k, w.k_norm, self.eps)
         return q, k, v
 
+    def _latent_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, *, is_causal: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """MLA's multi-query attention over latent keys: q (B, heads, L, rank + rope), already scaled; keys (B, 1, S,
+        rank + rope), whose first kv_lora_rank features are the values -> (B, heads, L, rank)."""
+        values = keys[..., : self.mla.kv_lora_rank]
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=is_causal, scale=1.0, enable_gqa=True
+        )
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (rows, hidden) -> float32 logits (rows, vocab)."""
         x = _rms_norm(x, self.model.model.norm.weight, self.eps)
@@ -322,6 +355,16 @@ class LlamaFamilyForward:
         """
         num_prompts, prompt_len = input_ids.shape
         x = self._embed(input_ids)
+        if self.mla is not None:
+            cos, sin = self._cos[position_ids], self._sin[position_ids]  # (P, L, rope)
+            for index, w in enumerate(self._layers):
+                q, entries = latent_queries_and_keys(_rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
+                keys = entries.unsqueeze(1)  # (P, 1, L, rank + rope): one key/value head
+                cache.write_prompts(index, start_slot, keys, None, repeats)
+                attn = self._latent_attention(q.transpose(1, 2), keys, is_causal=True)  # (P, heads, L, rank)
+                attn = expand_values(attn.transpose(1, 2), w.mla)
+                x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
+            return self._logits(x[torch.arange(num_prompts, device=x.device), last_index])
         cos, sin = self._cos[position_ids].unsqueeze(1), self._sin[position_ids].unsqueeze(1)
         for index, w in enumerate(self._layers):
             q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (P, heads, L, head_dim)
@@ -349,6 +392,16 @@ class LlamaFamilyForward:
         x = self._embed(input_ids)[None]  # (1, length, hidden)
         cos, sin = self._cos[position_ids][None, None], self._sin[position_ids][None, None]
         mask = torch.arange(end, device=device)[None, :] <= (start + torch.arange(length, device=device))[:, None]
+        if self.mla is not None:
+            cos, sin = self._cos[position_ids][None], self._sin[position_ids][None]  # (1, length, rope)
+            for index, w in enumerate(self._layers):
+                q, entries = latent_queries_and_keys(_rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
+                cache.keys[index][slot, :, start:end] = entries
+                keys = cache.keys[index][slot : slot + 1, :, :end]
+                attn = self._latent_attention(q.transpose(1, 2), keys, mask=mask)  # (1, heads, length, rank)
+                attn = expand_values(attn.transpose(1, 2), w.mla)
+                x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
+            return self._logits(x[:, -1])
         for index, w in enumerate(self._layers):
             q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (1, heads, length, head_dim)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -381,6 +434,15 @@ class LlamaFamilyForward:
         scale = self.head_dim**-0.5  # folded into the query rotation
         q_cos, q_sin = cos * scale, sin * scale
         x = self._embed(tokens)
+        if self.mla is not None:
+            cos, sin = self._cos[positions], self._sin[positions]  # (A, rope)
+            for layer, w in enumerate(self._layers):
+                q, entries = latent_queries_and_keys(_rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
+                cache.append(layer, index, entries[:, None], None)
+                keys, values = cache.active(layer, num_active, span)  # values: the keys' latent features
+                attn = expand_values(_decode_attention(q[:, None], keys, values, bias)[:, 0], w.mla)
+                x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias, _linear_rows), w, _linear_rows)
+            return self._logits(x)
         for layer, w in enumerate(self._layers):
             q, k, v = self._qkv(x, w, _linear_rows)
             q, k = _rotate(q, q_cos, q_sin), _rotate(k, cos, sin)

@@ -151,7 +151,8 @@ class NativeRollout(BaseRollout):
         self.forward = LlamaFamilyForward(self.model, cpu_kernels, self.tp)
         dtype = next(self.model.parameters()).dtype
         self.cache = KVCache(
-            self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device
+            self.forward.num_layers, self.forward.num_kv_heads, self.forward.head_dim, dtype, self.device,
+            latent_values=self.forward.latent_values,
         )
         default_interval = 1 if self.device.type == "cpu" else ACCELERATOR_DONE_CHECK_INTERVAL
         # Expert routing has data-dependent shapes: MoE models decode eagerly.
