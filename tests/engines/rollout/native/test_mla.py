@@ -68,3 +68,21 @@ def test_a_latent_cache_moves_and_copies_its_keys_and_refuses_separate_values():
         cache.write_prompts(0, 0, keys, keys, repeats=1)
     with pytest.raises(ValueError, match="latent_values=7 must be in"):
         KVCache(2, 1, 6, torch.float32, torch.device("cpu"), latent_values=7)
+
+
+def test_extending_a_cached_prefix_equals_a_fresh_prefill(tiny_tokenizer):
+    """The generation server's prefix reuse: continuing a latent cache from position 5 gives the logits of a
+    prefill of the whole sequence."""
+    model = _mla_model(tiny_tokenizer, rope_interleave=True)
+    rollout = NativeRollout(model, tiny_tokenizer, GREEDY, max_num_seqs=2)
+    forward, cache = rollout.forward, rollout.cache
+    ids = torch.tensor(tiny_tokenizer("one two three four five six seven eight")["input_ids"])
+    positions = torch.arange(ids.numel())
+    cache.reserve(2, 32)
+    forward.bind(32)
+    with torch.no_grad():
+        whole = forward.prefill(ids[None], positions[None], torch.tensor([ids.numel() - 1]), cache, 1, 1)
+        forward.prefill(ids[None, :5], positions[None, :5], torch.tensor([4]), cache, 0, 1)
+        extended = forward.extend(ids[5:], positions[5:], cache, 0, 5)
+    torch.testing.assert_close(extended, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache.keys[0][0, :, : ids.numel()], cache.keys[0][1, :, : ids.numel()], atol=1e-6, rtol=0)
