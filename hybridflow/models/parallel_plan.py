@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from hybridflow.models.moe_shape import moe_shape_of
 
-Style = Literal["colwise", "rowwise", "vocab"]
+Style = Literal["colwise", "rowwise", "vocab", "experts", "replicate"]
 
 #: Per-module style of the Llama family's decoder layers and ends. `colwise` splits a Linear's output features
 #: (weight dim 0, bias dim 0), `rowwise` its input features (weight dim 1; the outputs are summed over ranks),
@@ -31,6 +31,32 @@ LLAMA_TP_PLAN: dict[str, Style] = {
 #: model_type -> plan. Families whose modules carry the Llama names share its plan.
 TP_PLANS: dict[str, dict[str, Style]] = {name: LLAMA_TP_PLAN for name in ("llama", "qwen2", "qwen3", "mistral")}
 
+#: The native rollout's plan for a mixture-of-experts family: Llama-named attention, dense layers and ends as in
+#: LLAMA_TP_PLAN; the experts module's 3-D weights (experts, ..., ...) split whole experts over the group
+#: (`experts`: dim 0, expert parallelism over the tensor-parallel ranks); routers and shared experts on every rank
+#: (`replicate`, matched on the last two name parts before the generic `gate_proj`/`up_proj`/`down_proj`). Not
+#: used by the training engine, whose tensor parallelism refuses mixture-of-experts models.
+MOE_ROLLOUT_PLAN: dict[str, Style] = {
+    **LLAMA_TP_PLAN,
+    "experts": "experts",
+    **{f"shared_expert.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},
+    **{f"shared_experts.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},
+}
+ROLLOUT_PLANS: dict[str, dict[str, Style]] = {
+    **TP_PLANS, **{name: MOE_ROLLOUT_PLAN for name in ("mixtral", "qwen2_moe", "qwen3_moe")}
+}
+
+
+def rollout_plan_for(model_type: str) -> dict[str, Style]:
+    """The native rollout's plan of `model_type`: `tp_plan_for`'s, and for mixture-of-experts families the experts
+    split whole over the group; a clear error for families without one."""
+    if model_type not in ROLLOUT_PLANS:
+        raise ValueError(
+            f"the native rollout has no tensor-parallel plan for model_type={model_type!r} (plans: "
+            f"{sorted(ROLLOUT_PLANS)}); use tensor_model_parallel_size=1 for this model"
+        )
+    return ROLLOUT_PLANS[model_type]
+
 
 def tp_plan_for(model_type: str) -> dict[str, Style]:
     """The plan of `model_type` (a HF config's `model_type`); a clear error for families without one."""
@@ -48,8 +74,9 @@ def param_shard_dim(name: str, plan: dict[str, Style]) -> int | None:
     parts = name.split(".")
     if len(parts) < 2:
         return None
-    style = plan.get(parts[-2])
-    if style is None:
+    style = plan.get(".".join(parts[-3:-1])) if len(parts) >= 3 else None
+    style = style or plan.get(parts[-2])
+    if style is None or style == "replicate":
         return None
     if style == "rowwise":
         return 1 if parts[-1] == "weight" else None
@@ -68,6 +95,34 @@ def check_tp_layout(config: Any, tp_size: int, key: str) -> None:
         "intermediate_size": config.intermediate_size,
         "vocab_size": config.vocab_size,
     }
+    for field_name, value in sizes.items():
+        if value % tp_size:
+            raise ValueError(
+                f"{key}={tp_size} does not divide the model's {field_name}={value}: each tensor-parallel rank must "
+                f"hold a whole share; pick a size that divides {field_name} "
+                f"({', '.join(str(d) for d in _divisors(value) if d > 1) or 'none above 1'})"
+            )
+
+
+def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
+    """`check_tp_layout` for the native rollout: a dense model as there; a mixture-of-experts model splits whole
+    experts over the group (their count must divide), its heads and vocabulary as a dense one's, and the width of
+    its dense MLP layers where it has some."""
+    if tp_size == 1:
+        return
+    rollout_plan_for(getattr(config, "model_type", "?"))
+    shape = moe_shape_of(config)
+    if shape is None:
+        check_tp_layout(config, tp_size, key)
+        return
+    sizes = {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        "vocab_size": config.vocab_size,
+        "routed experts": shape.num_experts,
+    }
+    if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1:
+        sizes["intermediate_size"] = config.intermediate_size  # its dense layers split as a dense model's
     for field_name, value in sizes.items():
         if value % tp_size:
             raise ValueError(

@@ -199,6 +199,26 @@ def save_tiny_model_like(path: Path) -> None:
     save_tiny_model(path, num_layers=2, hidden=64, seed=11)
 
 
+@pytest.mark.slow
+def test_grpo_with_the_experts_split_over_the_native_rollouts_tensor_parallel_group(workspace):
+    """Two GRPO steps of a tiny Qwen2-MoE on 2 ranks whose native rollout decodes one replica with
+    tensor_model_parallel_size=2 and expert_parallel_size=2 (each rank holds 2 of the 4 experts): the hand-over
+    reaches each rank's experts, and the rollout's log-probs match the trainer's."""
+    from hybridflow.models.moe import save_tiny_moe_model
+
+    model_dir = save_tiny_moe_model(workspace / "tiny_qwen2_moe", "qwen2_moe")
+    records = by_step(run(overrides(
+        workspace, workspace / "rollout_ep", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.name=native", f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.expert_parallel_size=2",
+        "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    for step in (1, 2):
+        assert records[step]["actor/grad_norm"] > 0
+        assert records[step]["training/rollout_probs_diff_max"] < 1e-3, (step, records[step]["training/rollout_probs_diff_max"])
+    assert records[2]["rollout/weight_version"] > records[1]["rollout/weight_version"]
+
+
 @pytest.mark.parametrize("arch", ["mixtral", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
 def test_grpo_on_a_moe_with_the_native_rollout_hands_the_experts_over(workspace, arch):
     """Two GRPO steps of a tiny MoE on 2 FSDP ranks with expert parallelism (each rank trains 2 of the 4

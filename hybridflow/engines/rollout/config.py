@@ -194,7 +194,9 @@ class RolloutConfig(SamplingConfig):
     """MoE models: record each position's experts per layer (`routed_experts`) for router replay (R3, with
     actor.router_replay.mode=R3); the hf engine in sync mode records them."""
     expert_parallel_size: int = 1
-    """Ranks that split one rollout replica's experts (verl's key); expert parallelism is not implemented: 1."""
+    """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size with the native
+    engine, whose tensor-parallel group then holds each mixture-of-experts layer's experts whole, E / tp per rank
+    (a mixture-of-experts model under rollout tensor parallelism needs it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -233,12 +235,17 @@ class RolloutConfig(SamplingConfig):
         return rollout_spec(self.name) if self.name in ROLLOUTS else RolloutSpec()
 
     def _check_moe(self) -> None:
-        """Routing is recorded by the hf engine's batch generation only; expert parallelism is not implemented."""
-        if self.expert_parallel_size != 1:
+        """Routing is recorded by the hf engine's batch generation only; experts split over the tensor-parallel
+        group of the native engine only (the model's side is checked before Ray starts, `check_rollout_parallelism`)."""
+        ep, tp = self.expert_parallel_size, self.tensor_model_parallel_size
+        check_positive("expert_parallel_size", ep)
+        if ep != 1 and ep != tp:
+            fix = (f"set tensor_model_parallel_size={ep} (name=native) or expert_parallel_size=1" if tp == 1
+                   else f"set expert_parallel_size={tp}")
             raise ConfigFieldError(
                 "expert_parallel_size",
-                f"expert_parallel_size={self.expert_parallel_size}: expert parallelism is not implemented; every "
-                "rank holds all experts (set it to 1)",
+                f"expert_parallel_size={ep} with tensor_model_parallel_size={tp}: the native engine splits the experts "
+                f"over a replica's tensor-parallel group, so the two are equal; {fix}",
             )
         if self.enable_rollout_routing_replay and (not self.backend_spec.records_routing or self.mode != "sync"):
             recording = backends_with("records_routing")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.engines.training.config import FSDPEngineConfig, ParallelLayout
-from hybridflow.models.parallel_plan import check_ep_layout, check_sp_layout, check_tp_layout
+from hybridflow.models.moe_shape import moe_shape_of
+from hybridflow.models.parallel_plan import check_ep_layout, check_rollout_tp_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig
 
 # A stand-in for the run's length, which is counted once the data loads: the engine's rules do not depend on it.
@@ -92,8 +93,9 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
 
 def check_rollout_parallelism(cfg: PPOConfig) -> None:
     """`actor_rollout_ref.rollout.tensor_model_parallel_size`: it divides the colocated pool's ranks and the model's
-    heads, key/value heads, MLP width and vocabulary, and runs colocated only (the engine and mode are checked by
-    the rollout's own config)."""
+    heads, key/value heads, MLP width (a mixture-of-experts model's routed experts instead, with
+    `rollout.expert_parallel_size` equal to it) and vocabulary, and runs colocated only (the engine and mode are
+    checked by the rollout's own config)."""
     arr = cfg.actor_rollout_ref
     tp, key = arr.rollout.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
     if tp == 1:
@@ -110,7 +112,19 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
             f"{key}={tp} does not divide the {world} ranks of the colocated pool (trainer.nnodes x "
             f"trainer.n_gpus_per_node): each rollout replica takes {tp} consecutive ranks; pick a divisor of {world}"
         )
-    check_tp_layout(hf_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code), tp, key)
+    model_config = hf_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
+    check_rollout_tp_layout(model_config, tp, key)
+    ep, ep_key = arr.rollout.expert_parallel_size, "actor_rollout_ref.rollout.expert_parallel_size"
+    moe = moe_shape_of(model_config) is not None
+    if moe and ep != tp:
+        raise ValueError(
+            f"{key}={tp} with {ep_key}={ep} on a mixture-of-experts model: the native rollout splits its experts whole "
+            f"over the tensor-parallel group (expert parallelism), not each expert's width; set {ep_key}={tp}"
+        )
+    if not moe and ep > 1:
+        raise ValueError(
+            f"{ep_key}={ep}: model_type={model_config.model_type!r} has no experts to split; set {ep_key}=1"
+        )
 
 
 def hf_model_config(path: str, trust_remote_code: bool = False) -> Any:

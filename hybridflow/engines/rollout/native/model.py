@@ -211,8 +211,6 @@ class LlamaFamilyForward:
         Called at the start of each generation, so replaced parameter objects are picked up too.
         """
         self._layers = [self._layer_weights(layer) for layer in self.model.model.layers]
-        if self.has_moe and self.tp is not None:
-            raise ValueError("the native rollout does not shard mixture-of-experts layers; use tensor_model_parallel_size=1")
         if self.kernels is not None and not self._kernel_ready_weights():
             logger.warning("native rollout: weights are not contiguous float32 CPU tensors; decoding with torch ops")
             self.kernels = self._packed = None

@@ -43,7 +43,7 @@ from hybridflow.engines.rollout.native.tensor_parallel import (
 )
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.models.loader import prepare_tokenizer, to_torch_dtype
-from hybridflow.models.parallel_plan import tp_plan_for
+from hybridflow.models.parallel_plan import rollout_plan_for
 from hybridflow.models.reshard import named_full_from_shards
 from hybridflow.protocol import DataProto
 
@@ -280,7 +280,7 @@ class NativeRollout(BaseRollout):
         the group's shards, one at a time (collective: every rank of the group must iterate them)."""
         if self.tp is None:
             return self.model.named_parameters()
-        plan = tp_plan_for(self.model.config.model_type)
+        plan = rollout_plan_for(self.model.config.model_type)
         return named_full_from_shards(self.model.named_parameters(), plan, self.tp.mesh)
 
     @torch.no_grad()
@@ -290,7 +290,7 @@ class NativeRollout(BaseRollout):
         if self.tp is None:
             num_loaded = copy_named_tensors(self.model, named_tensors)
         else:
-            plan = tp_plan_for(self.model.config.model_type)
+            plan = rollout_plan_for(self.model.config.model_type)
             num_loaded = load_shards(self.model, named_tensors, plan, self.tp)
         self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
         logger.debug("native rollout: updated %d tensors", num_loaded)

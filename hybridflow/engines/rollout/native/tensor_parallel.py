@@ -12,6 +12,12 @@ output features), of the MLP (gate/up on the output features, down on the input 
 The model is an HF module built on the meta device whose split parameters are then allocated at their shard
 shape and filled one tensor at a time (from safetensors slices, which read only this rank's block), so no rank
 holds the full model.
+
+A mixture-of-experts model (Mixtral, Qwen2-MoE, Qwen3-MoE) also splits its experts, whole, over the group: expert
+parallelism over the tensor-parallel ranks (`rollout.expert_parallel_size` equal to the group's size). Each rank
+holds E / k experts; every rank routes the same tokens (the router is replicated), runs its own experts on the
+routes that reach them, and an all-reduce sums the partial outputs (transformers' `AllReduceEP`, which needs no
+token exchange and reads no split size back to the host). Shared experts are replicated.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow.engines.rollout.base import copy_named_tensors
-from hybridflow.models.parallel_plan import Style, check_tp_layout, param_shard_dim, tp_plan_for
+from hybridflow.models.moe_shape import moe_shape_of
+from hybridflow.models.parallel_plan import Style, check_rollout_tp_layout, param_shard_dim
+from hybridflow.models.parallel_plan import rollout_plan_for
 from hybridflow.models.reshard import named_shards, shard_shape
 
 logger = logging.getLogger(__name__)
@@ -95,8 +103,8 @@ def build_sharded_causal_lm(
     from hybridflow.models.loader import load_model_config
 
     config = source.config if isinstance(source, nn.Module) else load_model_config(source)
-    plan = tp_plan_for(config.model_type)
-    check_tp_layout(config, tp.size, TP_KEY)
+    plan = rollout_plan_for(config.model_type)
+    check_rollout_tp_layout(config, tp.size, TP_KEY)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     _allocate_shards(model, plan, tp.size, dtype, device)
@@ -104,14 +112,32 @@ def build_sharded_causal_lm(
     if isinstance(source, nn.Module):
         shards = named_shards(source.state_dict().items(), plan, tp.rank, tp.size)
     else:
-        shards = _checkpoint_shards(source, dtype, plan, tp)
+        shards = _checkpoint_shards(source, dtype, plan, tp, set(model.state_dict()))
     copy_named_tensors(model, _recording(shards, loaded))
     targets = model.state_dict(keep_vars=True)
     written = {id(targets[name]) for name in loaded}
     missing = [name for name, param in model.named_parameters() if id(param) not in written]
     if missing:
         raise ValueError(f"{source}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if moe_shape_of(config) is not None:
+        split_experts_over_group(model, tp)
     return model.eval()
+
+
+def split_experts_over_group(model: nn.Module, tp: RolloutTensorParallel) -> None:
+    """Make each experts module (its weights already this rank's E / k experts) take global expert ids: routes to
+    other ranks' experts are masked, and the partial outputs are summed over the group (`AllReduceEP`)."""
+    from transformers.distributed.expert_parallel import EpDispatchExpertsParallel
+
+    dispatch = EpDispatchExpertsParallel()
+    experts = [module for name, module in model.named_modules() if name.endswith(".experts")]
+    if not experts:
+        raise ValueError(f"found no experts modules in {type(model).__name__} to split over the rollout group")
+    for module in experts:
+        num_experts = next(module.parameters()).shape[0]  # the local count: the weights are this rank's block
+        module.num_experts = num_experts
+        module._is_expert_parallel = True  # the experts' forward then skips the masked routes
+        dispatch.install_forward(module, ep_mesh=tp.mesh, tp_mesh=tp.mesh, ep_implementation="all_reduce")
 
 
 def _recording(named: Iterable[tuple[str, torch.Tensor]], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -145,18 +171,20 @@ def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype:
 
 
 def _checkpoint_shards(
-    source: str | os.PathLike, dtype: torch.dtype, plan: dict[str, Style], tp: RolloutTensorParallel
+    source: str | os.PathLike, dtype: torch.dtype, plan: dict[str, Style], tp: RolloutTensorParallel,
+    module_names: set[str],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(hf_name, this rank's shard)` of each tensor of a checkpoint, read slice by slice from safetensors files."""
+    """`(hf_name, this rank's shard)` of each tensor of a checkpoint, read slice by slice from safetensors files
+    whose tensor names are the module's (`module_names`); other checkpoints are loaded whole once, then sliced."""
     from hybridflow.models.loader import build_causal_lm, split_model_location
 
     directory, gguf = split_model_location(source)
     files = sorted(Path(directory).glob("*.safetensors")) if gguf is None else []
-    if not files:
-        logger.warning(
-            "native rollout: %s has no safetensors files; loading the full model once to slice this rank's shard",
-            source,
-        )
+    reason = "has no safetensors files" if not files else None
+    if files and not _names_in(files) <= module_names:  # e.g. per-expert tensors that transformers fuses on load
+        reason = "stores tensors under other names than the module's (transformers converts them on load)"
+    if reason is not None:
+        logger.warning("native rollout: %s %s; loading the full model once to slice this rank's shard", source, reason)
         yield from named_shards(build_causal_lm(source, dtype=dtype).state_dict().items(), plan, tp.rank, tp.size)
         return
     from safetensors import safe_open
@@ -172,3 +200,13 @@ def _checkpoint_shards(
                     length = shard_shape(shape, dim, tp.size)[dim]
                     index[dim] = slice(tp.rank * length, (tp.rank + 1) * length)
                 yield name, piece[tuple(index)]
+
+
+def _names_in(files: list[Path]) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            names.update(handle.keys())
+    return names
