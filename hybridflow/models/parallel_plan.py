@@ -95,13 +95,7 @@ def check_tp_layout(config: Any, tp_size: int, key: str) -> None:
         "intermediate_size": config.intermediate_size,
         "vocab_size": config.vocab_size,
     }
-    for field_name, value in sizes.items():
-        if value % tp_size:
-            raise ValueError(
-                f"{key}={tp_size} does not divide the model's {field_name}={value}: each tensor-parallel rank must "
-                f"hold a whole share; pick a size that divides {field_name} "
-                f"({', '.join(str(d) for d in _divisors(value) if d > 1) or 'none above 1'})"
-            )
+    _check_whole_shares(sizes, tp_size, key)
 
 
 def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
@@ -123,6 +117,11 @@ def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
     }
     if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1:
         sizes["intermediate_size"] = config.intermediate_size  # its dense layers split as a dense model's
+    _check_whole_shares(sizes, tp_size, key)
+
+
+def _check_whole_shares(sizes: dict[str, int], tp_size: int, key: str) -> None:
+    """Each of the model's `sizes` (name -> count) divides by `tp_size`, or a ValueError naming it and its divisors."""
     for field_name, value in sizes.items():
         if value % tp_size:
             raise ValueError(
