@@ -3,6 +3,11 @@ scored greedily on held-out problems (`hybridflow eval`: another generator seed,
 question left out) against the base model on the same problems.
 
     python benchmarks/demo_recipe_search.py --candidate demo --candidate lr3e-5_t1.0_24 --seeds 1 2 3
+    python benchmarks/demo_recipe_search.py --preset smollm2_add3 --candidate ent3e-3_cos_40 --seeds 1 2 3
+
+`--preset` picks the task (a preset of `hybridflow.data.preprocess.reasoning_gym`): the demo's `smollm2_easy` by
+default, with the demo's data; another preset's data (512 training, 64 validation prompts, seed 0) is written under
+outputs/recipe_search/<preset>/ on first use, and its runs go there too.
 
 A candidate is a name in CANDIDATES: overrides of the demo config (`grpo_smollm2_demo`). A run whose final
 checkpoint already exists under outputs/recipe_search/<candidate>_seed<S> is not trained again, only scored.
@@ -28,7 +33,7 @@ from hybridflow.trainer.plot import read_metrics
 from hybridflow.utils.host import write_results
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "outputs" / "demo" / "data"
+DEMO_PRESET = "smollm2_easy"
 BASE_MODEL = "smollm2-135m-instruct"
 
 # The demo's recipe before 2026-11-28 (no entropy bonus, a constant lr), written out so that the candidates measured
@@ -79,17 +84,35 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
 }
 
 
-def run_dir_of(candidate: str, seed: int) -> Path:
-    return REPO / "outputs" / "recipe_search" / f"{candidate}_seed{seed}"
+def search_dir(preset: str) -> Path:
+    """Where a preset's runs and base-model cache live (the demo's task: outputs/recipe_search itself)."""
+    root = REPO / "outputs" / "recipe_search"
+    return root if preset == DEMO_PRESET else root / preset
+
+
+def data_dir(preset: str) -> Path:
+    """The preset's training and validation parquet files, written on first use for presets other than the demo's."""
+    if preset == DEMO_PRESET:
+        return REPO / "outputs" / "demo" / "data"
+    directory = search_dir(preset) / "data"
+    if not (directory / "train.parquet").is_file():
+        subprocess.run([sys.executable, "-m", "hybridflow.data.preprocess.reasoning_gym", "--preset", preset,
+                        "--local_dir", str(directory), "--train_size", "512", "--test_size", "64", "--seed", "0"],
+                       cwd=REPO, check=True)
+    return directory
+
+
+def run_dir_of(candidate: str, seed: int, preset: str = DEMO_PRESET) -> Path:
+    return search_dir(preset) / f"{candidate}_seed{seed}"
 
 
 TRL_PYTHON = REPO / "benchmarks" / ".venv-trl" / "bin" / "python"
 
 
-def train_with_trl(candidate: str, seed: int) -> Path:
+def train_with_trl(candidate: str, seed: int, preset: str) -> Path:
     """A `trl_*` candidate: TRL's trainer with the same model, prompts and scorer; its final model directory."""
     steps, arguments = CANDIDATES[candidate]
-    run_dir = run_dir_of(candidate, seed)
+    run_dir = run_dir_of(candidate, seed, preset)
     final = run_dir / f"global_step_{steps}"
     if not final.is_dir():
         if not TRL_PYTHON.is_file():
@@ -100,7 +123,7 @@ def train_with_trl(candidate: str, seed: int) -> Path:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         command = [
             str(TRL_PYTHON), str(REPO / "benchmarks" / "trl_grpo_baseline.py"), *arguments,
-            "--model", str(resolve_model_path(BASE_MODEL)), "--data", str(DATA / "train.parquet"),
+            "--model", str(resolve_model_path(BASE_MODEL)), "--data", str(data_dir(preset) / "train.parquet"),
             "--steps", str(steps), "--seed", str(seed), "--output-dir", str(run_dir / "trainer"),
             "--save-dir", str(final), "--metrics-file", str(run_dir / "metrics.jsonl"),
         ]
@@ -108,16 +131,18 @@ def train_with_trl(candidate: str, seed: int) -> Path:
     return final
 
 
-def train(candidate: str, seed: int) -> Path:
+def train(candidate: str, seed: int, preset: str = DEMO_PRESET) -> Path:
     """Train one candidate with one seed (unless its final checkpoint exists); its final global_step dir."""
     if candidate.startswith("trl_"):
-        return train_with_trl(candidate, seed)
+        return train_with_trl(candidate, seed, preset)
     steps, overrides = CANDIDATES[candidate]
-    run_dir = run_dir_of(candidate, seed)
+    run_dir = run_dir_of(candidate, seed, preset)
     final = run_dir / f"global_step_{steps}"
     if not final.is_dir():
+        data = data_dir(preset)
         command = [
             sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", "grpo_smollm2_demo", *overrides,
+            f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'test.parquet'}]",
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={max(1, steps // 4)}",
             f"trainer.save_freq={steps}", f"trainer.seed={seed}", f"data.seed={seed}", "trainer.logger=[file]",
             f"trainer.default_local_dir={run_dir}",
@@ -132,11 +157,11 @@ def training_minutes(run_dir: Path) -> float:
     return seconds / 60
 
 
-def base_record(problems, dataset, num_problems: int, eval_seed: int) -> dict:
-    """The base model's evaluation on these problems, cached under outputs/recipe_search (greedy, so it does not
+def base_record(problems, dataset, num_problems: int, eval_seed: int, preset: str) -> dict:
+    """The base model's evaluation on these problems, cached in the preset's search dir (greedy, so it does not
     change between runs); the cache is keyed by the problem count, the seed and the questions themselves."""
     questions = [problem.question for problem in problems]
-    cache = REPO / "outputs" / "recipe_search" / f"base_{num_problems}_seed{eval_seed}.json"
+    cache = search_dir(preset) / f"base_{num_problems}_seed{eval_seed}.json"
     if cache.is_file():
         cached = json.loads(cache.read_text())
         if cached.get("questions") == questions:
@@ -153,19 +178,21 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--num_problems", type=int, default=256)
     parser.add_argument("--eval_seed", type=int, default=12345)
+    parser.add_argument("--preset", default=DEMO_PRESET, choices=sorted(PRESETS), help="the task (see above)")
     args = parser.parse_args()
     load_before = list(os.getloadavg())
-    task, config, _ = PRESETS["smollm2_easy"]
+    task, config, _ = PRESETS[args.preset]
+    data = data_dir(args.preset)
     problems, dataset = heldout_problems(task, dict(config), args.num_problems, args.eval_seed,
-                                         excluded_questions([DATA / "train.parquet", DATA / "test.parquet"]))
+                                         excluded_questions([data / "train.parquet", data / "test.parquet"]))
     rows = []
-    base = base_record(problems, dataset, args.num_problems, args.eval_seed)
+    base = base_record(problems, dataset, args.num_problems, args.eval_seed, args.preset)
     rows.append({"candidate": "base", "seed": None, "acc": base["acc_flexible"], "acc_strict": base["acc_strict"],
                  "correct": base["correct"]["flexible"]})
     for candidate in args.candidate:
         for seed in args.seeds:
             started = time.monotonic()
-            final = train(candidate, seed)
+            final = train(candidate, seed, args.preset)
             record = evaluate([str(final)], problems, dataset, ["ours"], 64, 64)[0]
             gain, gain_low, gain_high = paired_gain_interval(base["correct"]["flexible"], record["correct"]["flexible"])
             rows.append({
@@ -190,6 +217,7 @@ def main() -> None:
               f"{per_seed} |")
     path = write_results("demo_recipe_search", {"candidates": {c: CANDIDATES[c] for c in args.candidate},
                                                 "seeds": args.seeds, "num_problems": args.num_problems,
+                                                "preset": args.preset,
                                                 "eval_seed": args.eval_seed}, rows, load_before)
     print(f"raw results: {path}")
 
