@@ -24,7 +24,8 @@ from hybridflow.models import build_causal_lm, resolve_model_path
 from hybridflow.trainer.plot import metrics_by_step
 from hybridflow.utils.host import write_results
 from hybridflow.utils.memory_watchdog import MemoryWatchdog
-from hybridflow.workers.weight_check import compute_tensor_fingerprint, pick_sample
+from hybridflow.engines.rollout.base import tensor_sum
+from hybridflow.workers.weight_check import pick_sample
 
 
 def time_watchdog_poll(num_pids: int, repeats: int = 2000) -> float:
@@ -43,7 +44,7 @@ def time_fingerprints(model_name: str, repeats: int = 5) -> tuple[float, list[st
     names = pick_sample(sorted(params))
     start = time.perf_counter()
     for _ in range(repeats):
-        [compute_tensor_fingerprint(params[name], torch.float32) for name in names]
+        [tensor_sum(params[name], torch.float32) for name in names]
     return (time.perf_counter() - start) / repeats, names
 
 

@@ -10,15 +10,16 @@ import torch
 
 from hybridflow.engines.rollout import HFRollout, SamplingParams
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.workers.weight_check import WeightDeliveryCheck, WeightDeliveryError, compute_tensor_fingerprint, pick_sample
+from hybridflow.engines.rollout.base import tensor_sum
+from hybridflow.workers.weight_check import WeightDeliveryCheck, WeightDeliveryError, pick_sample
 
 
 def test_sample_and_fingerprint_hand_computed():
     assert pick_sample(list("abcdefghij"), 4) == ["a", "d", "g", "j"]
     assert pick_sample(["x", "y"], 4) == ["x", "y"]
-    assert compute_tensor_fingerprint(torch.tensor([1.0, 2.5, -0.5]), torch.float32) == 3.0
+    assert tensor_sum(torch.tensor([1.0, 2.5, -0.5]), torch.float32) == 3.0
     # cast to the serving dtype first: 1 + 2**-10 is 1 in bfloat16
-    assert compute_tensor_fingerprint(torch.tensor([1.0 + 2**-10]), torch.bfloat16) == 1.0
+    assert tensor_sum(torch.tensor([1.0 + 2**-10]), torch.bfloat16) == 1.0
 
 
 @torch.no_grad()

@@ -48,13 +48,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
+from hybridflow.engines.rollout.base import BaseRollout, Fingerprint, SamplingParams
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.vllm_convert import (
@@ -72,7 +72,7 @@ from hybridflow.engines.rollout.vllm_convert import (
     strip_left_padding,
 )
 from hybridflow.engines.rollout.vllm_versions import check_vllm_versions, installed_vllm_versions
-from hybridflow.engines.rollout.vllm_worker_extension import WEIGHTS_METHOD
+from hybridflow.engines.rollout.vllm_worker_extension import FINGERPRINTS_METHOD, WEIGHTS_METHOD
 from hybridflow.env import (
     dist_local_rank,
     dist_master_addr,
@@ -93,6 +93,8 @@ logger = logging.getLogger(__name__)
 
 _SHM = Path("/dev/shm")
 _SLEEP_TAGS = frozenset({"weights", "kv_cache"})
+VLLM_FUSED_NAMES = ("qkv_proj", "gate_up_proj")
+"""Parts of vLLM parameter names that fuse several HF tensors (no hand-over carries them by that name)."""
 """What `LLM.sleep(level=1)` releases; `wake_up` takes back exactly the tags still asleep."""
 
 
@@ -321,6 +323,22 @@ class VLLMRollout(BaseRollout):
             self._wake(["weights"])  # weights must be resident to be overwritten
         [num_tensors] = self.llm.collective_rpc(WEIGHTS_METHOD, args=(iter(named_tensors),))
         return num_tensors
+
+    def weight_fingerprints(self, names: Collection[str] | None = None) -> dict[str, Fingerprint]:
+        """GPU only: the fingerprints of vLLM's own parameters, computed by its worker (`FINGERPRINTS_METHOD`), for
+        the names that are the HF names (vLLM fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`: a
+        hand-over never carries those names, so they are left out). CPU: vLLM's engine runs in another process
+        without hybridflow's worker extension, and the check is off (NotImplementedError)."""
+        if self.on_cpu:
+            raise NotImplementedError("the vllm rollout on CPU does not expose its weights' fingerprints")
+        if "weights" in self._sleeping_tags:
+            self._wake(["weights"])
+        [found] = self.llm.collective_rpc(FINGERPRINTS_METHOD, args=(None if names is None else sorted(names),))
+        return {
+            name: (tuple(shape), getattr(torch, dtype), total)
+            for name, (shape, dtype, total) in found.items()
+            if not any(fused in name for fused in VLLM_FUSED_NAMES)
+        }
 
     def sleep(self) -> None:
         """GPU with free_cache_engine: vLLM sleep level 1 (weights to host memory, KV cache freed).

@@ -22,12 +22,17 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HybridflowWorkerExtension", "WEIGHTS_METHOD", "WORKER_EXTENSION_CLS", "load_named_tensors"]
+__all__ = [
+    "FINGERPRINTS_METHOD", "HybridflowWorkerExtension", "WEIGHTS_METHOD", "WORKER_EXTENSION_CLS", "load_named_tensors",
+    "parameter_fingerprints",
+]
 
 WORKER_EXTENSION_CLS = "hybridflow.engines.rollout.vllm_worker_extension.HybridflowWorkerExtension"
 """The `worker_extension_cls` engine argument."""
 WEIGHTS_METHOD = "hybridflow_load_weights"
 """Name of the `collective_rpc` method that loads `(hf_name, tensor)` pairs into the worker's model."""
+FINGERPRINTS_METHOD = "hybridflow_weight_fingerprints"
+"""Name of the `collective_rpc` method that reports the worker's parameters' shapes, dtypes and sums."""
 
 
 class WeightLoadingModel(Protocol):
@@ -57,6 +62,21 @@ def load_named_tensors(model: WeightLoadingModel, named_tensors: Iterable[tuple[
     return count
 
 
+def parameter_fingerprints(model, names: Iterable[str] | None = None) -> dict[str, tuple[tuple[int, ...], str, float | None]]:
+    """`(shape, dtype name, float32 sum)` of `model`'s parameters by vLLM's names: every parameter without its sum
+    when `names` is None (the layout), else the named ones with it. Plain Python values: the answer may cross a
+    process boundary."""
+    import torch  # here: the module imports only the standard library
+
+    wanted = None if names is None else set(names)
+    out = {}
+    for name, param in model.named_parameters():
+        if wanted is None or name in wanted:
+            total = None if wanted is None else float(param.detach().sum(dtype=torch.float32))
+            out[name] = (tuple(param.shape), str(param.dtype).removeprefix("torch."), total)
+    return out
+
+
 class HybridflowWorkerExtension:
     """Mixed into vLLM's worker class by vLLM (`worker_extension_cls`); `self` is then the vLLM worker."""
 
@@ -67,3 +87,7 @@ class HybridflowWorkerExtension:
         "external_launcher"`), `named_tensors` arrives as the caller's own object: no copy, no serialization.
         """
         return load_named_tensors(self.model_runner.get_model(), named_tensors)  # type: ignore[attr-defined]
+
+    def hybridflow_weight_fingerprints(self, names: list[str] | None = None) -> dict:
+        """This worker's parameters' fingerprints (see `parameter_fingerprints`), computed where they live."""
+        return parameter_fingerprints(self.model_runner.get_model(), names)  # type: ignore[attr-defined]

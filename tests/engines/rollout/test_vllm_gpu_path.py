@@ -28,6 +28,7 @@ from hybridflow.engines.rollout.vllm_versions import (
     installed_vllm_versions,
 )
 from hybridflow.engines.rollout.vllm_worker_extension import (
+    FINGERPRINTS_METHOD,
     WEIGHTS_METHOD,
     WORKER_EXTENSION_CLS,
     HybridflowWorkerExtension,
@@ -255,7 +256,7 @@ def test_worker_extension_method_is_called_by_name_and_does_not_clash_with_vllm_
     assert getattr(worker, WEIGHTS_METHOD)(iter(_hf_tensors().items())) == 4
     assert torch.equal(worker.model.norm, _hf_tensors()["norm.weight"].to(torch.bfloat16))
     added = [name for name in vars(HybridflowWorkerExtension) if not name.startswith("__")]
-    assert added == [WEIGHTS_METHOD] and all(name.startswith("hybridflow_") for name in added)
+    assert added == [WEIGHTS_METHOD, FINGERPRINTS_METHOD] and all(name.startswith("hybridflow_") for name in added)
     # vllm 0.32's GPU worker has these; vLLM asserts an extension adds none of its worker's attributes
     assert not {"update_weights", "reload_weights", "load_model", "get_model", "sleep", "wake_up"} & set(added)
     assert WORKER_EXTENSION_CLS.endswith(".HybridflowWorkerExtension")
@@ -276,7 +277,8 @@ class FakeLLM:
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         assert isinstance(method, str), "functions are refused by vLLM without insecure serialization"
         self.calls.append(("collective_rpc", method))
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))] if method == WEIGHTS_METHOD else [None]
+        extension = method in (WEIGHTS_METHOD, FINGERPRINTS_METHOD)
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))] if extension else [None]
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -380,3 +382,58 @@ def test_vllm_only_keys_are_refused_for_other_engines(override):
         RolloutConfig(name="hf", **override)
     assert info.value.field == key
     RolloutConfig(name="hf")  # defaults are accepted
+
+
+class VllmLikeModel(nn.Module):
+    """vLLM's names: q/k/v fused into `qkv_proj`, the norm under its HF name; bf16 parameters."""
+
+    def __init__(self, dim: int = 4) -> None:
+        super().__init__()
+        self.dim = dim
+        self.model = nn.Module()
+        self.model.qkv_proj = nn.Linear(dim, 3 * dim, bias=False, dtype=torch.bfloat16)
+        self.model.norm = nn.Module()
+        self.model.norm.weight = nn.Parameter(torch.zeros(dim, dtype=torch.bfloat16), requires_grad=False)
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            if name == "model.norm.weight":
+                self.model.norm.weight.data.copy_(tensor)
+                continue
+            shard = ["q_proj.weight", "k_proj.weight", "v_proj.weight"].index(name)
+            self.model.qkv_proj.weight.data[shard * self.dim:(shard + 1) * self.dim].copy_(tensor)
+
+
+def test_a_vllm_rollout_that_keeps_stale_weights_is_caught_from_its_worker(fake_vllm, monkeypatch, tiny_llama_dir,
+                                                                           tiny_tokenizer):
+    """Weight delivery to vLLM is verified where its weights live: the worker extension sums its own parameters
+    (the HF-named ones; fused q/k/v never arrive by that name), and a hand-over it does not load is caught."""
+    from hybridflow.env import scoped_environ, set_dist_env
+    from hybridflow.workers.weight_check import WeightDeliveryCheck, WeightDeliveryError
+
+    monkeypatch.setattr(fake_vllm, "get_torch_device", lambda local_rank=0: CUDA)
+    config = RolloutConfig(name="vllm", prompt_length=64, response_length=32, free_cache_engine=False)
+    with scoped_environ():
+        set_dist_env(0, 1, 0, "127.0.0.1", "29555")
+        rollout = fake_vllm.VLLMRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=8), config=config)
+    llm = FakeLLM.instances[-1]
+    llm.worker.model = VllmLikeModel()
+    layout = rollout.weight_fingerprints()
+    assert layout == {"model.norm.weight": ((4,), torch.bfloat16, None)}  # qkv_proj left out
+    check = WeightDeliveryCheck(rollout, rank=0)
+    qkv = {name: tensor for name, tensor in _hf_tensors().items() if name != "norm.weight"}
+    hf = {**qkv, "model.norm.weight": torch.tensor([0.5, 1.5, -2.0, 3.25])}
+    rollout.update_weights(check.record(iter(hf.items())))
+    assert check.verify(version=1) == {"rollout/weights_checked": 1.0, "rollout/weights_version": 1.0}
+    assert ("collective_rpc", FINGERPRINTS_METHOD) in llm.calls
+    monkeypatch.setattr(llm.worker.model, "load_weights", lambda weights: [None for _ in weights])  # loads nothing
+    rollout.update_weights(check.record(iter({**hf, "model.norm.weight": hf["model.norm.weight"] + 1}.items())))
+    with pytest.raises(WeightDeliveryError, match=r"policy version 2.*tensor 'model\.norm\.weight'"):
+        check.verify(version=2)
+
+
+def test_the_vllm_rollout_on_cpu_leaves_the_check_off(fake_vllm, tiny_llama_dir, tiny_tokenizer):
+    rollout = fake_vllm.VLLMRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=8),
+                                    config=RolloutConfig(name="vllm", prompt_length=64, response_length=32))
+    with pytest.raises(NotImplementedError, match="fingerprints"):
+        rollout.weight_fingerprints()
