@@ -331,9 +331,15 @@ def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device,
     rollout.shares_training_weights = copy_dtype is None
 
     def generate():
+        # As the worker does (rollout.free_cache_engine=True): the KV cache exists only while generating. The
+        # 2026-11-28 H200 row kept it (256 slots x 768 positions, 16 GB in bf16 for the 1.46B llama) through the
+        # log-prob and update passes, and ran out of memory.
+        rollout.wake_up()
         if copy_dtype is not None:
             rollout.update_weights(engine.named_full_params())
-        return rollout.generate_sequences(prompts)
+        output = rollout.generate_sequences(prompts)
+        rollout.sleep()
+        return output
 
     prompts = random_batch(module.config.vocab_size, plan.step_prompts, plan.prompt_len, 0)
     prompts = DataProto.from_dict(tensors={k: prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids")})
