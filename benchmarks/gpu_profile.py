@@ -284,10 +284,18 @@ def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cu
     per rollout, the top device and host ops of the call at the middle batch size (where a step's time goes)."""
     bandwidth = measure_bandwidth(device, 2**30 if on_cuda else 2**26)
     rows = []
-    for name in ("hf", "native"):
+    # native+compile (GPU only; on CPU inductor's compile would add half a minute to the tiny run): the decode step
+    # through torch.compile before its graphs are captured (fewer, fused kernels per step and fewer nodes per graph
+    # launch), the A/B that decides whether it becomes the default. Its CPU check is a slow test of
+    # tests/engines/rollout/native/test_decode_graph.py.
+    variants = {"hf": {}, "native": {}}
+    if on_cuda:
+        variants["native+compile"] = {"kernels": "torch", "compile_decode": True}
+    for label, extra in variants.items():
+        name = label.split("+")[0]
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype="auto")
         dtype = torch.bfloat16 if on_cuda else torch.float32
-        slots = {"max_num_seqs": max(plan.decode_batches)} if name == "native" else {}
+        slots = {"max_num_seqs": max(plan.decode_batches), **extra} if name == "native" else {}
         params = SamplingParams(temperature=1.0, max_new_tokens=plan.decode_tokens)
         rollout = ROLLOUTS.get(name)(model.to(device, dtype), tokenizer, params, **slots)
         config = model.config
@@ -304,12 +312,12 @@ def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cu
             summary = profiled(lambda: rollout.generate_sequences(prompts), on_cuda, steps)
             context = 32 + plan.decode_tokens / 2
             floor_s = (weight_bytes + batch * context * kv_per_token) / bandwidth
-            rows.append({"rollout": name, "batch": batch, "tok_s": tokens / seconds, "step_ms": 1e3 * seconds / steps,
+            rows.append({"rollout": label, "batch": batch, "tok_s": tokens / seconds, "step_ms": 1e3 * seconds / steps,
                          "floor_step_ms": 1e3 * floor_s, "x_floor": seconds / steps / floor_s,
                          "launches_per_step": summary["launches"], "syncs_per_step": summary["syncs"],
                          "gpu_busy_pct": summary["gpu_busy_pct"]})
             if ops is not None and batch == plan.decode_batches[len(plan.decode_batches) // 2]:
-                ops[f"{name}, batch {batch}"] = {key: summary[key] for key in ("top_ops_ms", "top_host_ops_ms")}
+                ops[f"{label}, batch {batch}"] = {key: summary[key] for key in ("top_ops_ms", "top_host_ops_ms")}
         del rollout, model
     return rows
 

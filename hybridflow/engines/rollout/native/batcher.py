@@ -232,9 +232,11 @@ class ContinuousBatcher:
         done_check_interval: int = 1,
         graphs: bool = False,
         span_multiple: int | None = CPU_SPAN_MULTIPLE,
+        compiled: bool = False,
     ) -> None:
         """done_check_interval: decode steps between retirements of finished sequences (1: every step);
-        graphs: replay decode steps from CUDA graphs (`DecodeStep`); span_multiple: see `decode_span`."""
+        graphs: replay decode steps from CUDA graphs (`DecodeStep`); span_multiple: see `decode_span`;
+        compiled: the decode step through `torch.compile` (`DecodeStep`)."""
         if done_check_interval < 1:
             raise ValueError(f"done_check_interval must be >= 1, got {done_check_interval}")
         self.forward = forward
@@ -243,7 +245,7 @@ class ContinuousBatcher:
         self.max_prefill_tokens = max_prefill_tokens
         self.done_check_interval = done_check_interval
         self.span_multiple = span_multiple
-        self.decode = DecodeStep(forward, cache, graphs)
+        self.decode = DecodeStep(forward, cache, graphs, compiled=compiled)
 
     @torch.inference_mode()
     def slot_limit(self, max_seqs: int | None) -> int:

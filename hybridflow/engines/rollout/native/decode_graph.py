@@ -67,10 +67,16 @@ class DecodeStep:
     is true (CUDA only), run eagerly otherwise. Graphs are dropped when the cache, the rope tables or the weights
     move to other memory (a new reservation, `sleep`/`wake_up`, replaced parameters)."""
 
-    def __init__(self, forward: LlamaFamilyForward, cache: KVCache, graphs: bool) -> None:
+    def __init__(self, forward: LlamaFamilyForward, cache: KVCache, graphs: bool, *, compiled: bool = False) -> None:
+        """compiled: the step through `torch.compile` (inductor; one compilation per static shape, before a graph
+        captures it). Not with the CPU kernels, whose calls it cannot trace."""
+        if compiled and forward.kernels is not None:
+            raise ValueError("compile_decode needs the torch-ops decode step; build the rollout with kernels='torch'")
         self.forward = forward
         self.cache = cache
         self.graphs = graphs
+        self.step = torch.compile(forward.decode, dynamic=False) if compiled else forward.decode
+        """The step function: `forward.decode`, or its compiled form."""
         self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]] = {}
         self._pool = None
         self._addresses: tuple[int, ...] = ()
@@ -82,7 +88,7 @@ class DecodeStep:
         attention width -> float32 logits (rows, vocab). With graphs the result is a buffer that the next replay
         of the same bucket overwrites: read it before the next step."""
         if not self.graphs:
-            return self.forward.decode(tokens, positions, lengths, span, self.cache)
+            return self.step(tokens, positions, lengths, span, self.cache)
         addresses = self._memory_addresses()
         if addresses != self._addresses:
             self.reset()
@@ -109,13 +115,13 @@ class DecodeStep:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.forward.decode(*inputs, span, self.cache)
+            self.step(*inputs, span, self.cache)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()  # one pool: buckets replay one at a time
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self.forward.decode(*inputs, span, self.cache)
+            logits = self.step(*inputs, span, self.cache)
         self.num_captures += 1
         logger.debug("native rollout: captured the decode step for %d rows x %d span", tokens.numel(), span)
         return graph, inputs, logits

@@ -106,6 +106,7 @@ class NativeRollout(BaseRollout):
         memory_utilization: float | None = None,
         done_check_interval: int | None = None,
         cuda_graphs: bool = True,
+        compile_decode: bool = False,
     ) -> None:
         """
         Args:
@@ -132,6 +133,9 @@ class NativeRollout(BaseRollout):
             cuda_graphs: on CUDA, replay the decode step from CUDA graphs captured per batch bucket
                 (`native/decode_graph.py`; not under tensor parallelism). Other devices run the same
                 static-shape step eagerly.
+            compile_decode: run the decode step through `torch.compile` (inductor fuses its elementwise work:
+                fewer kernels per step, and fewer nodes per captured graph). Opt-in, an A/B for a GPU run
+                (`benchmarks/gpu_profile.py`, section decode); it needs the torch-ops step (`kernels="torch"` on CPU).
         """
         check_kernel_mode(kernels)
         if max_num_seqs < 1 or max_prefill_tokens < 1:
@@ -165,6 +169,7 @@ class NativeRollout(BaseRollout):
             done_check_interval=done_check_interval if done_check_interval is not None else default_interval,
             graphs=graphs,
             span_multiple=None if graphs else CPU_SPAN_MULTIPLE,  # graphs: one span, the whole cache
+            compiled=compile_decode,
         )
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
         self.last_stats: dict[str, float] = {}

@@ -103,3 +103,19 @@ def test_decode_buckets():
 def test_done_check_interval_must_be_positive(sharp_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="done_check_interval must be >= 1, got 0"):
         NativeRollout(sharp_model, tiny_tokenizer, SamplingParams(), kernels="torch", done_check_interval=0)
+
+
+@pytest.mark.slow
+def test_a_compiled_decode_step_gives_the_eager_tokens(sharp_model, tiny_tokenizer):
+    """`compile_decode=True` (the A/B of `gpu_profile.py`'s decode section): inductor's step gives the eager step's
+    greedy tokens and log-probs; the CPU kernels, which it cannot trace, are refused with the fix."""
+    params = SamplingParams(max_new_tokens=12, do_sample=False)
+    prompts = encode_prompts(tiny_tokenizer, PROMPTS[:4])
+    eager = NativeRollout(sharp_model, tiny_tokenizer, params, kernels="torch").generate_sequences(prompts)
+    rollout = NativeRollout(sharp_model, tiny_tokenizer, params, kernels="torch", compile_decode=True)
+    assert rollout.batcher.decode.step is not rollout.forward.decode
+    compiled = rollout.generate_sequences(prompts)
+    assert torch.equal(compiled.batch["responses"], eager.batch["responses"])
+    torch.testing.assert_close(compiled.batch["rollout_log_probs"], eager.batch["rollout_log_probs"], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="kernels='torch'"):
+        NativeRollout(sharp_model, tiny_tokenizer, params, kernels="cpu", compile_decode=True)
