@@ -32,9 +32,11 @@ from hybridflow.trainer.plot import metrics_by_step
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "outputs" / "demo" / "data" / "train.parquet"
-# trl_grpo_baseline.py's settings, which the demo config's own recipe (lr 2e-5, temperature 1.0, 32 tokens) differs from
+# trl_grpo_baseline.py's speed settings, which the demo config's own recipe (lr 2e-5 on a cosine, entropy bonus
+# 0.003, temperature 1.0, 32 tokens) differs from; TRL has no entropy bonus, so neither side computes its gradient
 TRL_MATCHED_SETTINGS = ("actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.rollout.temperature=0.7",
-                        "data.max_response_length=48")
+                        "data.max_response_length=48", "actor_rollout_ref.actor.entropy_coeff=0.0",
+                        "actor_rollout_ref.actor.optim.lr_scheduler_type=constant")
 
 
 def run_hybridflow(steps: int, run_dir: Path, data: Path, max_prompt_length: int) -> list[dict]:
