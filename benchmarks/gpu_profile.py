@@ -94,6 +94,10 @@ class Plan:
     step_n: int
     step_token_budget: int
     """Tokens per micro-batch of the step rows' passes (verl's use_dynamic_bsz budget)."""
+    step_attention: tuple[str, ...] = ("sdpa",)
+    """Attention kernels of the step rows, one row per model and kernel: sdpa takes the packed rows' dense
+    (tokens x tokens) mask and computes every block of it; flex_attention a block mask that skips the blocks
+    between sequences (at a 16k-token budget, most of them)."""
 
 
 GPU_PLAN = Plan("qwen2-0.5b", 64, 256, 512, (4, 16, 32), (8, 64, 256), 64,
@@ -322,12 +326,13 @@ def section_decode(plan: Plan, path: str, tokenizer, device: torch.device, on_cu
     return rows
 
 
-def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device, on_cuda: bool) -> dict:
+def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device, on_cuda: bool,
+              attention: str = "sdpa") -> dict:
     """One model's row of the step table: the demo's engine settings (packed rows, fused vocabulary head) with
     micro-batches of about `plan.step_token_budget` tokens. (The 2026-11-27 H200 run sent the 1.46B llama 32 padded
     rows of 768 tokens per micro-batch through the plain head, and ran out of its 140 GiB.)"""
     config = dataclasses.replace(engine_config(plan, plan.micro_batches[-1]), model=ModelConfig(
-        override_config={"attn_implementation": "sdpa"}, use_remove_padding=True, use_fused_kernels=True))
+        override_config={"attn_implementation": attention}, use_remove_padding=True, use_fused_kernels=True))
     engine = build_fsdp_engine(path, config)
     budget = plan.step_token_budget
     module = engine.module
@@ -370,7 +375,7 @@ def _step_row(plan: Plan, name: str, path: str, tokenizer, device: torch.device,
         _, logp_s = stage("log_prob", lambda: engine.compute_log_prob(batch, max_token_len=budget))
         _, update_s = stage("update", lambda: engine.train_batch(engine.split_micro_batches(batch, None, budget)[0], nll_loss))
     tokens = int(batch.batch["attention_mask"].sum())
-    row = {"model": name, "params_b": params / 1e9, "rollout_dtype": str(copy_dtype or "shared"), "rows": len(batch), "tokens": tokens, "gen_s": gen_s,
+    row = {"model": name, "attention": attention, "params_b": params / 1e9, "rollout_dtype": str(copy_dtype or "shared"), "rows": len(batch), "tokens": tokens, "gen_s": gen_s,
            "log_prob_s": logp_s, "update_s": update_s, "step_s": gen_s + logp_s + update_s,
            "tokens_per_s": tokens / (gen_s + logp_s + update_s), **{f"peak_gib_{k}": v for k, v in peak_gib.items()}}
     if on_cuda:
@@ -385,16 +390,17 @@ def section_steps(plan: Plan, path_of, tokenizer, device: torch.device, on_cuda:
     `step_prompts x step_n` rows per model, appended to `rows` (`path_of(name)`: its checkpoint; `on_row()` after
     each row)."""
     for name in plan.step_models:
-        try:
-            row = _step_row(plan, name, path_of(name), tokenizer, device, on_cuda)
-        except Exception as error:  # an out-of-memory shape: say so and go on to the next model
-            traceback.print_exc()
-            print(f"\n## step row: {name} failed: {error!r}"[:1200])
-            release_memory()
-            continue
-        rows.append(row)
-        print_table(f"step row: {name}", [row])
-        on_row()
+        for attention in plan.step_attention:
+            try:
+                row = _step_row(plan, name, path_of(name), tokenizer, device, on_cuda, attention)
+            except Exception as error:  # an out-of-memory shape: say so and go on to the next model
+                traceback.print_exc()
+                print(f"\n## step row: {name}, {attention} failed: {error!r}"[:1200])
+                release_memory()
+                continue
+            rows.append(row)
+            print_table(f"step row: {name}, {attention}", [row])
+            on_row()
     return rows
 
 
@@ -415,6 +421,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny models and batches (a CPU check in seconds)")
     parser.add_argument("--sections", default="engine,ab,levers,decode,steps")
     parser.add_argument("--step-models", help="comma-separated shapes for the step table (default: the plan's)")
+    parser.add_argument("--step-attention", default="sdpa",
+                        help="comma-separated attention kernels of the step rows (sdpa, flex_attention)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -427,6 +435,7 @@ def main() -> None:
         if unknown:
             parser.error(f"--step-models: unknown {sorted(unknown)}; choose from {sorted({*SHAPES, *TINY})}")
         plan = dataclasses.replace(plan, step_models=tuple(args.step_models.split(",")))
+    plan = dataclasses.replace(plan, step_attention=tuple(args.step_attention.split(",")))
     tokenizer = build_tiny_tokenizer("local" if args.tiny else "auto")  # local: 402 tokens, tiny models
     sections = args.sections.split(",")
     report = {"device": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
