@@ -179,8 +179,15 @@ def run_dir(run: RunConfig) -> Path:
 
 
 def total_steps(run: RunConfig, batches_per_epoch: int) -> int:
-    """`trainer.total_training_steps`, or epochs x batches per epoch, whichever is smaller."""
+    """`trainer.total_training_steps`, or epochs x batches per epoch, whichever is smaller (as verl's loop, which
+    ends with its last epoch); a warning says so when the data cuts the steps that were asked for."""
     total = batches_per_epoch * run.total_epochs
+    if run.total_training_steps and run.total_training_steps > total:
+        logger.warning(
+            "trainer.total_training_steps=%d but trainer.total_epochs=%d x %d batches per epoch = %d: the run stops "
+            "after %d steps; raise trainer.total_epochs (or add data) for more", run.total_training_steps,
+            run.total_epochs, batches_per_epoch, total, total,
+        )
     return min(total, run.total_training_steps or total)
 
 
