@@ -208,12 +208,6 @@ class FSDPEngineConfig:
                 "shared-prompt forwards (use_prefix_grouper) need a block attention mask, which flash_attention_2 "
                 "cannot take; use sdpa, eager or flex_attention, or turn use_prefix_grouper off",
             )
-        if self.fsdp.expert_parallel_size > 1 and self.ulysses_sequence_parallel_size > 1:
-            raise ConfigFieldError(
-                "expert_parallel_size",
-                f"expert_parallel_size={self.fsdp.expert_parallel_size} with ulysses_sequence_parallel_size="
-                f"{self.ulysses_sequence_parallel_size}: combining them is not implemented; use one",
-            )
         if self.fsdp.expert_parallel_size > 1 and self.model.use_lora:
             raise ConfigFieldError(
                 "expert_parallel_size",
@@ -270,10 +264,10 @@ class ParallelLayout:
             )
         if self.ep < 1:
             raise ValueError(f"expert_parallel_size must be >= 1, got {self.ep}")
-        if self.ep > 1 and self.group_size > 1:
+        if self.ep > 1 and self.tp > 1:
             raise ValueError(
-                f"expert_parallel_size={self.ep} with tensor_parallel_size={self.tp} / ulysses_sequence_parallel_size="
-                f"{self.sp}: combining them is not implemented; use one"
+                f"expert_parallel_size={self.ep} with tensor_parallel_size={self.tp}: combining them is not "
+                "implemented; use one (expert parallelism composes with ulysses_sequence_parallel_size)"
             )
         if self.world_size % self.ep:
             raise ValueError(

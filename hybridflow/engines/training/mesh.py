@@ -1,5 +1,5 @@
 """The training engine's device meshes: data parallel (FSDP2) x tensor parallel, or x Ulysses sequence parallel,
-or (MoE) x expert parallel.
+and (MoE) x expert parallel, alone or with Ulysses.
 
 Ranks are laid out data-parallel-major: the `tp` (or `sp`) ranks of one data-parallel group are consecutive, so
 they sit on one node when nodes hold a multiple of them. Tensor/sequence-parallel peers take the same data;
@@ -47,12 +47,14 @@ def build_training_meshes(device: torch.device, layout: ParallelLayout) -> Train
         mesh = init_device_mesh(device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
         return TrainingMeshes(layout, fsdp=mesh["dp"], tp=mesh["tp"])
     fsdp = init_device_mesh(device.type, (layout.world_size,), mesh_dim_names=("fsdp",))
+    meshes = TrainingMeshes(layout, fsdp=fsdp)
+    if layout.sp > 1:
+        sp_mesh = init_device_mesh(device.type, (layout.dp, layout.sp), mesh_dim_names=("dp", "sp"))
+        meshes.sp_group = sp_mesh["sp"].get_group()
     if layout.ep > 1:
+        # With Ulysses the ep ranks may hold slices of the same rows: to the all-to-all they are different tokens.
         experts = init_device_mesh(
             device.type, (layout.world_size // layout.ep, layout.ep, 1), mesh_dim_names=("efsdp", "ep", "ep_tp")
         )
-        return TrainingMeshes(layout, fsdp=fsdp, ep=experts["ep"], efsdp=experts["efsdp"], ep_tp=experts["ep_tp"])
-    if layout.sp > 1:
-        sp_mesh = init_device_mesh(device.type, (layout.dp, layout.sp), mesh_dim_names=("dp", "sp"))
-        return TrainingMeshes(layout, fsdp=fsdp, sp_group=sp_mesh["sp"].get_group())
-    return TrainingMeshes(layout, fsdp=fsdp)
+        meshes.ep, meshes.efsdp, meshes.ep_tp = experts["ep"], experts["efsdp"], experts["ep_tp"]
+    return meshes

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _config(ep: int, packed: bool = True, checkpointing: bool = False) -> FSDPEngineConfig:
+def _config(ep: int, packed: bool = True, checkpointing: bool = False, sp: int = 1) -> FSDPEngineConfig:
     return FSDPEngineConfig(
         micro_batch_size_per_gpu=1, optim=OptimConfig(lr=1e-2), fsdp=FSDPConfig(expert_parallel_size=ep),
+        ulysses_sequence_parallel_size=sp,
         model=ModelConfig(
             use_remove_padding=packed, use_fused_kernels=packed, enable_gradient_checkpointing=checkpointing
         ),
@@ -68,7 +69,7 @@ def _with_recorded_experts(batch, num_layers: int, num_experts: int, top_k: int,
 
 def _run(
     rank: int, world_size: int, dirs: dict[str, str], ep: int, packed: bool, out_file: str, checkpointing: bool = False,
-    replay: bool = False,
+    replay: bool = False, sp: int = 1,
 ) -> None:
     results = {}
     for arch, path in dirs.items():
@@ -76,8 +77,9 @@ def _run(
         if replay:
             shape = moe_shape_of(AutoConfig.from_pretrained(path))
             batch = _with_recorded_experts(batch, shape.num_moe_layers, shape.num_experts, shape.top_k)
-        local = batch.chunk(world_size)[rank] if world_size > 1 else batch
-        engine = build_fsdp_engine(path, _config(ep, packed, checkpointing))
+        dp = world_size // sp  # Ulysses peers take the same rows
+        local = batch.chunk(dp)[rank // sp] if dp > 1 else batch
+        engine = build_fsdp_engine(path, _config(ep, packed, checkpointing, sp))
         gradients: list[dict[str, torch.Tensor]] = []
         _capture_gradients(engine, gradients)
         log_probs, _ = engine.compute_log_prob(local)
@@ -85,15 +87,17 @@ def _run(
         losses = torch.tensor([m["loss"] for m in metrics], dtype=torch.float64)
         if world_size > 1:
             torch.distributed.all_reduce(losses)
+        if dp > 1:
             gathered = [torch.empty_like(log_probs) for _ in range(world_size)]
             torch.distributed.all_gather(gathered, log_probs.contiguous())
-            log_probs = torch.cat(gathered)
+            log_probs = torch.cat(gathered[::sp])
         params = {name: t.clone() for name, t in engine.named_full_params()}
         results[arch] = {
             "losses": (losses / world_size).tolist(), "norms": [m["grad_norm"] for m in metrics],
             "log_probs": log_probs, "grads": gradients[0], "params": params, "metrics": metrics[0],
             "local_experts": {name: sub.num_experts for name, sub in engine.module.named_modules()
                               if name.endswith("mlp.experts") and isinstance(sub.gate_up_proj, DTensor)},
+            "ulysses": engine.sp_group is not None,
         }
     if rank == 0:
         torch.save(results, out_file)
@@ -133,6 +137,19 @@ def test_expert_parallel_two_ranks_equal_one_process(moe_dirs, tmp_path, archs, 
     _run(0, 1, dirs, 1, packed, single)
     run_distributed(_run, 2, dirs, 2, packed, sharded)
     _assert_equal_runs(torch.load(single), torch.load(sharded), experts_per_rank=2)
+
+
+def test_expert_parallel_with_ulysses_equals_one_process(moe_dirs, tmp_path):
+    """EP=2 x Ulysses SP=2 on 2 ranks: each rank holds half of every packed row's tokens and half of the experts;
+    the all-to-all sends each token to its expert's rank whichever slice it came from. Log-probs, losses, gradients
+    and grad norms equal one process (Qwen3-MoE, its per-head q/k norms inside the Ulysses attention)."""
+    dirs = {"qwen3_moe": moe_dirs["qwen3_moe"]}
+    single, sharded = str(tmp_path / "single.pt"), str(tmp_path / "ep_sp.pt")
+    _run(0, 1, dirs, 1, True, single)
+    run_distributed(_run, 2, dirs, 2, True, sharded, False, False, 2)
+    results = torch.load(sharded)
+    assert results["qwen3_moe"]["ulysses"]
+    _assert_equal_runs(torch.load(single), results, experts_per_rank=2)
 
 
 @pytest.mark.slow
