@@ -71,20 +71,20 @@ def test_both_draws_never_pick_zero_weight_and_follow_weights(draw):
 
 
 def test_the_race_follows_a_large_vocabulary_and_accelerators_use_it():
-    """The exponential race over a 50k vocabulary whose mass sits on a few tokens among tiny weights (as after
+    """The exponential race over a 20k vocabulary whose mass sits on a few tokens among tiny weights (as after
     `exp(logits - max)`): each token's frequency within binomial noise of its probability, the tail's total too."""
     torch.manual_seed(1)
-    vocab, rows = 50_000, 4000
+    vocab, rows = 20_000, 1000
     logits = torch.randn(vocab) * 0.1 - 12.0
-    logits[[7, 123, 40_000]] = torch.tensor([2.0, 1.0, 0.0])
+    logits[[7, 123, 19_000]] = torch.tensor([2.0, 1.0, 0.0])
     probs = torch.softmax(logits, -1)
     weights = (logits - logits.max()).exp().expand(rows, vocab).contiguous()
     tokens = sampler.race_from_weights(weights)
-    for token in (7, 123, 40_000):
+    for token in (7, 123, 19_000):
         share = (tokens == token).float().mean().item()
         tolerance = 4 * (probs[token].item() * (1 - probs[token].item()) / rows) ** 0.5
         assert abs(share - probs[token].item()) < tolerance, token
-    tail = 1 - probs[[7, 123, 40_000]].sum().item()
-    assert abs((~torch.isin(tokens, torch.tensor([7, 123, 40_000]))).float().mean().item() - tail) < 0.03
+    tail = 1 - probs[[7, 123, 19_000]].sum().item()
+    assert abs((~torch.isin(tokens, torch.tensor([7, 123, 19_000]))).float().mean().item() - tail) < 0.04
     assert sampler.draw_for(torch.device("cpu")) is sampler.sample_from_weights
     assert sampler.draw_for(torch.device("cuda", 0)) is sampler.race_from_weights
