@@ -39,8 +39,7 @@ TP_PLANS: dict[str, dict[str, Style]] = {name: LLAMA_TP_PLAN for name in ("llama
 MOE_ROLLOUT_PLAN: dict[str, Style] = {
     **LLAMA_TP_PLAN,
     "experts": "experts",
-    **{f"shared_expert.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},
-    **{f"shared_experts.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},
+    **{f"shared_expert.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},  # Qwen2-MoE's
 }
 ROLLOUT_PLANS: dict[str, dict[str, Style]] = {
     **TP_PLANS, **{name: MOE_ROLLOUT_PLAN for name in ("mixtral", "qwen2_moe", "qwen3_moe")}
@@ -89,12 +88,7 @@ def check_tp_layout(config: Any, tp_size: int, key: str) -> None:
     if tp_size == 1:
         return
     tp_plan_for(getattr(config, "model_type", "?"))
-    sizes = {
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        "intermediate_size": config.intermediate_size,
-        "vocab_size": config.vocab_size,
-    }
+    sizes = {**_head_counts(config), "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
     _check_whole_shares(sizes, tp_size, key)
 
 
@@ -109,15 +103,16 @@ def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
     if shape is None:
         check_tp_layout(config, tp_size, key)
         return
-    sizes = {
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        "vocab_size": config.vocab_size,
-        "routed experts": shape.num_experts,
-    }
+    sizes = {**_head_counts(config), "vocab_size": config.vocab_size, "routed experts": shape.num_experts}
     if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1:
         sizes["intermediate_size"] = config.intermediate_size  # its dense layers split as a dense model's
     _check_whole_shares(sizes, tp_size, key)
+
+
+def _head_counts(config: Any) -> dict[str, int]:
+    """The query and key/value head counts, which tensor- and sequence-parallel ranks take whole shares of."""
+    heads = config.num_attention_heads
+    return {"num_attention_heads": heads, "num_key_value_heads": getattr(config, "num_key_value_heads", None) or heads}
 
 
 def _check_whole_shares(sizes: dict[str, int], tp_size: int, key: str) -> None:
@@ -136,9 +131,7 @@ def check_sp_layout(config: Any, sp_size: int, key: str) -> None:
     query heads and the key/value heads must divide by it."""
     if sp_size == 1:
         return
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    for field_name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+    for field_name, value in _head_counts(config).items():
         if value % sp_size:
             raise ValueError(
                 f"{key}={sp_size} does not divide the model's {field_name}={value}: Ulysses gives each rank whole "

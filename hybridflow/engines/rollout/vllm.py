@@ -93,9 +93,9 @@ logger = logging.getLogger(__name__)
 
 _SHM = Path("/dev/shm")
 _SLEEP_TAGS = frozenset({"weights", "kv_cache"})
+"""What `LLM.sleep(level=1)` releases; `wake_up` takes back exactly the tags still asleep."""
 VLLM_FUSED_NAMES = ("qkv_proj", "gate_up_proj")
 """Parts of vLLM parameter names that fuse several HF tensors (no hand-over carries them by that name)."""
-"""What `LLM.sleep(level=1)` releases; `wake_up` takes back exactly the tags still asleep."""
 
 
 def _import_vllm():

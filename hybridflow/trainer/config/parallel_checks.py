@@ -115,15 +115,11 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
     model_config = hf_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
     check_rollout_tp_layout(model_config, tp, key)
     ep, ep_key = arr.rollout.expert_parallel_size, "actor_rollout_ref.rollout.expert_parallel_size"
-    moe = moe_shape_of(model_config) is not None
-    if moe and ep != tp:
+    check_ep_layout(model_config, ep, ep_key)  # a dense model has no experts to split
+    if moe_shape_of(model_config) is not None and ep != tp:
         raise ValueError(
             f"{key}={tp} with {ep_key}={ep} on a mixture-of-experts model: the native rollout splits its experts whole "
             f"over the tensor-parallel group (expert parallelism), not each expert's width; set {ep_key}={tp}"
-        )
-    if not moe and ep > 1:
-        raise ValueError(
-            f"{ep_key}={ep}: model_type={model_config.model_type!r} has no experts to split; set {ep_key}=1"
         )
 
 

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridflow.engines.rollout.native.ops import rms_norm, rotate
+
 
 @dataclass(frozen=True)
 class MLAShape:
@@ -95,25 +97,6 @@ class MLAWeights:
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in vars(self).values() if isinstance(t, torch.Tensor)]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """DeepseekV3RMSNorm: normalise in float32, scale in the input dtype."""
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
-    """RoPE on the last dim: rotate-half pairs (i, i + d/2), or DeepSeek's interleaved pairs (2i, 2i + 1) written
-    back as [evens | odds] (transformers' `apply_rotary_pos_emb_interleave`); cos, sin: (..., d) as
-    `cat(freqs, freqs)`."""
-    half = x.shape[-1] // 2
-    if interleave:
-        cos, sin = cos[..., :half], sin[..., :half]
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 def latent_queries_and_keys(

@@ -31,6 +31,7 @@ from torch import nn
 
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.mla import MLAShape, MLAWeights, expand_values, latent_queries_and_keys
+from hybridflow.engines.rollout.native.ops import rms_norm, rotate
 from hybridflow.engines.rollout.native_support import NATIVE_ROPE_TYPES, native_unsupported_reason
 from hybridflow.engines.rollout.native.tensor_parallel import RolloutTensorParallel
 
@@ -129,13 +130,6 @@ def _run_moe_block(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return out.reshape(h.shape)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # LlamaRMSNorm / Qwen2RMSNorm: normalise in float32, scale in the input dtype.
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
 def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`F.linear` for a few rows (a decode step), computed as (weight @ x^T)^T.
 
@@ -156,12 +150,6 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """
     scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)
     return torch.matmul(torch.softmax(scores, dim=-1), values)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class LlamaFamilyForward:
@@ -298,7 +286,7 @@ class LlamaFamilyForward:
         return out if bias is None else out + bias
 
     def _mlp(self, x: torch.Tensor, w: LayerWeights, linear=F.linear) -> torch.Tensor:
-        h = _rms_norm(x, w.post_norm, self.eps)
+        h = rms_norm(x, w.post_norm, self.eps)
         if w.moe is not None:
             return x + _run_moe_block(w.moe, h)
         gated = w.act(linear(h, w.gate, w.gate_bias)) * linear(h, w.up, w.up_bias)
@@ -308,12 +296,12 @@ class LlamaFamilyForward:
         self, x: torch.Tensor, w: LayerWeights, linear=F.linear
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (..., hidden) -> q (..., heads, head_dim), k and v (..., kv_heads, head_dim)."""
-        h = _rms_norm(x, w.input_norm, self.eps)
+        h = rms_norm(x, w.input_norm, self.eps)
         q = linear(h, w.q, w.q_bias).unflatten(-1, (self.num_heads, self.head_dim))
         k = linear(h, w.k, w.k_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = linear(h, w.v, w.v_bias).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if w.q_norm is not None:  # Qwen3: each head normalised before RoPE
-            q, k = _rms_norm(q, w.q_norm, self.eps), _rms_norm(k, w.k_norm, self.eps)
+            q, k = rms_norm(q, w.q_norm, self.eps), rms_norm(k, w.k_norm, self.eps)
         return q, k, v
 
     def _latent_attention(
@@ -328,7 +316,7 @@ class LlamaFamilyForward:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (rows, hidden) -> float32 logits (rows, vocab)."""
-        x = _rms_norm(x, self.model.model.norm.weight, self.eps)
+        x = rms_norm(x, self.model.model.norm.weight, self.eps)
         head = self.model.lm_head
         return self._full_logits(F.linear(x, head.weight, head.bias).float())
 
@@ -353,24 +341,24 @@ class LlamaFamilyForward:
         """
         num_prompts, prompt_len = input_ids.shape
         x = self._embed(input_ids)
+        cos, sin = self._cos[position_ids], self._sin[position_ids]  # (P, L, rope dims)
         if self.mla is not None:
-            cos, sin = self._cos[position_ids], self._sin[position_ids]  # (P, L, rope)
             for index, w in enumerate(self._layers):
-                q, entries = latent_queries_and_keys(_rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
+                q, entries = latent_queries_and_keys(rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
                 keys = entries.unsqueeze(1)  # (P, 1, L, rank + rope): one key/value head
                 cache.write_prompts(index, start_slot, keys, None, repeats)
                 attn = self._latent_attention(q.transpose(1, 2), keys, is_causal=True)  # (P, heads, L, rank)
                 attn = expand_values(attn.transpose(1, 2), w.mla)
                 x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
-            return self._logits(x[torch.arange(num_prompts, device=x.device), last_index])
-        cos, sin = self._cos[position_ids].unsqueeze(1), self._sin[position_ids].unsqueeze(1)
-        for index, w in enumerate(self._layers):
-            q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (P, heads, L, head_dim)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            cache.write_prompts(index, start_slot, k, v, repeats)
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
-            attn = attn.transpose(1, 2).reshape(num_prompts, prompt_len, -1)
-            x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
+        else:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over the heads
+            for index, w in enumerate(self._layers):
+                q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (P, heads, L, head_dim)
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+                cache.write_prompts(index, start_slot, k, v, repeats)
+                attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
+                attn = attn.transpose(1, 2).reshape(num_prompts, prompt_len, -1)
+                x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
         rows = torch.arange(num_prompts, device=x.device)
         return self._logits(x[rows, last_index])
 
@@ -388,28 +376,28 @@ class LlamaFamilyForward:
         end = start + length
         device = input_ids.device
         x = self._embed(input_ids)[None]  # (1, length, hidden)
-        cos, sin = self._cos[position_ids][None, None], self._sin[position_ids][None, None]
+        cos, sin = self._cos[position_ids][None], self._sin[position_ids][None]  # (1, length, rope dims)
         mask = torch.arange(end, device=device)[None, :] <= (start + torch.arange(length, device=device))[:, None]
         if self.mla is not None:
-            cos, sin = self._cos[position_ids][None], self._sin[position_ids][None]  # (1, length, rope)
             for index, w in enumerate(self._layers):
-                q, entries = latent_queries_and_keys(_rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
+                q, entries = latent_queries_and_keys(rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
                 cache.keys[index][slot, :, start:end] = entries
                 keys = cache.keys[index][slot : slot + 1, :, :end]
                 attn = self._latent_attention(q.transpose(1, 2), keys, mask=mask)  # (1, heads, length, rank)
                 attn = expand_values(attn.transpose(1, 2), w.mla)
                 x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
-            return self._logits(x[:, -1])
-        for index, w in enumerate(self._layers):
-            q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (1, heads, length, head_dim)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            cache.keys[index][slot, :, start:end] = k[0]
-            cache.values[index][slot, :, start:end] = v[0]
-            keys = cache.keys[index][slot : slot + 1, :, :end]
-            values = cache.values[index][slot : slot + 1, :, :end]
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
-            attn = attn.transpose(1, 2).reshape(1, length, -1)
-            x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
+        else:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over the heads
+            for index, w in enumerate(self._layers):
+                q, k, v = (t.transpose(1, 2) for t in self._qkv(x, w))  # (1, heads, length, head_dim)
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+                cache.keys[index][slot, :, start:end] = k[0]
+                cache.values[index][slot, :, start:end] = v[0]
+                keys = cache.keys[index][slot : slot + 1, :, :end]
+                values = cache.values[index][slot : slot + 1, :, :end]
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.group > 1)
+                attn = attn.transpose(1, 2).reshape(1, length, -1)
+                x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias), w)
         return self._logits(x[:, -1])
 
     def decode(
@@ -428,22 +416,22 @@ class LlamaFamilyForward:
         visible = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]
         bias = torch.zeros(visible.shape, dtype=cache.dtype, device=tokens.device).masked_fill_(~visible, -torch.inf)
         bias = bias[:, None, None, :]
-        cos, sin = self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)  # (A, 1, head_dim)
-        scale = self.head_dim**-0.5  # folded into the query rotation
-        q_cos, q_sin = cos * scale, sin * scale
+        cos, sin = self._cos[positions], self._sin[positions]  # (A, rope dims)
         x = self._embed(tokens)
         if self.mla is not None:
-            cos, sin = self._cos[positions], self._sin[positions]  # (A, rope)
             for layer, w in enumerate(self._layers):
-                q, entries = latent_queries_and_keys(_rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
+                q, entries = latent_queries_and_keys(rms_norm(x, w.input_norm, self.eps), w.mla, self.mla, cos, sin)
                 cache.append(layer, index, entries[:, None], None)
                 keys, values = cache.active(layer, num_active, span)  # values: the keys' latent features
                 attn = expand_values(_decode_attention(q[:, None], keys, values, bias)[:, 0], w.mla)
                 x = self._mlp(x + self._rowwise(attn, w.o, w.o_bias, _linear_rows), w, _linear_rows)
             return self._logits(x)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (A, 1, head_dim)
+        scale = self.head_dim**-0.5  # folded into the query rotation
+        q_cos, q_sin = cos * scale, sin * scale
         for layer, w in enumerate(self._layers):
             q, k, v = self._qkv(x, w, _linear_rows)
-            q, k = _rotate(q, q_cos, q_sin), _rotate(k, cos, sin)
+            q, k = rotate(q, q_cos, q_sin), rotate(k, cos, sin)
             cache.append(layer, index, k, v)
             keys, values = cache.active(layer, num_active, span)
             q = q.reshape(num_active, self.num_kv_heads, self.group, self.head_dim)
