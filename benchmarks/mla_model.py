@@ -35,7 +35,8 @@ def main() -> None:
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-    print(save_model_and_tokenizer(model, tokenizer, args.out), f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M")
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    print(save_model_and_tokenizer(model, tokenizer, args.out), f"{params_m:.1f}M")
 
 
 if __name__ == "__main__":

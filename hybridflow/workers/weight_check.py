@@ -5,8 +5,8 @@ The fingerprint is the sum of a fixed sample of tensors (`SAMPLE_SIZE`, spread e
 parameter names), each cast to the engine's dtype first so that equal weights give equal sums. The sending side's
 sums are taken as the tensors stream past (no second copy of the model); the serving side's by
 `rollout.weight_fingerprints(names)` after the update, where the weights live (the hf and native engines from their
-own modules; vLLM in its worker, through hybridflow's worker extension). A rollout that skipped or half-applied an update (stale weights)
-differs and the hand-over raises `WeightDeliveryError` naming the tensor, the rank and the policy version.
+own modules; vLLM in its worker, through hybridflow's worker extension). A rollout that skipped or half-applied an
+update (stale weights) differs and the hand-over raises `WeightDeliveryError` naming the tensor, the rank and the policy version.
 Under the native rollout's tensor parallelism `named_weights()` reassembles each full tensor from the group's
 shards (collective), so a rank that kept its old shard is caught on every rank of the group. A tensor an engine
 exposes in another shape than the one handed over is not compared.

@@ -62,7 +62,9 @@ def load_named_tensors(model: WeightLoadingModel, named_tensors: Iterable[tuple[
     return count
 
 
-def parameter_fingerprints(model, names: Iterable[str] | None = None) -> dict[str, tuple[tuple[int, ...], str, float | None]]:
+def parameter_fingerprints(
+    model, names: Iterable[str] | None = None
+) -> dict[str, tuple[tuple[int, ...], str, float | None]]:
     """`(shape, dtype name, float32 sum)` of `model`'s parameters by vLLM's names: every parameter without its sum
     when `names` is None (the layout), else the named ones with it. Plain Python values: the answer may cross a
     process boundary."""

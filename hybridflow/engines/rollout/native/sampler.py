@@ -3,9 +3,10 @@ log-prob of the chosen token under softmax(raw_logits / temperature) (before top
 and the training engine compute it).
 
 Sampling draws by inverse CDF on a CPU (`sample_from_weights`) and by an exponential race on accelerators
-(`race_from_weights`): the same distribution without the vocabulary scan. Top-p with a large vocabulary: a full sort of (rows, vocab) costs more than the rest of a small decode step
-on a CPU, so the nucleus is first looked for among the `_TOP_P_CANDIDATES` most likely tokens (a partial
-top-k); only rows whose nucleus is not inside that set fall back to a full sort. The result is the same set.
+(`race_from_weights`): the same distribution without the vocabulary scan. Top-p with a large vocabulary: a full
+sort of (rows, vocab) costs more than the rest of a small decode step on a CPU, so the nucleus is first looked for
+among the `_TOP_P_CANDIDATES` most likely tokens (a partial top-k); only rows whose nucleus is not inside that set
+fall back to a full sort. The result is the same set.
 """
 
 from __future__ import annotations
