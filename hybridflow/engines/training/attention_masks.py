@@ -86,14 +86,17 @@ def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return dense_mask(packed_allowed(segment), segment.numel(), segment.device)
 
 
-def block_mask(allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], length: int, device: torch.device):
-    """flex_attention's BlockMask over one row of `length` tokens, where `allowed(q, kv)` says (elementwise, on index
-    tensors) whether query q may attend to key kv. The pattern is evaluated block by block, compiled, so no
-    (length x length) tensor is made."""
+def block_mask(allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], length: int, device: torch.device,
+               rows: int = 1):
+    """flex_attention's BlockMask over `rows` rows of `length` tokens, where `allowed(q, kv)` says (elementwise, on
+    flat position tensors, `row * length + column`) whether query q may attend to key kv of the same row. The
+    pattern is evaluated block by block, compiled, so no (length x length) tensor is made."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(lambda b, h, q, kv: allowed(q, kv), None, None, length, length, device=device,
-                             _compile=True)
+    def mask_mod(b, h, q, kv):
+        return allowed(b * length + q, b * length + kv)
+
+    return create_block_mask(mask_mod, rows, None, length, length, device=device, _compile=True)
 
 
 def packed_allowed(segment: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

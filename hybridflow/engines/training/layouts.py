@@ -4,7 +4,7 @@ log-probs, entropy or values.
 - padded: the (bs, seq) batch as it is, with its attention mask;
 - packed (`use_remove_padding`): the real tokens of every row in one row, position ids restarting per sequence;
 - packed over a Ulysses group (`ulysses_sequence_parallel_size > 1`): each rank runs a slice of the packed row;
-- shared prompts (`use_prefix_grouper`): one packed row in which rows with the same prompt share one copy of it.
+- shared prompts (`use_prefix_grouper`): one row per prompt group, holding that prompt once and then its responses.
 
 Each layout has a plan built on the host before the micro-batch loop (`plan_micro_batches`): index tensors from
 host copies of the masks, moved to the device without blocking, and the work counts as Python ints. The forwards
@@ -294,20 +294,20 @@ def _forward_packed_ulysses(model, tensors, plan, temperature, calculate_entropy
 
 
 def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperature, calculate_entropy):
-    """One packed row in which rows with the same prompt share one copy of it (`prefix_sharing`); only the
-    positions that predict response tokens are projected to the vocabulary."""
-    if model.takes_block_mask:  # linear in tokens: the pattern is evaluated block by block
-        mask = attention_masks.block_mask(layout.allowed, layout.num_tokens, layout.input_ids.device)
-    else:
+    """One forward row per prompt group, the prompt once and then its responses (`prefix_sharing`); only the
+    columns that predict response tokens are projected to the vocabulary."""
+    if model.takes_block_mask:  # the pattern is evaluated block by block
+        mask = attention_masks.block_mask(layout.allowed, layout.length, layout.input_ids.device, rows=layout.groups)
+    else:  # one (length x length) block per group
         mask = model.dense_mask(layout.attention_mask())
     inputs = dict(input_ids=layout.input_ids, position_ids=layout.position_ids, attention_mask=mask, use_cache=False)
     shape = (layout.num_rows, layout.response_length)
     if model.is_value:
-        values = model.module(**inputs).logits[0, :, 0].float()
+        values = model.module(**inputs).logits[..., 0].reshape(-1).float()
         return {"values": _scatter(values[layout.predictor_of_valid], layout.valid_index, shape)}
     labels = tensors["input_ids"][:, -layout.response_length :].reshape(-1)[layout.valid_index]
     log_probs, entropy = model.head.log_probs(
-        model.module, inputs, layout.kept, lambda x: x[0], labels, temperature, calculate_entropy,
-        rows=layout.kept_row_of_valid,
+        model.module, inputs, layout.kept, lambda x: x.reshape(-1, x.size(-1)), labels, temperature,
+        calculate_entropy, rows=layout.kept_row_of_valid,
     )
     return _outputs(log_probs, entropy, lambda values: _scatter(values, layout.valid_index, shape))

@@ -134,8 +134,9 @@ def _cut(order: list[int], sizes: list[int]) -> list[list[int]]:
 
 
 def test_a_16k_token_layout_is_linear_in_tokens():
-    """8 prompts of 256 tokens x 8 responses of 224 (in 240 columns): 16k packed tokens. The layout's tensors are
-    O(tokens) (a dense mask would be 16k x 16k = 268 MB) and building it allocates a few MB on the host."""
+    """8 prompts of 256 tokens x 8 responses of 224 (in 240 columns): 16k tokens. The layout's tensors are
+    O(tokens), building it allocates a few MB on the host, and the dense mask sdpa gets is one 2048 x 2048 block
+    per group (33 MB), not 16k x 16k (268 MB)."""
     groups, samples, prompt_len, response_len = 8, 8, 256, 240
     rng = np.random.default_rng(0)
     rows = groups * samples
@@ -154,3 +155,10 @@ def test_a_16k_token_layout_is_linear_in_tokens():
     tensors = [value for value in vars(layout).values() if isinstance(value, torch.Tensor)]
     assert max(t.numel() for t in tensors) <= max(total, rows * response_len)  # nothing of total x total
     assert peak < 16 * 2**20, f"building the layout peaked at {peak / 2**20:.1f} MB"
+    length = prompt_len + samples * (response_len - 16)
+    assert (layout.groups, layout.length) == (groups, length) == tuple(layout.input_ids.shape)
+    mask = layout.attention_mask()
+    assert mask.shape == (groups, 1, length, length) and mask.numel() == total * length <= total * total // groups
+    # Row 0 is group 0's own block: its first response attends to the prompt and itself, never to the second one.
+    first, second = prompt_len, prompt_len + response_len - 16
+    assert mask[0, 0, first + 3, : first + 4].all() and not mask[0, 0, second + 1, first : second].any()
