@@ -41,8 +41,22 @@ MOE_ROLLOUT_PLAN: dict[str, Style] = {
     "experts": "experts",
     **{f"shared_expert.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},  # Qwen2-MoE's
 }
+#: DeepSeek-V3: MoE_ROLLOUT_PLAN's experts, dense layers and ends, its shared experts replicated, and multi-head
+#: latent attention split by heads. The query's and the latent's down-projections (`q_a_proj`, `kv_a_proj_with_mqa`)
+#: and their norms are replicated, so every rank holds the whole latent cache; the up-projections (`q_b_proj`, or
+#: `q_proj` for a full-rank query, and `kv_b_proj`) split their per-head output features, and `o_proj` its input
+#: features, so each rank absorbs and attends with its own heads.
+DEEPSEEK_V3_ROLLOUT_PLAN: dict[str, Style] = {
+    **MOE_ROLLOUT_PLAN,
+    **{f"shared_experts.{name}": "replicate" for name in ("gate_proj", "up_proj", "down_proj")},
+    "q_a_proj": "replicate",
+    "kv_a_proj_with_mqa": "replicate",
+    "q_b_proj": "colwise",
+    "kv_b_proj": "colwise",
+}
 ROLLOUT_PLANS: dict[str, dict[str, Style]] = {
-    **TP_PLANS, **{name: MOE_ROLLOUT_PLAN for name in ("mixtral", "qwen2_moe", "qwen3_moe")}
+    **TP_PLANS, **{name: MOE_ROLLOUT_PLAN for name in ("mixtral", "qwen2_moe", "qwen3_moe")},
+    "deepseek_v3": DEEPSEEK_V3_ROLLOUT_PLAN,
 }
 
 
@@ -104,7 +118,9 @@ def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
         check_tp_layout(config, tp_size, key)
         return
     sizes = {**_head_counts(config), "vocab_size": config.vocab_size, "routed experts": shape.num_experts}
-    if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1:
+    dense_layers = (getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1
+                    or getattr(config, "first_k_dense_replace", 0) > 0)
+    if dense_layers:
         sizes["intermediate_size"] = config.intermediate_size  # its dense layers split as a dense model's
     _check_whole_shares(sizes, tp_size, key)
 

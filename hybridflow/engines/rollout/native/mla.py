@@ -15,6 +15,10 @@ so attention runs as multi-query attention of the `num_heads` queries `[W_uk^T q
 then caches 576 numbers per layer instead of 128 heads x (192 + 128).
 
 `W_uk` and `W_uv` are views of `kv_b_proj.weight`, so in-place weight updates reach them at once.
+
+Under rollout tensor parallelism each rank holds its heads' rows of `q_b_proj` (or `q_proj`) and `kv_b_proj`, and
+its heads' columns of `o_proj` (`DEEPSEEK_V3_ROLLOUT_PLAN`); the latent projections are replicated, so every rank
+caches the whole latent and the per-head products above need no exchange until o_proj's sum.
 """
 
 from __future__ import annotations
@@ -41,12 +45,15 @@ class MLAShape:
     rope_interleave: bool
 
     @classmethod
-    def of(cls, config) -> MLAShape | None:
-        """The shape of an MLA model's config, or None for another attention."""
+    def of(cls, config, tp_size: int = 1) -> MLAShape | None:
+        """The shape of an MLA model's config, or None for another attention. Under rollout tensor parallelism of
+        `tp_size` ranks, `num_heads` is one rank's share (the latent and its rotated key are every rank's)."""
         if getattr(config, "kv_lora_rank", None) is None:
             return None
+        if config.num_attention_heads % tp_size:
+            raise ValueError(f"{tp_size} tensor-parallel ranks do not divide {config.num_attention_heads} heads")
         return cls(
-            num_heads=config.num_attention_heads, q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
+            num_heads=config.num_attention_heads // tp_size, q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
             qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
             v_head_dim=config.v_head_dim, rope_interleave=bool(getattr(config, "rope_interleave", False)),
         )

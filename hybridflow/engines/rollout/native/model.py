@@ -170,13 +170,10 @@ class LlamaFamilyForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = config.num_attention_heads // tp_size  # this rank's heads
         self.num_kv_heads = config.num_key_value_heads // tp_size
-        self.mla = MLAShape.of(config)
+        self.mla = MLAShape.of(config, tp_size)
         self.latent_values: int | None = None
         """The cache's `latent_values` (MLA: values are the keys' latent features), else None."""
         if self.mla is not None:  # one cached key/value "head": the latent and the shared rotated key
-            if self.tp is not None:
-                raise ValueError("the native rollout does not shard multi-head latent attention; use "
-                                 "tensor_model_parallel_size=1")
             self.num_kv_heads, self.head_dim, self.latent_values = 1, self.mla.cache_dim, self.mla.kv_lora_rank
         self.group = self.num_heads // self.num_kv_heads
         self._silu = getattr(config, "hidden_act", None) == "silu"  # the kernels fuse silu(gate) * up

@@ -116,7 +116,7 @@ def build_sharded_causal_lm(
     copy_named_tensors(model, _recording(shards, loaded))
     targets = model.state_dict(keep_vars=True)
     written = {id(targets[name]) for name in loaded}
-    missing = [name for name, param in model.named_parameters() if id(param) not in written]
+    missing = [name for name, tensor in targets.items() if id(tensor) not in written]
     if missing:
         raise ValueError(f"{source}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     if moe_shape_of(config) is not None:
@@ -156,8 +156,9 @@ def load_shards(
 
 
 def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype: torch.dtype, device) -> None:
-    """Replace the meta parameters by empty ones of their shard shape (tied ones stay tied) and rebuild the
-    rotary embedding, whose `inv_freq` is a non-persistent buffer that no checkpoint restores."""
+    """Replace the meta parameters by empty ones of their shard shape (tied ones stay tied), and the persistent
+    buffers (e.g. DeepSeek-V3's router score bias) by empty ones that the checkpoint fills; rebuild the rotary
+    embedding, whose `inv_freq` is a non-persistent buffer that no checkpoint restores."""
     allocated: dict[int, nn.Parameter] = {}
     for name, param in list(model.named_parameters(remove_duplicate=False)):
         owner_name, _, attr = name.rpartition(".")
@@ -166,6 +167,12 @@ def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype:
             shape = shard_shape(param.shape, param_shard_dim(name, plan), size)
             allocated[id(param)] = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
         setattr(owner, attr, allocated[id(param)])
+    persistent = set(model.state_dict())
+    for name, buffer in list(model.named_buffers()):
+        if name in persistent:
+            owner_name, _, attr = name.rpartition(".")
+            shape = shard_shape(buffer.shape, param_shard_dim(name, plan), size)
+            model.get_submodule(owner_name).register_buffer(attr, torch.empty(shape, dtype=buffer.dtype, device=device))
     rotary = model.model.rotary_emb
     model.model.rotary_emb = type(rotary)(config=model.config).to(device)
 
