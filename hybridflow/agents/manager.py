@@ -9,7 +9,7 @@ then put the servers to sleep. Rows need their chat messages in `raw_prompt` (`d
 The output holds `prompts` (left-padded to the longest prompt), `responses` (right-padded to
 `response_length`), `response_mask` (1 only on model tokens), `input_ids`, `attention_mask` (1 on every real
 token, tool output included), `position_ids` (response positions continue the prompt's over every real
-token), `rollout_log_probs`, and per-row `__num_turns__`; metrics
+token), `rollout_log_probs`, and per-row `__num_turns__` and `__tool_calls__`; metrics
 (`num_turns/*`, `tool_calls/*`, tool error rate and latency, server batching) go to `meta_info['metrics']`.
 """
 
@@ -108,6 +108,9 @@ def build_output(outputs: Sequence[AgentLoopOutput], pad_token_id: int, response
     right-padded to `response_length`, tool/user tokens attended but outside `response_mask`."""
     prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id)
     prompts.non_tensor_batch["__num_turns__"] = np.array([out.num_turns for out in outputs], dtype=np.int64)
+    prompts.non_tensor_batch["__tool_calls__"] = np.array(
+        [out.metrics.get("tool_calls", 0) for out in outputs], dtype=np.int64
+    )
     responses, attention, response_mask, log_probs = _pad_responses(outputs, pad_token_id, response_length)
     return build_output_for_prompts(
         prompts, responses, response_mask, log_probs, pad_token_id, attention_response_mask=attention
@@ -139,7 +142,8 @@ def _pad_responses(
 
 
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
-    """num_turns/{mean,max,min}, tool_calls/{mean,max}, tool/error_rate, tool/timeouts (calls stopped at their
+    """num_turns/{mean,max,min}, tool_calls/{mean,max,used_ratio} (used_ratio: the share of trajectories that
+    called a tool), tool/error_rate, tool/timeouts (calls stopped at their
     tool's timeout_s, summed over the batch), tool/latency_s, agent/truncated."""
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
     calls = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.float64)
@@ -151,6 +155,7 @@ def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
         "num_turns/min": float(turns.min()),
         "tool_calls/mean": float(calls.mean()),
         "tool_calls/max": float(calls.max()),
+        "tool_calls/used_ratio": float((calls > 0).mean()),
         "agent/truncated": float(np.mean([o.truncated for o in outputs])),
     }
     if calls.sum() > 0:
@@ -165,3 +170,17 @@ def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     for name, values in per_tool.items():
         metrics[f"tool/{name}/latency_s"] = float(np.mean(values))
     return metrics
+
+
+def agent_columns(batch: DataProto) -> dict[str, list[float]]:
+    """Per-sample agent figures of an agent-loop batch, validated like the score (`val-aux/<source>/<key>/...`):
+    `num_turns`, `tool_calls` and `tool_used` (1.0 where the sample called a tool at least once). Empty for
+    batches of other rollouts."""
+    columns: dict[str, list[float]] = {}
+    if "__num_turns__" in batch.non_tensor_batch:
+        columns["num_turns"] = [float(v) for v in batch.non_tensor_batch["__num_turns__"]]
+    if "__tool_calls__" in batch.non_tensor_batch:
+        calls = [float(v) for v in batch.non_tensor_batch["__tool_calls__"]]
+        columns["tool_calls"] = calls
+        columns["tool_used"] = [float(c > 0) for c in calls]
+    return columns

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from hybridflow.agents.manager import agent_columns
 from hybridflow.algorithms.validation_metrics import (
     flatten_validation_metrics,
     process_validation_metrics,
@@ -50,6 +51,8 @@ def run_validation(
             for key, values in rows.items():
                 if len(values) == len(batch):
                     dumped[key].extend(values)
+        for key, values in agent_columns(batch).items():
+            infos[key].extend(values)
         data_sources.extend(batch.non_tensor_batch["data_source"].tolist())
         uids.extend(batch.non_tensor_batch["uid"].tolist())
         if len(examples) < num_examples:

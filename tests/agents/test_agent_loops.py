@@ -11,7 +11,7 @@ import torch
 from hybridflow.agents.base import AgentLoopOutput
 from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.interactions import AnswerFeedbackInteraction, load_interactions
-from hybridflow.agents.manager import AgentLoopManager, agent_metrics, build_output
+from hybridflow.agents.manager import AgentLoopManager, agent_columns, agent_metrics, build_output
 from hybridflow.agents.server_manager import AsyncLLMServerManager
 from hybridflow.agents.single_turn import SingleTurnAgentLoop
 from hybridflow.agents.tool_agent import ToolAgentLoop, truncate_text
@@ -159,6 +159,7 @@ def test_single_turn_and_batch_layout(chat_tokenizer):
     assert outs[1].truncated and not outs[0].truncated and len(outs[1].response_ids) == 16
     tool_like = AgentLoopOutput(prompt_ids=[7, 8, 9], response_ids=[1, 2, 3, 4], response_mask=[1, 0, 0, 1],
                                 response_logprobs=[-1.0, 0.0, 0.0, -2.0], num_turns=3)
+    tool_like.metrics["tool_calls"] = 2
     batch = build_output([*outs, tool_like], pad_token_id=0, response_length=16)
     width = max(len(o.prompt_ids) for o in outs)
     assert batch.batch["prompts"].shape == (3, width) and batch.batch["responses"].shape == (3, 16)
@@ -169,8 +170,12 @@ def test_single_turn_and_batch_layout(chat_tokenizer):
     assert row["position_ids"][2, width - 3:width + 4].tolist() == list(range(7))
     assert torch.equal(row["rollout_log_probs"][2, :4], torch.tensor([-1.0, 0.0, 0.0, -2.0]))
     assert list(batch.non_tensor_batch["__num_turns__"]) == [1, 1, 3]
+    assert list(batch.non_tensor_batch["__tool_calls__"]) == [0, 0, 2]
+    assert agent_columns(batch) == {"num_turns": [1.0, 1.0, 3.0], "tool_calls": [0.0, 0.0, 2.0],
+                                    "tool_used": [0.0, 0.0, 1.0]}
     metrics = agent_metrics([*outs, tool_like])
     assert metrics["num_turns/max"] == 3 and metrics["agent/truncated"] == pytest.approx(1 / 3)
+    assert metrics["tool_calls/used_ratio"] == pytest.approx(1 / 3) and metrics["tool_calls/mean"] == pytest.approx(2 / 3)
 
 
 class FakeWorkerGroup:

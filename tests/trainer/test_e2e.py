@@ -200,15 +200,16 @@ def save_tiny_model_like(path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_grpo_with_the_experts_split_over_the_native_rollouts_tensor_parallel_group(workspace):
-    """Two GRPO steps of a tiny Qwen2-MoE on 2 ranks whose native rollout decodes one replica with
-    tensor_model_parallel_size=2 and expert_parallel_size=2 (each rank holds 2 of the 4 experts): the hand-over
-    reaches each rank's experts, and the rollout's log-probs match the trainer's."""
+@pytest.mark.parametrize("arch", ["qwen2_moe", "deepseek_v3"])
+def test_grpo_with_the_experts_split_over_the_native_rollouts_tensor_parallel_group(workspace, arch):
+    """Two GRPO steps of a tiny Qwen2-MoE or DeepSeek-V3 (latent attention split by heads) on 2 ranks whose native
+    rollout decodes one replica with tensor_model_parallel_size=2 and expert_parallel_size=2 (each rank holds 2 of
+    the 4 experts): the hand-over reaches each rank's experts, and the rollout's log-probs match the trainer's."""
     from hybridflow.models.moe import save_tiny_moe_model
 
-    model_dir = save_tiny_moe_model(workspace / "tiny_qwen2_moe", "qwen2_moe")
+    model_dir = save_tiny_moe_model(workspace / f"tiny_{arch}", arch)
     records = by_step(run(overrides(
-        workspace, workspace / "rollout_ep", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        workspace, workspace / f"rollout_ep_{arch}", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.name=native", f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.expert_parallel_size=2",
         "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
