@@ -1,4 +1,4 @@
-"""PNG plots of a run's metrics (reward, response length, KL, entropy, validation accuracy) against steps.
+"""PNG plots of a run's metrics (reward, response length, KL, entropy, tool use, validation accuracy) against steps.
 
 `hybridflow plot RUN_DIR` reads `RUN_DIR/metrics.jsonl` (the `file` tracking backend) and writes
 `RUN_DIR/plots/*.png`; the trainer calls the same function at the end of a run. Per-step training metrics are
@@ -23,8 +23,18 @@ PANELS = {
     "response_length": ["response_length/mean", "response_length/clip_ratio"],
     "kl": ["actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty"],
     "entropy": ["actor/entropy"],
-    "validation": [],  # every val-core/* key
+    "tools": ["tool_calls/used_ratio", "tool_calls/mean", "agent/truncated"],  # agent loops only
+    "validation": [],  # every val-core/* key, and an agent's share of samples that called a tool
 }
+
+
+def validation_keys(records: Sequence[dict]) -> list[str]:
+    """The validation panel's keys: every `val-core/*` mean, and the agent loops' `val-aux/<source>/tool_used/*`
+    means (the share of validation samples that called a tool), which the same 0-1 axis shows."""
+    keys = {key for record in records for key in record if key.startswith("val-core/")}
+    keys |= {key for record in records for key in record
+             if key.startswith("val-aux/") and "/tool_used/mean@" in key and not key.endswith(("_low", "_high"))}
+    return sorted(keys)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -69,7 +79,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     written = []
     for panel, keys in PANELS.items():
         if panel == "validation":
-            keys = sorted({key for record in records for key in record if key.startswith("val-core/")})
+            keys = validation_keys(records)
         series = {
             key: [(r["step"], r[key]) for r in records if r.get(key) is not None] for key in keys
         }

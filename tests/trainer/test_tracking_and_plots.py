@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from hybridflow.trainer.plot import metrics_by_step, plot_run
+from hybridflow.trainer.plot import metrics_by_step, plot_run, read_metrics, validation_keys
 from hybridflow.trainer.run import summarize_validation
 from hybridflow.trainer.tracking import BACKENDS, Tracking
 
@@ -69,6 +69,17 @@ def test_plots_are_written_for_panels_with_data(tmp_path):
     assert all((tmp_path / "plots" / name).stat().st_size > 1000 for name in names)
     with pytest.raises(FileNotFoundError, match="metrics.jsonl not found"):
         plot_run(tmp_path / "empty")
+
+
+def test_an_agent_run_plots_its_tool_use_and_validation_tool_share(tmp_path):
+    tracking = Tracking(["file"], tmp_path, "p", "e", {})
+    for step in range(1, 4):
+        tracking.log({"tool_calls/used_ratio": step / 4, "agent/truncated": 0.1}, step)
+    tracking.log({"val-core/x/acc/mean@1": 0.3, "val-aux/x/tool_used/mean@1": 0.5,
+                  "val-aux/x/tool_used/mean@1/ci95_low": 0.4, "val-aux/x/num_turns/mean@1": 2.0}, step=3)
+    tracking.finish()
+    assert sorted(path.name for path in plot_run(tmp_path)) == ["tools.png", "validation.png"]
+    assert validation_keys(read_metrics(tmp_path)) == ["val-aux/x/tool_used/mean@1", "val-core/x/acc/mean@1"]
 
 
 def test_validation_summary_table():
