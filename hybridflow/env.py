@@ -34,6 +34,11 @@ def dist_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def dist_local_world_size() -> int:
+    """Ranks of this worker group on this worker's node (`LOCAL_WORLD_SIZE`, as torchrun sets it); 1 if unset."""
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+
+
 def dist_master_addr() -> str | None:
     """Address of rank 0's rendezvous (`MASTER_ADDR`), if set and non-empty."""
     return os.environ.get("MASTER_ADDR") or None

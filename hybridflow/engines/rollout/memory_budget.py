@@ -1,7 +1,11 @@
 """`rollout.gpu_memory_utilization` for the hf and native engines: the share of this device's memory (a GPU's, or
-the host's RAM on CPU, as vLLM's CPU backend reads the key) that the rollout's weights and KV cache may take. The
-engines decode at most as many sequences at once as fit in it: hf in `generate` calls of that many rows, native in
-that many cache slots. vLLM applies the key itself."""
+on CPU this process's share of the host's RAM, as vLLM's CPU backend reads the key) that the rollout's weights and
+KV cache may take. The engines decode at most as many sequences at once as fit in it: hf in `generate` calls of
+that many rows, native in that many cache slots. vLLM applies the key itself.
+
+A GPU belongs to one rank; a host's RAM is shared by every rank the worker group runs on that node
+(`LOCAL_WORLD_SIZE`), so on CPU each rank's device is RAM / local ranks. Without that split, two ranks of a 2-core
+24 GB host each took 0.5 x 24 GB for their caches, and a multi-turn run crossed the host-memory guard's budget."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybridflow.env import dist_local_world_size
 from hybridflow.utils.device import device_memory_bytes
 from hybridflow.utils.flops import attention_head_dim, text_config
 
@@ -84,8 +89,16 @@ class MemoryBudget:
         return fits
 
 
+def rank_device_bytes(device: torch.device) -> int:
+    """The memory one rank's rollout takes its share of: a GPU's own; on the host, its RAM over the ranks the
+    worker group runs on this node (`LOCAL_WORLD_SIZE`, 1 outside a worker group)."""
+    if device.type == "cuda":
+        return device_memory_bytes(device)
+    return device_memory_bytes(device) // dist_local_world_size()
+
+
 def rollout_memory_budget(module: nn.Module, device: torch.device, utilization: float | None) -> MemoryBudget | None:
     """The budget of a rollout holding `module` on `device`; None when `utilization` is None (no limit)."""
     if utilization is None:
         return None
-    return MemoryBudget(utilization, device_memory_bytes(device), module_bytes(module))
+    return MemoryBudget(utilization, rank_device_bytes(device), module_bytes(module))

@@ -306,7 +306,8 @@ class RayWorkerGroup(WorkerGroup):
         start_timeout_s = None if self.rpc_timeout_s is None else max(ACTOR_START_TIMEOUT_S, self.rpc_timeout_s)
         # All ranks start at once; rank 0 then chooses the rendezvous and the others learn it before any other call.
         for rank, (node, local_rank) in enumerate(slots):
-            env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)}
+            env_vars = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
+                        "LOCAL_WORLD_SIZE": str(len(ranks_by_node[node]))}
             env_vars.update(master)
             suffix = f"{name_prefix}_{ray.get_runtime_context().get_job_id()}_{id(self):x}_{rank}"
             workers.append(cls_with_init.create_actor(group, node, num_cpus, num_gpus, env_vars, suffix))

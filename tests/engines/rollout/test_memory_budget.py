@@ -14,6 +14,7 @@ from hybridflow.engines.rollout.memory_budget import (
     kv_bytes_per_token,
     kv_bytes_per_token_of,
     module_bytes,
+    rollout_memory_budget,
 )
 from hybridflow.engines.rollout.native import NativeRollout
 from hybridflow.engines.rollout.native.batcher import serving_capacity_within
@@ -93,3 +94,15 @@ def test_native_rollout_holds_no_more_slots_than_the_budget(tiny_llama_dir, tiny
     with pytest.raises(ValueError, match=r"room for 1 sequence\(s\) of [0-9.]+ KiB each, fewer than the 2 decoded"):
         tight = _utilization_for(module_bytes(probe.model), probe.cache.bytes_per_token * longest, 1.5)
         NativeRollout(tiny_llama_dir, tiny_tokenizer, sampled, memory_utilization=tight).generate_sequences(prompts)
+
+
+def test_on_the_host_each_local_rank_takes_its_share_of_the_ram(tiny_llama_dir, tiny_tokenizer, monkeypatch):
+    """Two ranks of a worker group on one host share its RAM: each rollout's budget is utilization x RAM / 2, so
+    the two together stay within utilization x RAM."""
+    host = device_memory_bytes(torch.device("cpu"))
+    probe = NativeRollout(tiny_llama_dir, tiny_tokenizer, GREEDY)
+    alone = rollout_memory_budget(probe.model, torch.device("cpu"), 0.5)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    shared = rollout_memory_budget(probe.model, torch.device("cpu"), 0.5)
+    assert alone.device_bytes == host and shared.device_bytes == host // 2
+    assert shared.free_bytes == int(0.5 * (host // 2)) - module_bytes(probe.model)
