@@ -6,9 +6,9 @@
 Per call: wake the replicas' generation servers (the actor's weights are handed over first), run one loop per
 row (`agent_name` field, else the configured default) with at most `agent.max_concurrent_loops` in flight,
 then put the servers to sleep. Rows need their chat messages in `raw_prompt` (`data.return_raw_chat=True`).
-The output holds `prompts` (left-padded to the longest prompt), `responses` (right-padded to
-`response_length`), `response_mask` (1 only on model tokens), `input_ids`, `attention_mask` (1 on every real
-token, tool output included), `position_ids` (response positions continue the prompt's over every real
+The output holds `prompts` (left-padded to `rollout.prompt_length`, as verl's agent loop pads them), `responses`
+(right-padded to `response_length`), `response_mask` (1 only on model tokens), `input_ids`, `attention_mask` (1 on
+every real token, tool output included), `position_ids` (response positions continue the prompt's over every real
 token), `rollout_log_probs`, and per-row `__num_turns__` and `__tool_calls__`; metrics
 (`num_turns/*`, `tool_calls/*`, tool error rate and latency, server batching) go to `meta_info['metrics']`.
 """
@@ -77,7 +77,7 @@ class AgentLoopManager:
             outputs = asyncio.run(self._run_all(prompts, params))
         finally:
             server_stats = self.worker_group.sleep_rollout_server()
-        output = build_output(outputs, self.tokenizer.pad_token_id, self.response_length)
+        output = build_output(outputs, self.tokenizer.pad_token_id, self.response_length, self.rollout.prompt_length)
         metrics = agent_metrics(outputs)
         metrics["timing_s/update_weights"] = float(np.mean([w["timing_s/update_weights"] for w in wake]))
         for key in ("num_batches", "mean_batch_size", "prefix_reuse"):  # prefix_reuse: continuous servers only
@@ -102,11 +102,14 @@ class AgentLoopManager:
         return list(await asyncio.gather(*(run_row(i) for i in range(len(prompts)))))
 
 
-def build_output(outputs: Sequence[AgentLoopOutput], pad_token_id: int, response_length: int) -> DataProto:
+def build_output(
+    outputs: Sequence[AgentLoopOutput], pad_token_id: int, response_length: int, prompt_length: int = 0
+) -> DataProto:
     """The trajectories in the batch rollout's layout (see the module docstring), through the one assembly
-    every rollout backend uses (`build_output_for_prompts`): prompts left-padded to the longest, responses
-    right-padded to `response_length`, tool/user tokens attended but outside `response_mask`."""
-    prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id)
+    every rollout backend uses (`build_output_for_prompts`): prompts left-padded to `prompt_length` (or the
+    longest, if longer), responses right-padded to `response_length`, tool/user tokens attended but outside
+    `response_mask`."""
+    prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id, prompt_length)
     prompts.non_tensor_batch["__num_turns__"] = np.array([out.num_turns for out in outputs], dtype=np.int64)
     prompts.non_tensor_batch["__tool_calls__"] = np.array(
         [out.metrics.get("tool_calls", 0) for out in outputs], dtype=np.int64

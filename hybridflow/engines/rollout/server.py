@@ -59,11 +59,13 @@ class _Request:
     future: concurrent.futures.Future
 
 
-def build_prompt_batch(prompts: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:
-    """Left-padded `input_ids`, `attention_mask`, `position_ids` (bs, max_len) for token-id prompts."""
+def build_prompt_batch(prompts: Sequence[Sequence[int]], pad_token_id: int, min_width: int = 0) -> DataProto:
+    """Left-padded `input_ids`, `attention_mask`, `position_ids` (bs, width) for token-id prompts: `width` is the
+    longest prompt, or `min_width` if that is more (the agent loops pad to `rollout.prompt_length`, as the dataset
+    pads single-turn prompts, so that `prompt_length/clip_ratio` means the same for both)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("a generation request has an empty prompt; send at least one token")
-    width = max(len(p) for p in prompts)
+    width = max(min_width, *(len(p) for p in prompts))
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
