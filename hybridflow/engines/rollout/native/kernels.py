@@ -85,7 +85,7 @@ def _build() -> ModuleType:
     if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
-    _remove_stale_build_lock()
+    _wait_for_build_lock()
     flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for's OpenMP region
     return load(
         name="hybridflow_decode_kernels",
@@ -96,25 +96,38 @@ def _build() -> ModuleType:
     )
 
 
-STALE_LOCK_S = 600.0
-"""A build lock older than this (a build takes about 30 s) was left by a build that was killed."""
+STALE_LOCK_S = 300.0
+"""A build lock older than this was left by a build that was killed (a build takes 25-30 s on a 2-core host)."""
 
 
-def _remove_stale_build_lock() -> None:
-    """torch's extension builder waits while its build directory's `lock` file exists; a build killed midway (Ctrl-C,
-    a killed job) leaves it behind and every later build would wait forever. Remove one older than `STALE_LOCK_S`."""
+def _wait_for_build_lock(poll_s: float = 1.0) -> None:
+    """torch's extension builder waits, without end, while its build directory's `lock` file exists; a build killed
+    midway (Ctrl-C, a killed job, the OOM killer) leaves it behind, and every later build would hang. Wait here
+    instead: for a peer's build to finish (it removes its lock), or until the lock is `STALE_LOCK_S` old, when it
+    is removed as a killed build's. Either way torch's own wait then ends."""
     import time
 
     from torch.utils import cpp_extension
 
     try:
         lock = Path(cpp_extension._get_build_directory("hybridflow_decode_kernels", verbose=False)) / "lock"
-        age = time.time() - lock.stat().st_mtime
-    except (AttributeError, OSError):  # no lock (the usual case), or another torch layout
+    except AttributeError:  # another torch layout
         return
-    if age > STALE_LOCK_S:
-        logger.warning("native rollout: removing the kernel build lock %s left %.0f s ago by a killed build", lock, age)
-        lock.unlink(missing_ok=True)
+    logged = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except OSError:  # no lock (the usual case), or the peer's build just finished
+            return
+        if age > STALE_LOCK_S:
+            logger.warning("native rollout: removing the kernel build lock %s left %.0f s ago by a killed build", lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        if not logged:
+            logger.info("native rollout: waiting for another process's kernel build (lock %s, %.0f s old; removed "
+                        "as stale at %.0f s)", lock, age, STALE_LOCK_S)
+            logged = True
+        time.sleep(poll_s)
 
 
 if __name__ == "__main__":  # `make` builds them at install, so a first rollout does not wait ~30 s for g++

@@ -169,9 +169,11 @@ def test_sample_rows_follows_the_distribution(cpu_kernels):
     assert frequencies[3] == 0
 
 
-def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
-    """torch waits forever on a leftover `lock`: one older than STALE_LOCK_S goes, a building peer's stays."""
+def test_a_build_lock_is_waited_for_while_a_peer_builds_and_removed_once_stale(tmp_path, monkeypatch):
+    """torch waits forever on a leftover `lock`: a building peer's is waited for until the peer removes it, and one
+    that no peer removes goes once it is STALE_LOCK_S old, so a killed build never hangs the next one."""
     import os
+    import threading
     import time
 
     from hybridflow.engines.rollout.native import kernels
@@ -180,10 +182,17 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp
 
     lock = tmp_path / "lock"
     monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    kernels._wait_for_build_lock(poll_s=0.01)  # no lock: returns at once
     lock.touch()
-    kernels._remove_stale_build_lock()
-    assert lock.exists(), "a build in progress keeps its lock"
-    old = time.time() - kernels.STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    kernels._remove_stale_build_lock()
-    assert not lock.exists()
+    peer = threading.Timer(0.3, lock.unlink)  # a peer finishing its build
+    peer.start()
+    start = time.monotonic()
+    kernels._wait_for_build_lock(poll_s=0.01)
+    assert 0.25 < time.monotonic() - start < 5 and not lock.exists()
+    peer.join()
+    lock.touch()
+    nearly_stale = time.time() - kernels.STALE_LOCK_S + 0.3  # a killed build's, 0.3 s short of stale
+    os.utime(lock, (nearly_stale, nearly_stale))
+    start = time.monotonic()
+    kernels._wait_for_build_lock(poll_s=0.01)
+    assert 0.25 < time.monotonic() - start < 5 and not lock.exists()
