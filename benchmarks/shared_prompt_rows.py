@@ -7,15 +7,18 @@ built here from the same layout (the one-row form keeps the layout's real positi
 `allowed` gives over them, which is what the engine built before), on SmolLM2-135M's architecture with random
 weights (fp32), and run alternately. Per micro-batch size the table gives the median seconds of a forward and of a
 forward + backward, the dense mask's megabytes, and the largest log-prob difference between the two forms.
+`--form` runs one form alone, so that the process's peak resident memory (printed) is that form's.
 
     python benchmarks/shared_prompt_rows.py                       # 2 and 8 groups of 8 x (96 + 48) tokens, ~3 min
     python benchmarks/shared_prompt_rows.py --groups 4 16 --repeats 3
+    python benchmarks/shared_prompt_rows.py --groups 8 --form "one row"    # its peak memory alone
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
 
@@ -85,6 +88,7 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=48)
     parser.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--form", choices=["per-group rows", "one row"], help="run only this form")
     args = parser.parse_args()
     load_before = list(os.getloadavg())
     torch.manual_seed(0)
@@ -95,10 +99,10 @@ def main() -> None:
         ids, mask, pos = grouped_rows(groups, args.samples, args.prompt_len, args.response_len)
         layout = build_shared_prompt_layout(ids, mask, pos, args.response_len)
         labels = torch.from_numpy(ids[:, -args.response_len:]).reshape(-1)[layout.valid_index]
-        cases = forms(layout)
+        cases = {name: case for name, case in forms(layout).items() if args.form in (None, name)}
         with torch.no_grad():
             values = {name: token_log_probs(model, inputs, where, labels) for name, (inputs, where) in cases.items()}
-        gap = float((values["per-group rows"] - values["one row"]).abs().max())
+        gap = float((values["per-group rows"] - values["one row"]).abs().max()) if len(values) == 2 else float("nan")
         times = {name: {"forward": [], "forward+backward": []} for name in cases}
         for _ in range(args.repeats):
             for name, (inputs, where) in cases.items():
@@ -121,10 +125,14 @@ def main() -> None:
     print("| groups | tokens | form | mask MB | forward s | fwd+bwd s | fwd+bwd vs one row | max log-prob gap |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        base = next(r for r in rows if r["groups"] == row["groups"] and r["form"] == "one row")
+        base = next((r for r in rows if r["groups"] == row["groups"] and r["form"] == "one row"), None)
+        ratio = f"{row['forward_backward_s'] / base['forward_backward_s']:.2f}x" if base else "-"
         print(f"| {row['groups']} | {row['tokens']} | {row['form']} | {row['mask_mb']:.1f} | {row['forward_s']:.2f} | "
-              f"{row['forward_backward_s']:.2f} | {row['forward_backward_s'] / base['forward_backward_s']:.2f}x | "
-              f"{row['max_log_prob_gap']:.1e} |")
+              f"{row['forward_backward_s']:.2f} | {ratio} | {row['max_log_prob_gap']:.1e} |")
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"peak resident memory of this process ({args.form or 'both forms'}): {peak_gb:.2f} GB")
+    for row in rows:
+        row["process_peak_rss_gb"] = peak_gb
     print("raw:", write_results("shared_prompt_rows", vars(args), rows, load_before))
 
 
