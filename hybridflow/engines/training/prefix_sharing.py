@@ -1,7 +1,8 @@
 """Shared-prompt packing: the `n` responses of a GRPO group go through the model with one copy of their prompt.
 
 A micro-batch's rows are grouped by identical prompt tokens. Each group becomes one row of the forward,
-`[prompt, r1, r2, ..., rn]` right-padded to the longest group; every response's position ids continue from the
+`[prompt, r1, r2, ..., rn]`, padded so that every row's prompt ends in the same column (the columns the head
+projects then line up across rows) and to the longest row; every response's position ids continue from the
 prompt's, and a block mask lets each response attend to the prompt and to itself only. The layout keeps that mask
 as two vectors (each token's group and owning row), so building it costs memory linear in tokens; the dense mask
 that sdpa/eager attention take is expanded on the device by the forward, one (L, L) block per group (G x L^2 for
@@ -50,7 +51,8 @@ class SharedPromptLayout:
     """(n,) int64: position of the token predicting each of them."""
     kept: torch.Tensor
     """(k,) int64: the columns of the rows that hold a predicting position, ascending (the model's
-    `logits_to_keep`: it projects these columns of every row)."""
+    `logits_to_keep`: it projects these columns of every row; as the prompts end in one column, k is at most the
+    longest group's response tokens)."""
     kept_row_of_valid: torch.Tensor
     """(n,) int64: each real response token's row in the projected (groups * k) positions."""
     num_rows: int
@@ -130,7 +132,8 @@ def build_shared_prompt_layout(
     group_of_row = compute_prompt_groups(ids, mask, response_length)
     num_groups = int(group_of_row.max()) + 1 if bs else 0
     packed_ids, packed_pos, group_of, owner_of = [], [], [], []  # owner: the row a response token belongs to
-    group_lengths: list[int] = []
+    group_lengths: list[int] = []  # each group's tokens: its prompt, then its responses
+    group_prompts: list[int] = []
     predictors = np.full((bs, response_length), -1, dtype=np.int64)
     offset, pairs = 0, 0
     for group in range(num_groups):
@@ -138,6 +141,7 @@ def build_shared_prompt_layout(
         rows = np.flatnonzero(group_of_row == group)
         prompt_cols = np.flatnonzero(mask[rows[0], :prompt_length])
         num_prompt = len(prompt_cols)
+        group_prompts.append(num_prompt)
         packed_ids.append(ids[rows[0], prompt_cols])
         packed_pos.append(pos[rows[0], prompt_cols])
         group_of.append(np.full(num_prompt, group))
@@ -158,10 +162,15 @@ def build_shared_prompt_layout(
             pairs += 2 * count * num_prompt + count * count
         group_lengths.append(offset - group_start)
     num_tokens = offset
-    length = max(group_lengths, default=0)
+    # Every group's prompt ends in the same column (shorter prompts are left-padded), so the columns that predict
+    # response tokens line up across rows and the head projects few columns besides them.
+    longest_prompt = max(group_prompts, default=0)
+    shifts = [longest_prompt - prompt for prompt in group_prompts]
+    length = max((shift + n for shift, n in zip(shifts, group_lengths)), default=0)
     # Packed order -> (group, column) positions: each group's tokens are contiguous in packed order.
     flat_of_packed = np.concatenate(
-        [g * length + np.arange(n) for g, n in enumerate(group_lengths)] or [np.zeros(0, dtype=np.int64)]
+        [g * length + shift + np.arange(n) for g, (shift, n) in enumerate(zip(shifts, group_lengths))]
+        or [np.zeros(0, dtype=np.int64)]
     ).astype(np.int64)
 
     def rows_of(values: list[np.ndarray], pad: int) -> np.ndarray:

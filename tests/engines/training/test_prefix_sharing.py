@@ -50,6 +50,12 @@ def test_layout_computes_each_prompt_once(batch):
     # The first response token of every row in a group is predicted by the same (last prompt) token.
     assert len(set(layout.predictors[:N, 0].tolist())) == 1
     assert ((layout.predictors >= 0) == t["attention_mask"][:, 6:].bool()).all()
+    # Prompts of different lengths end in one column, so the head projects no more columns than the longest
+    # group's response tokens, in each row.
+    group_responses = [int(t["attention_mask"][rows, 6:].sum()) for rows in (slice(0, N), slice(N, 2 * N),
+                                                                          slice(2 * N, 3 * N), slice(3 * N, None))]
+    assert len(set(prompt_tokens[[0, N, 2 * N, 3 * N]].tolist())) > 1
+    assert layout.kept.numel() <= max(group_responses)
 
 
 @pytest.mark.parametrize("remove_padding", [False, True])
