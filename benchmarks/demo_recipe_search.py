@@ -142,6 +142,9 @@ def train(candidate: str, seed: int, preset: str = DEMO_PRESET) -> Path:
     final = run_dir / f"global_step_{steps}"
     if not final.is_dir():
         data = data_dir(preset)
+        # A run cut short earlier left its steps in metrics.jsonl (and no checkpoint to resume: save_freq is the
+        # last step); its minutes must not count as this run's.
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         command = [
             sys.executable, "-m", "hybridflow.trainer.main_ppo", "--config-name", "grpo_smollm2_demo", *overrides,
             f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'test.parquet'}]",
