@@ -153,9 +153,9 @@ class RolloutConfig(SamplingConfig):
     decode one replica, every rank holding its share of the heads, the MLP and the vocabulary."""
     gpu_memory_utilization: float = 0.5
     """Fraction of this device's memory (a GPU's; on CPU the host's RAM divided by the worker group's ranks on that
-    node) the rollout's weights and KV cache may take. vllm sizes its KV cache from it; hf and native decode at most as many sequences at once as fit (hf in
-    generate calls of that many rows, native in that many cache slots), and refuse to start when the weights alone
-    exceed it."""
+    node) the rollout's weights and KV cache may take. vllm sizes its KV cache from it; hf and native decode at most
+    as many sequences at once as fit (hf in generate calls of that many rows, native in that many cache slots), and
+    refuse to start when the weights alone exceed it."""
     free_cache_engine: bool = True
     """Free the rollout engine's KV cache after generation (hybrid engine); vllm: its sleep mode is enabled
     only when True (weights to host memory and KV cache freed while the trainer runs)."""

@@ -120,7 +120,8 @@ def _wait_for_build_lock(poll_s: float = 1.0) -> None:
         except OSError:  # no lock (the usual case), or the peer's build just finished
             return
         if age > STALE_LOCK_S:
-            logger.warning("native rollout: removing the kernel build lock %s left %.0f s ago by a killed build", lock, age)
+            logger.warning("native rollout: removing the kernel build lock %s left %.0f s ago by a killed build",
+                           lock, age)
             lock.unlink(missing_ok=True)
             return
         if not logged:

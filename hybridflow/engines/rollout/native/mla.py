@@ -53,7 +53,8 @@ class MLAShape:
         if config.num_attention_heads % tp_size:
             raise ValueError(f"{tp_size} tensor-parallel ranks do not divide {config.num_attention_heads} heads")
         return cls(
-            num_heads=config.num_attention_heads // tp_size, q_lora_rank=config.q_lora_rank, kv_lora_rank=config.kv_lora_rank,
+            num_heads=config.num_attention_heads // tp_size, q_lora_rank=config.q_lora_rank,
+            kv_lora_rank=config.kv_lora_rank,
             qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
             v_head_dim=config.v_head_dim, rope_interleave=bool(getattr(config, "rope_interleave", False)),
         )
