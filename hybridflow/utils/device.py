@@ -72,6 +72,21 @@ def peak_memory_gb(device: torch.device) -> float:
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
+def release_freed_host_memory() -> bool:
+    """Give the C heap's free pages back to the OS (glibc's `malloc_trim(0)`), the host's counterpart of emptying
+    an accelerator's cache: memory torch has freed otherwise stays in the process's resident set. True if glibc
+    released some; False if it released none or this C library has no `malloc_trim` (musl, macOS)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
 def to_device_async(array, device: torch.device) -> torch.Tensor:
     """A host array (numpy or CPU tensor) on `device` without blocking the host: staged through pinned memory on an
     accelerator, so the copy is queued behind the device's work instead of waiting for it (CPU: the array itself)."""

@@ -84,3 +84,38 @@ def test_rollout_copy_dtype():
     assert compute_rollout_copy_dtype("auto", CUDA, torch.bfloat16) is None
     assert compute_rollout_copy_dtype("float32", CUDA, torch.float32) is None
     assert compute_rollout_copy_dtype("float16", CUDA, torch.bfloat16) is torch.float16
+
+
+def test_a_cpu_rollout_gives_the_freed_heap_back_on_sleep(monkeypatch):
+    """On a CPU host sleep hands the C heap's free pages back to the OS (glibc's malloc_trim), the host's
+    counterpart of emptying a GPU's cache; an accelerator rollout does not."""
+    from hybridflow.engines.rollout import base
+
+    trims = []
+    monkeypatch.setattr(base, "release_freed_host_memory", lambda: trims.append(1) or True)
+    sleep_rollout_model(_Moves(), CPU, shares_training_weights=False)
+    sleep_rollout_model(_Moves(), CPU, shares_training_weights=True)
+    assert len(trims) == 2
+    monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: None)
+    sleep_rollout_model(_Moves(), CUDA, shares_training_weights=False)
+    assert len(trims) == 2
+
+
+def test_releasing_the_freed_heap_is_a_no_op_without_malloc_trim(monkeypatch):
+    """A C library without malloc_trim (musl, macOS) or none found: nothing to call, False, no error."""
+    import ctypes
+
+    from hybridflow.utils.device import release_freed_host_memory
+
+    class NoTrim:
+        def __init__(self, name) -> None:
+            self.name = name
+
+    monkeypatch.setattr(ctypes, "CDLL", NoTrim)
+    assert release_freed_host_memory() is False
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert release_freed_host_memory() is False
