@@ -221,7 +221,7 @@ def sleep_rollout_model(model: torch.nn.Module, device: torch.device, shares_tra
     """The weight half of a rollout's `sleep`: move its own weights to host memory and empty the device cache
     (`compute_empty_cache_on_sleep`); the trainer's own module stays as it is. On a CPU host the weights stay and
     the heap's freed pages (the KV cache's, the generation's) go back to the OS: without that a tool-agent run's
-    processes kept 2.4 GB more resident after every generation (docs/performance.md)."""
+    processes kept 2.3-6 GB more resident after a generation (docs/performance.md)."""
     if device.type == "cpu":
         release_freed_host_memory()
         return
