@@ -146,8 +146,8 @@ def _pad_responses(
 
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     """num_turns/{mean,max,min}, tool_calls/{mean,max,used_ratio} (used_ratio: the share of trajectories that
-    called a tool), tool/error_rate, tool/timeouts (calls stopped at their
-    tool's timeout_s, summed over the batch), tool/latency_s, agent/truncated."""
+    called a tool), tool/error_rate, tool/timeouts (calls stopped at their tool's timeout_s, summed over the
+    batch), tool/latency_s, agent/truncated."""
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
     calls = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.float64)
     errors = float(sum(o.metrics.get("tool_errors", 0) for o in outputs))

@@ -173,12 +173,14 @@ def test_single_turn_and_batch_layout(chat_tokenizer):
     assert list(batch.non_tensor_batch["__tool_calls__"]) == [0, 0, 2]
     wide = build_output([*outs, tool_like], pad_token_id=0, response_length=16, prompt_length=width + 5)
     assert wide.batch["prompts"].shape == (3, width + 5)  # padded to the configured prompt length, as verl's loop
-    assert torch.equal(wide.batch["prompts"][:, 5:], batch.batch["prompts"]) and (wide.batch["prompts"][:, :5] == 0).all()
+    assert torch.equal(wide.batch["prompts"][:, 5:], batch.batch["prompts"])
+    assert (wide.batch["prompts"][:, :5] == 0).all()
     assert agent_columns(batch) == {"num_turns": [1.0, 1.0, 3.0], "tool_calls": [0.0, 0.0, 2.0],
                                     "tool_used": [0.0, 0.0, 1.0]}
     metrics = agent_metrics([*outs, tool_like])
     assert metrics["num_turns/max"] == 3 and metrics["agent/truncated"] == pytest.approx(1 / 3)
-    assert metrics["tool_calls/used_ratio"] == pytest.approx(1 / 3) and metrics["tool_calls/mean"] == pytest.approx(2 / 3)
+    assert metrics["tool_calls/used_ratio"] == pytest.approx(1 / 3)
+    assert metrics["tool_calls/mean"] == pytest.approx(2 / 3)
 
 
 class FakeWorkerGroup:

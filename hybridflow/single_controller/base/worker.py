@@ -73,8 +73,8 @@ class Worker:
     """Knows its rank, world size and rendezvous; subclasses add `@register`ed methods.
 
     The worker group exports `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE` before constructing the
-    worker. It starts all ranks at once (each process imports torch and the model code: seconds per rank), and rank 0 chooses the
-    rendezvous after its construction, so every rank learns `MASTER_ADDR`/`MASTER_PORT` just after its
+    worker. It starts all ranks at once (each process imports torch and the model code: seconds per rank), and
+    rank 0 chooses the rendezvous after its construction, so every rank learns `MASTER_ADDR`/`MASTER_PORT` just after its
     `__init__`, before any other call. Join the process group with `self.init_distributed()` (or
     `init_process_group()` with `env://` on ranks other than 0: rank 0 already listens on the port through
     `listen_for_rendezvous`) in `init_model` or later, never in `__init__`.

@@ -47,11 +47,10 @@ class MLAShape:
     @classmethod
     def of(cls, config, tp_size: int = 1) -> MLAShape | None:
         """The shape of an MLA model's config, or None for another attention. Under rollout tensor parallelism of
-        `tp_size` ranks, `num_heads` is one rank's share (the latent and its rotated key are every rank's)."""
+        `tp_size` ranks, `num_heads` is one rank's share (the latent and its rotated key are every rank's); the
+        sharded build has checked that they divide (`check_rollout_tp_layout`)."""
         if getattr(config, "kv_lora_rank", None) is None:
             return None
-        if config.num_attention_heads % tp_size:
-            raise ValueError(f"{tp_size} tensor-parallel ranks do not divide {config.num_attention_heads} heads")
         return cls(
             num_heads=config.num_attention_heads // tp_size, q_lora_rank=config.q_lora_rank,
             kv_lora_rank=config.kv_lora_rank,
