@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -76,15 +78,22 @@ def release_freed_host_memory() -> bool:
     """Give the C heap's free pages back to the OS (glibc's `malloc_trim(0)`), the host's counterpart of emptying
     an accelerator's cache: memory torch has freed otherwise stays in the process's resident set. True if glibc
     released some; False if it released none or this C library has no `malloc_trim` (musl, macOS)."""
+    trim = _malloc_trim()
+    return trim is not None and bool(trim(0))
+
+
+@functools.cache
+def _malloc_trim():
+    """The C library's `malloc_trim`, looked up once (a library search per rollout sleep would repeat it), or None."""
     import ctypes
     import ctypes.util
 
     try:
         trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        return False
+        return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return bool(trim(0))
+    return trim
 
 
 def to_device_async(array, device: torch.device) -> torch.Tensor:

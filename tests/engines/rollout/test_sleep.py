@@ -105,17 +105,21 @@ def test_releasing_the_freed_heap_is_a_no_op_without_malloc_trim(monkeypatch):
     """A C library without malloc_trim (musl, macOS) or none found: nothing to call, False, no error."""
     import ctypes
 
+    from hybridflow.utils import device
     from hybridflow.utils.device import release_freed_host_memory
 
     class NoTrim:
         def __init__(self, name) -> None:
             self.name = name
 
+    device._malloc_trim.cache_clear()  # the lookup is cached per process
     monkeypatch.setattr(ctypes, "CDLL", NoTrim)
     assert release_freed_host_memory() is False
+    device._malloc_trim.cache_clear()
 
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(ctypes, "CDLL", missing)
     assert release_freed_host_memory() is False
+    device._malloc_trim.cache_clear()  # later tests look this host's malloc_trim up again
