@@ -45,6 +45,7 @@ from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.expert_parallel import apply_expert_parallel
 from hybridflow.engines.training.head import build_head
+from hybridflow.engines.training.forward_check import check_engine_forward
 from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout, host_copies
 from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
 from hybridflow.engines.training.mesh import ParallelLayout, TrainingMeshes, build_training_meshes
@@ -217,6 +218,9 @@ class FSDPEngine:
         self._work = {False: ForwardWork(), True: ForwardWork()}
         self.optimizer = build_optimizer(self.module, config.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config)
+        # The layout and the fused head against the model's own padded forward (a few tiny forwards; the weights
+        # are left sharded).
+        check_engine_forward(self)
 
     # ------------------------------------------------------------------ forward
     @property

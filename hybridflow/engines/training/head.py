@@ -40,6 +40,11 @@ class Head:
     module: nn.Module
     chunk_size: int | None
     shard: VocabShard | None
+    logit_multiplier: float = 1.0
+    """What the model multiplies the head's output by before returning its logits (Cohere's `logit_scale`, Granite's
+    1 / `logits_scaling`): the fused head, which projects the hidden states itself, folds it into the temperature.
+    Measured at engine start (`forward_check`), never read from a config key (the same key means a product in one
+    family and a quotient in another)."""
 
     def log_probs(
         self,
@@ -78,7 +83,7 @@ class Head:
             (hidden,) = args
             weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
             result["out"] = chunked_log_probs(
-                select(hidden), weight, labels, bias=bias, temperature=temperature,
+                select(hidden), weight, labels, bias=bias, temperature=temperature / self.logit_multiplier,
                 chunk_size=self.chunk_size, shard=shard, calculate_entropy=calculate_entropy,
             )
             # The head still runs, on one position per row: DTensor's tensor-parallel head cannot take zero rows.
@@ -91,6 +96,23 @@ class Head:
         finally:
             handle.remove()
         return result["out"]
+
+    def projection_and_logits(self, model: nn.Module, inputs: dict[str, Any], logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head module's own projection of the last `logits_to_keep` positions (hidden @ weight.T + bias, this
+        rank's vocabulary slice under tensor parallelism) and the logits the model returns for them, float32: they
+        differ where the model transforms its logits after the head (a scale, a soft cap)."""
+        projected: dict[str, torch.Tensor] = {}
+
+        def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
+            projected["z"] = torch.nn.functional.linear(args[0], weight, bias).float()
+
+        handle = self.module.register_forward_pre_hook(project, prepend=True)
+        try:
+            logits = model(**inputs, logits_to_keep=logits_to_keep).logits
+        finally:
+            handle.remove()
+        return projected["z"], logits.float()
 
 
 def build_head(module: nn.Module, *, is_lora: bool, fused: bool, chunk_size: int, shard: VocabShard | None) -> Head:

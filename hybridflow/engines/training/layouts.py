@@ -33,7 +33,7 @@ from hybridflow.utils.device import to_device_async
 from hybridflow.utils.flops import ForwardWork
 
 __all__ = [
-    "ForwardModel", "PackedPlan", "Plan", "plan_micro_batches", "forward_layout", "token_values", "host_copies",
+    "ForwardModel", "PackedPlan", "Plan", "plan_micro_batches", "forward_layout", "token_values", "host_copies", "padded_inputs",
     "vision_inputs",
 ]
 
@@ -205,14 +205,14 @@ def token_values(model: ForwardModel, tensors: dict[str, torch.Tensor], plan: Pl
         ids, pos = _packed_row(tensors, plan.packed)
         packed = model.module(**_packed_inputs(model, ids, pos)).logits[0, :, 0].float()
         return _scatter(packed, plan.packed.kept, tuple(tensors["input_ids"].shape))
-    return model.module(**_padded_inputs(model, tensors)).logits[..., 0].float()
+    return model.module(**padded_inputs(model, tensors)).logits[..., 0].float()
 
 
 def _packed_row(tensors: dict[str, torch.Tensor], packed: PackedPlan) -> tuple[torch.Tensor, torch.Tensor]:
     return (tensors["input_ids"].reshape(-1)[packed.kept][None], tensors["position_ids"].reshape(-1)[packed.kept][None])
 
 
-def _padded_inputs(model: ForwardModel, tensors: dict[str, torch.Tensor]) -> dict:
+def padded_inputs(model: ForwardModel, tensors: dict[str, torch.Tensor]) -> dict:
     """The model's inputs for a padded micro-batch: its 2D padding mask becomes the dense causal mask, unless
     transformers must build it (another kernel, sliding windows) or the rows carry images (vision models place
     their image tokens by the 2D mask)."""
@@ -236,11 +236,11 @@ def _packed_inputs(model: ForwardModel, ids: torch.Tensor, pos: torch.Tensor) ->
 
 def _forward_padded(model, tensors, response_length, temperature, calculate_entropy):
     if model.is_value:
-        logits = model.module(**_padded_inputs(model, tensors)).logits
+        logits = model.module(**padded_inputs(model, tensors)).logits
         return {"values": logits[:, -response_length - 1 : -1, 0].float()}
     labels = tensors["input_ids"][:, -response_length:]
     log_probs, entropy = model.head.log_probs(
-        model.module, _padded_inputs(model, tensors), response_length + 1,
+        model.module, padded_inputs(model, tensors), response_length + 1,
         lambda x: x[:, :-1].reshape(-1, x.size(-1)), labels.reshape(-1), temperature, calculate_entropy,
     )
     return _outputs(log_probs, entropy, lambda values: values.view(labels.shape))

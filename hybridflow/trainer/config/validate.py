@@ -15,6 +15,7 @@ from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
     check_lengths,
     check_model_location,
+    check_forward_support,
     check_lora_on_experts,
     check_lora_with_lone_param_offload,
     check_rollout_model,
@@ -51,6 +52,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
+    check_forward_support(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
         "actor": derive_batch_sizes(

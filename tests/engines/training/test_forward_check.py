@@ -1,0 +1,113 @@
+"""The engine's start-up probe (`forward_check`) and the config rules beside it: a layout or fused head that would
+compute other log-probs than the model's own padded forward is refused (before Ray when the config says so, at
+engine start otherwise), and a plain scale on the logits is folded into the fused head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from hybridflow.engines.training.forward_check import ForwardMismatchError, probe_batch
+from hybridflow.models.config import ModelConfig
+from hybridflow.models.forward_support import fused_head_unsupported_reason, packing_unsupported_reason
+from hybridflow.models.loader import save_model_and_tokenizer
+from hybridflow.trainer.config import load_config, validate_config
+from tests.engines.helpers import make_batch
+from tests.helpers import grpo_overrides, nothing_started, write_rows
+
+
+def save_family_model(path, model_type: str, tokenizer, attn: str = "sdpa", **overrides) -> str:
+    """A tiny random model of a transformers family (2 layers of 64 units, 4 experts where it has experts)."""
+    shape = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
+        initializer_range=0.1, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, moe_intermediate_size=32, num_experts_per_tok=2,
+    )
+    config = AutoConfig.for_model(model_type, **{**shape, **overrides})
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if hasattr(config, key):
+            setattr(config, key, 4)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
+    return str(save_model_and_tokenizer(model, tokenizer, path))
+
+
+def engine_config(packed: bool, fused: bool, attn: str = "sdpa") -> FSDPEngineConfig:
+    return FSDPEngineConfig(micro_batch_size_per_gpu=4, model=ModelConfig(
+        use_remove_padding=packed, use_fused_kernels=fused, override_config={"attn_implementation": attn},
+    ))
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "multiplier"), [
+    ("cohere2", {"logit_scale": 0.25}, 0.25),  # logits * logit_scale
+    ("granite", {"logits_scaling": 4.0}, 0.25),  # logits / logits_scaling
+])
+def test_the_fused_head_folds_the_scale_a_model_puts_on_its_logits(tmp_path, tiny_tokenizer, model_type, overrides,
+                                                                    multiplier):
+    path = save_family_model(tmp_path / model_type, model_type, tiny_tokenizer, **overrides)
+    batch = make_batch(len(tiny_tokenizer), batch_size=4)
+    plain = build_fsdp_engine(path, engine_config(packed=False, fused=False))
+    fused = build_fsdp_engine(path, engine_config(packed=True, fused=True))
+    assert plain.head.logit_multiplier == 1.0
+    assert fused.head.logit_multiplier == pytest.approx(multiplier, rel=1e-5)
+    assert fused._work == {False: type(fused._work[False])(), True: type(fused._work[True])()}  # the probe left none
+    expected, _ = plain.compute_log_prob(batch, temperature=0.7)
+    got, _ = fused.compute_log_prob(batch, temperature=0.7)
+    mask = batch.batch["response_mask"].bool()
+    assert (got - expected)[mask].abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("model_type", "attn", "packed", "fused", "fix"), [
+    ("minimax", "sdpa", True, False, "use_remove_padding=True: MiniMaxForCausalLM's packed rows"),  # linear attention
+    ("gpt_oss", "eager", True, False, "use_remove_padding=True: GptOssForCausalLM's packed rows"),  # sinks
+    ("gemma2", "eager", False, True, "use_fused_kernels=True: Gemma2ForCausalLM transforms its logits"),  # soft cap
+])
+def test_a_forward_unlike_the_models_own_stops_the_engine_naming_the_setting(tmp_path, tiny_tokenizer, model_type,
+                                                                             attn, packed, fused, fix):
+    path = save_family_model(tmp_path / model_type, model_type, tiny_tokenizer, attn=attn)
+    with pytest.raises(ForwardMismatchError, match=fix):
+        build_fsdp_engine(path, engine_config(packed, fused, attn))
+    build_fsdp_engine(path, engine_config(packed=False, fused=False, attn=attn))  # the plain forward is accepted
+
+
+def test_the_probe_batch_has_what_the_layouts_must_get_right():
+    batch = probe_batch(vocab_size=50)
+    mask, response_mask = batch.batch["attention_mask"], batch.batch["response_mask"]
+    prompt = mask[:, : mask.size(1) - response_mask.size(1)]
+    assert len(set(prompt.sum(1).tolist())) > 1 and len(set(response_mask.sum(1).tolist())) > 1  # padding both ends
+    assert torch.equal(batch.batch["input_ids"][0, : prompt.size(1)], batch.batch["input_ids"][1, : prompt.size(1)])
+    assert torch.equal(probe_batch(50).batch["input_ids"], batch.batch["input_ids"])  # the same on every rank
+
+
+def test_config_rules_name_the_layers_and_caps_they_cannot_take():
+    assert "linear_attention" in packing_unsupported_reason({"model_type": "minimax",
+                                                             "layer_types": ["full_attention", "linear_attention"]})
+    assert "gpt_oss" in packing_unsupported_reason({"model_type": "gpt_oss"})
+    assert packing_unsupported_reason({"model_type": "gemma2", "layer_types": ["sliding_attention", "full_attention"]}) is None
+    assert packing_unsupported_reason({"model_type": "llava", "text_config": {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}})
+    assert "final_logit_softcapping=30.0" in fused_head_unsupported_reason({"final_logit_softcapping": 30.0})
+    assert fused_head_unsupported_reason({"final_logit_softcapping": None, "logit_scale": 0.25}) is None
+
+
+@pytest.mark.parametrize(("model_type", "attn", "extra", "message"), [
+    ("minimax", "sdpa", ["actor_rollout_ref.model.use_remove_padding=True"],
+     r"packed rows are wrong for .*\['linear_attention'\] layers.*set actor_rollout_ref.model.use_remove_padding=False"),
+    ("gpt_oss", "eager", ["actor_rollout_ref.actor.use_prefix_grouper=True"],
+     r"packed rows are wrong .*gpt_oss.*use_remove_padding=False and actor_rollout_ref.actor.use_prefix_grouper=False"),
+    ("gemma2", "eager", ["actor_rollout_ref.model.use_fused_kernels=True"],
+     r"use_fused_kernels=True cannot reproduce .*final_logit_softcapping=.*set actor_rollout_ref.model.use_fused_kernels=False"),
+])
+def test_the_config_refuses_them_before_ray(tmp_path, tiny_tokenizer, model_type, attn, extra, message):
+    path = save_family_model(tmp_path / model_type, model_type, tiny_tokenizer, attn=attn)
+    train_file = write_rows(tmp_path / "train.parquet", ["gsm8k", "reasoning_gym/basic_arithmetic"] * 8)
+    overrides = grpo_overrides(train_file, f"actor_rollout_ref.model.path={path}",
+                               f"+actor_rollout_ref.model.override_config.attn_implementation={attn}")
+    with nothing_started():
+        with pytest.raises(ValueError, match=message):
+            validate_config(load_config(overrides + extra))
+        validate_config(load_config(overrides + ["actor_rollout_ref.model.use_remove_padding=False",
+                                                 "actor_rollout_ref.model.use_fused_kernels=False"]))
