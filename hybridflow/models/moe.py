@@ -34,7 +34,7 @@ from hybridflow.models.tiny import build_tiny_tokenizer
 
 __all__ = [
     "MOE_ARCHS", "MoeArch", "MoeShape", "build_tiny_moe_model", "save_tiny_moe_model", "moe_shape_of", "find_routers",
-    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights", "ROUTED_EXPERTS_KEY",
+    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights", "check_replayed_weights", "ROUTED_EXPERTS_KEY",
 ]
 
 ROUTED_EXPERTS_KEY = "routed_experts"
@@ -108,16 +108,36 @@ def find_routers(module: nn.Module) -> list[nn.Module]:
 def replayed_weights(router: nn.Module, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The weights `router` gives the experts `index` (tokens, k) from its `logits` (tokens, E), as its own forward
     would had it chosen them: softmax routers (Qwen, Mixtral) or DeepSeek-V3's scaled sigmoid scores."""
-    if hasattr(router, "e_score_correction_bias"):  # DeepSeek-V3: sigmoid scores, the bias only selects
+    if hasattr(router, "e_score_correction_bias"):  # DeepSeek-V3, GLM-4-MoE: sigmoid scores, the bias only selects
         weights = logits.float().sigmoid().gather(1, index)
         if router.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * router.routed_scaling_factor
+    if getattr(router, "expert_selection_fn", "softmax") == "sigmoid":  # Cohere2-MoE's sigmoid mode
+        weights = logits.float().gather(1, index).sigmoid()
+        if router.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype)
     weights = torch.softmax(logits.float(), dim=-1).gather(1, index)
-    # Mixtral's router always renormalises; Qwen's does when norm_topk_prob is set.
-    if getattr(router, "norm_topk_prob", True):
+    # A softmax over the chosen logits (Mixtral, gpt-oss, Granite, Cohere2) is the renormalised one; Qwen's and
+    # OLMoE's renormalise when norm_topk_prob is set.
+    if getattr(router, "norm_topk_prob", True) or hasattr(router, "expert_selection_fn"):
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(logits.dtype)
+
+
+def check_replayed_weights(router: nn.Module, logits: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> None:
+    """Raise unless `replayed_weights` gives back the router's own `weights` for its own choice `index`: replay
+    would otherwise weigh the replayed experts unlike the router (a family whose weighting it does not know)."""
+    expected = replayed_weights(router, logits, index).float()
+    error = (expected - weights.float()).abs().max().item()
+    tolerance = 1e-4 if logits.dtype == torch.float32 else 2e-2
+    if not error <= tolerance:
+        raise ValueError(
+            f"router replay cannot weigh {type(router).__name__}'s experts as the router does (largest difference "
+            f"{error:.3g} replaying its own choice): set actor_rollout_ref.actor.router_replay.mode=disabled and "
+            "actor_rollout_ref.rollout.enable_rollout_routing_replay=False"
+        )
 
 
 class RoutingRecorder:

@@ -7,7 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXPERT_COUNT_KEYS", "MoeShape", "is_moe_config", "moe_shape_of"]
+__all__ = [
+    "EXPERT_COUNT_KEYS", "MoeShape", "ROUTED_MODEL_TYPES", "REPLAY_MODEL_TYPES", "is_moe_config", "moe_shape_of",
+    "moe_routing_unsupported_reason",
+]
 
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 """The names HF MoE configs give their routed-expert count (Mixtral; Qwen2/3-MoE; DeepSeek-V3), in lookup order."""
@@ -23,14 +26,54 @@ class MoeShape:
     num_moe_layers: int
 
 
+ROUTED_MODEL_TYPES = (
+    "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "olmoe", "gpt_oss", "granitemoe", "granitemoeshared",
+    "glm4_moe", "minimax", "cohere2_moe", "ernie4_5_moe", "exaone_moe", "phimoe",
+)
+"""MoE families whose routers the engine hooks (a `*TopKRouter` per MoE layer returning (logits, weights, experts)):
+router losses, routing metrics. Each is built tiny and checked in tests/engines/training/test_moe_families.py."""
+
+REPLAY_MODEL_TYPES = tuple(t for t in ROUTED_MODEL_TYPES if t != "phimoe")
+"""The families router replay (R3) serves: replaying a router's own choice gives its own weights (tested). PhiMoE's
+sparsemixer weighs experts by a masked second softmax that the router's outputs do not determine."""
+
+
 def moe_shape_of(config: Any) -> MoeShape | None:
     """The routing shape of a HF config, or None for a dense model."""
     num_experts = next((value for key in EXPERT_COUNT_KEYS if (value := getattr(config, key, None))), None)
     top_k = getattr(config, "num_experts_per_tok", None)
     if not num_experts or not top_k:
         return None
-    dense = getattr(config, "first_k_dense_replace", 0) or 0
-    return MoeShape(int(num_experts), int(top_k), config.num_hidden_layers - dense)
+    return MoeShape(int(num_experts), int(top_k), sum(map(_is_moe_layer(config), range(config.num_hidden_layers))))
+
+
+def _is_moe_layer(config: Any):
+    """Which decoder layers hold experts, by each family's own keys (the others hold a dense MLP)."""
+    get = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    if get("mlp_layer_types") is not None:  # Exaone-MoE, Cohere2-MoE: "sparse" / "dense" per layer
+        return lambda i: config.mlp_layer_types[i] != "dense"
+    if get("moe_layer_interval") is not None:  # Ernie-4.5-MoE
+        end = get("moe_layer_end_index", -1)
+        end = config.num_hidden_layers - 1 if end is None or end < 0 else end
+        return lambda i: (i + 1) % config.moe_layer_interval == 0 and get("moe_layer_start_index", 0) <= i <= end
+    if get("decoder_sparse_step") is not None:  # Qwen2/3-MoE
+        dense = set(get("mlp_only_layers") or ())
+        return lambda i: i not in dense and (i + 1) % config.decoder_sparse_step == 0
+    first_sparse = get("first_k_dense_replace", 0) or 0  # DeepSeek-V3, GLM-4-MoE
+    return lambda i: i >= first_sparse
+
+
+def moe_routing_unsupported_reason(config: Any, *, replay: bool) -> str | None:
+    """Why the engine cannot hook this MoE model's routers (for router losses) or, with `replay`, replay them; None
+    when it can (or the model is dense). `config`: a HF config or a config.json mapping."""
+    get = config.get if isinstance(config, Mapping) else lambda key: getattr(config, key, None)
+    if not any(get(key) for key in EXPERT_COUNT_KEYS):
+        return None
+    model_type = get("model_type")
+    families = REPLAY_MODEL_TYPES if replay else ROUTED_MODEL_TYPES
+    if model_type not in families:
+        return f"model type {model_type!r} is not among the mixture-of-experts families it serves: {families}"
+    return None
 
 
 def is_moe_config(config: Mapping[str, Any]) -> bool:

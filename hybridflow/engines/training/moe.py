@@ -23,7 +23,13 @@ from hybridflow.algorithms.router_losses import (
     compute_router_z_loss,
 )
 from hybridflow.engines.training.config import RouterReplayConfig
-from hybridflow.models.moe import ROUTED_EXPERTS_KEY, find_routers, moe_shape_of, replayed_weights
+from hybridflow.models.moe import (
+    ROUTED_EXPERTS_KEY,
+    check_replayed_weights,
+    find_routers,
+    moe_shape_of,
+    replayed_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +81,7 @@ class MoeRouting:
         self.coefs = coefs
         self._replay: torch.Tensor | None = None
         self._captured: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._replay_checked: set[int] = set()
         for layer, router in enumerate(routers):
             router.register_forward_hook(self._hook(layer))
 
@@ -82,6 +89,9 @@ class MoeRouting:
         def hook(router, args, output):
             logits, weights, index = output
             if self._replay is not None:
+                if layer not in self._replay_checked:  # once per router: one host sync per engine
+                    check_replayed_weights(router, logits, weights, index)
+                    self._replay_checked.add(layer)
                 index = self._replay[:, layer].to(device=logits.device, dtype=torch.long)
                 if index.size(0) != logits.size(0):
                     raise ValueError(f"router replay: {index.size(0)} recorded tokens, the forward has {logits.size(0)}")
@@ -123,7 +133,19 @@ def build_moe_routing(module: nn.Module) -> MoeRouting | None:
     hf_config = module.config
     shape = moe_shape_of(hf_config)
     routers = find_routers(module)
-    if shape is None or not routers:
+    if shape is None:
+        return None
+    if not routers:
+        if router_loss_coefs_of(hf_config) != RouterLossCoefs():
+            raise ValueError(
+                f"{type(module).__name__}'s config sets output_router_logits with router loss coefficients, but the "
+                f"engine finds no router it hooks in model type {hf_config.model_type!r}: set output_router_logits="
+                "false in its config.json (the losses would not be added)"
+            )
+        logger.warning(
+            "%s has %d experts per MoE layer but no router the engine hooks (model type %r): no routing metrics, "
+            "router losses or router replay for it", type(module).__name__, shape.num_experts, hf_config.model_type,
+        )
         return None
     coefs = router_loss_coefs_of(hf_config)
     logger.info("MoE model: %d routers, %d experts, top-%d; router losses %s", len(routers), shape.num_experts,

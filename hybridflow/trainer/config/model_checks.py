@@ -8,7 +8,7 @@ import json
 
 from hybridflow.data.config import expand_path
 from hybridflow.models.forward_support import fused_head_unsupported_reason, packing_unsupported_reason
-from hybridflow.models.moe_shape import is_moe_config
+from hybridflow.models.moe_shape import is_moe_config, moe_routing_unsupported_reason
 from hybridflow.trainer.config.parallel_checks import engine_configs, hf_model_config
 from hybridflow.trainer.config.schema import PPOConfig
 
@@ -216,6 +216,31 @@ def check_forward_support(cfg: PPOConfig) -> None:
             raise ValueError(
                 f"{section}: {model_key}.use_fused_kernels=True cannot reproduce {engine.model.path!r}'s log-probs: "
                 f"{reason}; set {model_key}.use_fused_kernels=False"
+            )
+
+
+def check_moe_routing(cfg: PPOConfig) -> None:
+    """Router replay and the router losses of a mixture-of-experts actor: refused for a family whose routers the
+    engine does not hook or cannot replay (they would be skipped, or weigh the replayed experts wrongly)."""
+    arr = cfg.actor_rollout_ref
+    config = model_config_json(arr.model.path) or {}
+    config = config.get("text_config") or config
+    if arr.actor.router_replay.mode == "R3":
+        reason = moe_routing_unsupported_reason(config, replay=True)
+        if reason is not None:
+            raise ValueError(
+                f"actor_rollout_ref.actor.router_replay.mode='R3' cannot replay {arr.model.path!r}'s routing: {reason}; "
+                "set actor_rollout_ref.actor.router_replay.mode=disabled and "
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay=False"
+            )
+    aux, z = config.get("router_aux_loss_coef") or 0, config.get("router_z_loss_coef") or 0
+    if config.get("output_router_logits") and (aux or z):
+        reason = moe_routing_unsupported_reason(config, replay=False)
+        if reason is not None:
+            raise ValueError(
+                f"{arr.model.path!r}'s config.json sets output_router_logits with router_aux_loss_coef={aux} / "
+                f"router_z_loss_coef={z}, but the engine cannot add its router losses: {reason}; set "
+                "output_router_logits=false in that config.json"
             )
 
 

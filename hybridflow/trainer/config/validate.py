@@ -18,6 +18,7 @@ from hybridflow.trainer.config.model_checks import (
     check_forward_support,
     check_lora_on_experts,
     check_lora_with_lone_param_offload,
+    check_moe_routing,
     check_rollout_model,
     check_prime,
     check_prime_keys_unused,
@@ -47,6 +48,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_lengths(cfg)
     check_rollout_model(cfg)
     check_lora_on_experts(cfg)
+    check_moe_routing(cfg)
     check_lora_with_lone_param_offload(cfg)
     _check_optimizers(cfg)
     check_token_budgets(cfg)

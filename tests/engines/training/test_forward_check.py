@@ -6,34 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.engines.training.forward_check import ForwardMismatchError, probe_batch
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.forward_support import fused_head_unsupported_reason, packing_unsupported_reason
-from hybridflow.models.loader import save_model_and_tokenizer
 from hybridflow.trainer.config import load_config, validate_config
 from tests.engines.helpers import make_batch
 from tests.helpers import grpo_overrides, nothing_started, write_rows
-
-
-def save_family_model(path, model_type: str, tokenizer, attn: str = "sdpa", **overrides) -> str:
-    """A tiny random model of a transformers family (2 layers of 64 units, 4 experts where it has experts)."""
-    shape = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
-        initializer_range=0.1, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, moe_intermediate_size=32, num_experts_per_tok=2,
-    )
-    config = AutoConfig.for_model(model_type, **{**shape, **overrides})
-    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
-        if hasattr(config, key):
-            setattr(config, key, 4)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
-    return str(save_model_and_tokenizer(model, tokenizer, path))
+from tests.model_families import save_family_model
 
 
 def engine_config(packed: bool, fused: bool, attn: str = "sdpa") -> FSDPEngineConfig:
