@@ -20,15 +20,15 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from hybridflow.engines.training.layouts import LayoutName, padded_inputs
 from hybridflow.protocol import DataProto
 
-if TYPE_CHECKING:
-    from hybridflow.engines.training.fsdp import FSDPEngine
+FSDPEngine = Any
+"""The engine the probe runs on (`fsdp.FSDPEngine`, which calls the probe: not imported here)."""
 
 logger = logging.getLogger(__name__)
 
