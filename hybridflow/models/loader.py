@@ -106,7 +106,7 @@ def build_causal_lm(
     path_or_name: str | os.PathLike,
     dtype: str | torch.dtype = "float32",
     gguf_file: str | None = None,
-    attn_implementation: str = "sdpa",
+    attn_implementation: str | None = "sdpa",
     trust_remote_code: bool = False,
     empty: bool = False,
 ) -> PreTrainedModel:
@@ -120,7 +120,8 @@ def build_causal_lm(
         path_or_name: catalogue name (e.g. 'smollm2-135m-instruct'), model directory or `.gguf` file.
         dtype: parameter dtype ('float32' on CPU).
         gguf_file: file name inside the directory `path_or_name`, for GGUF checkpoints.
-        attn_implementation: 'sdpa', 'eager' or 'flex_attention'.
+        attn_implementation: 'sdpa', 'eager' or 'flex_attention'; None: transformers' choice (sdpa where the family
+            has it, else eager).
         trust_remote_code: allow model code shipped in the checkpoint directory.
         empty: build the architecture on the meta device without reading any weight (the caller fills it, e.g.
             from rank 0: `engines.training.rank0_init`).

@@ -187,9 +187,14 @@ class ActorRolloutRefWorker(Worker):
         """
         device = get_torch_device(self.local_rank)
         dtype = resolve_dtype(self.config.rollout.dtype, device)
+        model = self.config.model
+        # The trainer's kernel where generation takes it (gpt-oss has no sdpa path: its runs set eager); else
+        # transformers' own choice (sdpa where the family has it).
+        attn = model.attn_implementation if model.attn_implementation in ("sdpa", "eager") else None
+        load = dict(dtype=dtype, attn_implementation=attn, trust_remote_code=model.trust_remote_code)
         if self.actor_engine is None:
-            return build_causal_lm(model_path, dtype=dtype)
-        copy = build_causal_lm(model_path, dtype=dtype, empty=True).to_empty(device=device)
+            return build_causal_lm(model_path, **load)
+        copy = build_causal_lm(model_path, empty=True, **load).to_empty(device=device)
         copy.tie_weights()  # to_empty unties tied embeddings; a hand-over carries the tied weight once
         copy_buffers(copy, self._actor_hf_module())
         return copy

@@ -262,3 +262,27 @@ def test_grpo_on_a_moe_with_the_native_rollout_hands_the_experts_over(workspace,
     # the native engine's own figures reach the step's metrics (CUDA graphs: none on CPU)
     assert records[2]["rollout/engine/num_decode_steps"] > 0 and records[2]["rollout/engine/decode_s"] > 0
     assert records[2]["rollout/engine/decode_graph_captures"] == 0 and records[2]["timing_s/rollout_wake_up"] >= 0
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", pytest.param("minimax", marks=pytest.mark.slow)])
+def test_grpo_with_router_replay_on_another_moe_family(workspace, model_type):
+    """Two GRPO steps with router replay (R3) on a family the project ships no builder for, run padded:
+    gpt-oss (eager attention: it has no sdpa path, and the rollout's copy must take the trainer's kernel) or
+    MiniMax (linear-attention layers). The rollout records its experts, the trainer replays them, and the log-probs
+    of both agree."""
+    from hybridflow.models.loader import load_tokenizer
+    from tests.model_families import save_family_model
+
+    attn = "eager" if model_type == "gpt_oss" else "sdpa"
+    model_dir = save_family_model(workspace / model_type, model_type, load_tokenizer(str(workspace / "tiny")), attn)
+    records = by_step(run(overrides(
+        workspace, workspace / f"r3_{model_type}", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={model_dir}",
+        f"+actor_rollout_ref.model.override_config.attn_implementation={attn}",
+        "actor_rollout_ref.model.use_remove_padding=False", "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "trainer.total_training_steps=2",
+        "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    for step in (1, 2):
+        assert records[step]["actor/grad_norm"] > 0 and records[step]["actor/moe/router_entropy"] > 0
+        assert records[step]["training/rollout_probs_diff_max"] < 1e-3, (step, records[step]["training/rollout_probs_diff_max"])

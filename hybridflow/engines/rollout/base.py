@@ -175,7 +175,7 @@ def place_rollout_model(
     from hybridflow.utils.device import get_torch_device
 
     if isinstance(model, (str, os.PathLike)):
-        model = build_causal_lm(model, dtype=dtype)
+        model = build_causal_lm(model, dtype=dtype, attn_implementation=None)  # transformers' choice: sdpa or eager
     device = get_torch_device(dist_local_rank())
     return model.to(device).eval(), device
 
