@@ -88,7 +88,9 @@ class ModelConfig:
     lora_alpha: float = 16
     """LoRA scaling numerator (update = lora_alpha / lora_rank * B @ A)."""
     target_modules: str | list[str] = "all-linear"
-    """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works). Mixture-of-experts models take a list of Linear layers (e.g. [q_proj,k_proj,v_proj,o_proj]): adapters on experts are refused."""
+    """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works). Mixture-of-experts models take a list of Linear layers (e.g. [q_proj,k_proj,v_proj,o_proj]) and their experts through target_parameters."""
+    target_parameters: Optional[list[str]] = None
+    """A mixture-of-experts model's 3-D expert weights that get LoRA adapters as well (peft's target_parameters), e.g. [mlp.experts.gate_up_proj,mlp.experts.down_proj]: one rank-lora_rank adapter per expert, merged into the experts for the rollout and on export. Not with expert_parallel_size > 1."""
     lora_adapter_path: Optional[str] = None
     """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
     override_config: dict[str, Any] = field(default_factory=dict)
@@ -111,6 +113,11 @@ class ModelConfig:
         if self.lora_rank < 0:
             raise ConfigFieldError("lora_rank", f"lora_rank={self.lora_rank} must be >= 0 (0 trains all weights)")
         check_lora_adapter_path("lora_adapter_path", self.lora_adapter_path, self.lora_rank)
+        if self.target_parameters and self.lora_rank <= 0:
+            raise ConfigFieldError(
+                "target_parameters", f"target_parameters={list(self.target_parameters)} adds LoRA adapters to expert "
+                "weights: set lora_rank > 0 (or leave target_parameters unset)",
+            )
         check_override_config(self.override_config)
 
     @property
@@ -130,6 +137,13 @@ class ModelConfig:
         if modules == "all-linear":
             return modules
         names = modules.split(",") if isinstance(modules, str) else modules
+        return tuple(name.strip() for name in names if name.strip())
+
+    @property
+    def lora_target_parameters(self) -> tuple[str, ...]:
+        """`target_parameters` as a tuple of weight names (a comma-separated string also works)."""
+        names = self.target_parameters or ()
+        names = names.split(",") if isinstance(names, str) else names
         return tuple(name.strip() for name in names if name.strip())
 
     @property

@@ -18,13 +18,15 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from hybridflow.models.lora_experts import ExpertAdapter, expert_adapter_layout, merge_expert_weight, transposed_in
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class LoraScaling:
     lora_alpha: float
     use_rslora: bool = False
     fan_in_fan_out: bool = False
+    target_parameters: tuple[str, ...] = ()
+    """3-D expert weights with adapters (peft's `target_parameters`; merged by `lora_experts`)."""
 
     def scale(self, rank: int) -> float:
         """The factor of `B @ A` for an adapter of rank `rank`."""
@@ -68,6 +72,7 @@ class LoraScaling:
             lora_alpha=float(config["lora_alpha"]),
             use_rslora=bool(config.get("use_rslora", False)),
             fan_in_fan_out=bool(config.get("fan_in_fan_out", False)),
+            target_parameters=tuple(sorted(config.get("target_parameters") or ())),
         )
 
 
@@ -78,6 +83,7 @@ def apply_lora(
     lora_alpha: float,
     target_modules: str | list[str] = "all-linear",
     adapter_path: str | os.PathLike | None = None,
+    target_parameters: Sequence[str] = (),
 ) -> nn.Module:
     """Wrap `model` in a peft LoRA model whose only trainable parameters are the adapters.
 
@@ -89,6 +95,8 @@ def apply_lora(
             such as ['q_proj', 'v_proj'].
         adapter_path: a directory written by peft's `save_pretrained` (adapter_config.json + weights)
             to continue training that adapter.
+        target_parameters: a mixture-of-experts model's 3-D expert weights to adapt as well, e.g.
+            ['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'] (one rank-r adapter per expert).
     """
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -107,29 +115,50 @@ def apply_lora(
         targets = target_modules if isinstance(target_modules, str) else list(target_modules)
         config = LoraConfig(
             r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none",
-            task_type="CAUSAL_LM",
+            task_type="CAUSAL_LM", target_parameters=list(target_parameters) or None,
         )
+        if target_parameters:
+            check_expert_targets(model, target_parameters)
         peft_model = get_peft_model(model, config)
-    check_no_expert_adapters(peft_model, target_modules)
+    check_no_expert_adapters(peft_model, target_modules, target_parameters)
     if not isinstance(targets, str):
         check_targets_matched(targets, list(peft_model.targeted_module_names), model)
     return peft_model
 
 
-MOE_LORA_FIX = "target the attention projections instead, e.g. target_modules=[q_proj,k_proj,v_proj,o_proj]"
+MOE_LORA_FIX = (
+    "target the attention projections with target_modules=[q_proj,k_proj,v_proj,o_proj], and the experts with "
+    "target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]"
+)
 
 
-def check_no_expert_adapters(peft_model: nn.Module, target_modules: str | list[str]) -> None:
-    """Refuse adapters on a mixture-of-experts model's 3-D expert weights or router (peft 0.21 wraps them, as
-    `ParamWrapper`s, under 'all-linear'): the rollout receives merged weights, and `merge_lora_named_tensors` merges
-    Linear adapters only."""
-    wrapped = sorted({name.split(".lora_")[0] for name, _ in peft_model.named_parameters()
-                      if ".lora_" in name and _is_param_wrapper(peft_model, name.split(".lora_")[0])})
+def check_expert_targets(model: nn.Module, target_parameters: Sequence[str]) -> None:
+    """Each `target_parameters` name must end the name of a 3-D (experts, ., .) weight of `model`."""
+    expert_weights = [name for name, param in model.named_parameters() if param.dim() == 3]
+    for target in target_parameters:
+        if not any(name == target or name.endswith(f".{target}") for name in expert_weights):
+            known = sorted({".".join(name.split(".")[-3:]) for name in expert_weights}) or "none: a dense model"
+            raise ValueError(
+                f"LoRA target_parameters entry {target!r} names no 3-D expert weight of this model (its expert "
+                f"weights: {known})"
+            )
+
+
+def check_no_expert_adapters(
+    peft_model: nn.Module, target_modules: str | list[str], target_parameters: Sequence[str] = ()
+) -> None:
+    """Refuse adapters that peft put on a mixture-of-experts model's 3-D weights or routers without being asked
+    through `target_parameters` (peft 0.21 wraps them, as `ParamWrapper`s, under 'all-linear')."""
+    asked = {t.rsplit(".", 1)[-1] for t in target_parameters}
+    wrapped = sorted({prefix for prefix in (name.split(".lora_")[0] for name, _ in peft_model.named_parameters()
+                                            if ".lora_" in name)
+                      if _is_param_wrapper(peft_model, prefix)
+                      and peft_model.get_submodule(prefix).parameter_name not in asked})
     if wrapped:
         raise ValueError(
             f"LoRA target_modules={target_modules!r} puts adapters on this mixture-of-experts model's expert weights "
-            f"or routers ({wrapped[0]}, ... {len(wrapped)} in all); LoRA on experts is not supported (the rollout "
-            f"gets merged weights, and only Linear adapters are merged): {MOE_LORA_FIX}"
+            f"or routers ({wrapped[0]}, ... {len(wrapped)} in all), which target_parameters did not ask for: "
+            f"{MOE_LORA_FIX}"
         )
 
 
@@ -188,7 +217,9 @@ def to_hf_name(name: str) -> str:
     """A peft parameter name without the peft wrapping: `base_model.model.X.base_layer.weight` -> `X.weight`."""
     if name.startswith(PEFT_PREFIX):
         name = name[len(PEFT_PREFIX):]
-    return name.replace(_BASE, ".")
+    while _BASE in name:  # nested wrappers (one per adapted expert weight) stack several
+        name = name.replace(_BASE, ".")
+    return name
 
 
 def _lora_module(name: str) -> tuple[str, str] | None:
@@ -216,15 +247,23 @@ def merge_lora_weight(
 
 
 def merge_lora_named_tensors(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: LoraScaling
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    scaling: LoraScaling,
+    experts: Mapping[str, ExpertAdapter] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Plain HF `(name, tensor)` pairs from a peft model's pairs, adapters merged into their base weights.
 
     Non-adapted tensors pass through renamed. An adapted module's base weight, `lora_A` and `lora_B` are held
-    until all three arrived (peft lists them one after another), so at most one module is buffered.
+    until all three arrived (peft lists them one after another), so at most one module is buffered; an experts
+    module's weights wait for their adapters (`experts`: `lora_experts.expert_adapter_layout`).
     """
     pending: dict[str, dict[str, torch.Tensor]] = {}
+    expert_parts = _ExpertParts(experts or {}, scaling)
     for name, tensor in named_tensors:
+        taken = expert_parts.take(name, tensor)
+        if taken is not None:
+            yield from taken
+            continue
         part = _lora_module(name)
         if part is None:
             yield to_hf_name(name), tensor
@@ -237,13 +276,53 @@ def merge_lora_named_tensors(
             yield to_hf_name(prefix) + ".weight", merge_lora_weight(parts["W"], parts["A"], parts["B"], scaling)
     if pending:
         raise ValueError(f"incomplete LoRA modules (need base weight, lora_A and lora_B): {sorted(pending)[:3]}")
+    expert_parts.check_done()
 
 
-def merge_lora_state_dict(state_dict: Mapping[str, torch.Tensor], scaling: LoraScaling) -> dict[str, torch.Tensor]:
+class _ExpertParts:
+    """Buffers an expert adapter's weight, `lora_A` and `lora_B` until all three arrived, then merges them."""
+
+    def __init__(self, experts: Mapping[str, ExpertAdapter], scaling: LoraScaling) -> None:
+        self.scaling = scaling
+        self.role: dict[str, tuple[ExpertAdapter, str]] = {}
+        for adapter in experts.values():
+            self.role[adapter.weight] = (adapter, "W")
+            self.role[adapter.prefix + _LORA_A] = (adapter, "A")
+            self.role[adapter.prefix + _LORA_B] = (adapter, "B")
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+
+    def take(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+        """None when `name` is not an expert adapter's; else the merged weight it completes (or nothing yet)."""
+        if name not in self.role:
+            return None
+        adapter, kind = self.role[name]
+        parts = self.pending.setdefault(adapter.prefix, {})
+        parts[kind] = tensor
+        if len(parts) < 3:
+            return []
+        del self.pending[adapter.prefix]
+        merged = merge_expert_weight(parts["W"], parts["A"], parts["B"], self.scaling.scale, adapter.transposed)
+        return [(to_hf_name(adapter.weight), merged)]
+
+    def check_done(self) -> None:
+        if self.pending:
+            raise ValueError(
+                f"incomplete expert LoRA adapters (need the weight, lora_A and lora_B): {sorted(self.pending)[:3]}"
+            )
+
+
+def merge_lora_state_dict(
+    state_dict: Mapping[str, torch.Tensor], scaling: LoraScaling, experts: Mapping[str, ExpertAdapter] | None = None
+) -> dict[str, torch.Tensor]:
     """A plain HF state dict from a peft model's state dict (adapters merged); other dicts pass through renamed."""
     grouped: dict[str, dict[str, torch.Tensor]] = {}
     merged: dict[str, torch.Tensor] = {}
+    expert_parts = _ExpertParts(experts or {}, scaling)
     for name, tensor in state_dict.items():
+        taken = expert_parts.take(name, tensor)
+        if taken is not None:
+            merged.update(taken)
+            continue
         part = _lora_module(name)
         if part is None:
             merged[to_hf_name(name)] = tensor
@@ -253,6 +332,7 @@ def merge_lora_state_dict(state_dict: Mapping[str, torch.Tensor], scaling: LoraS
         if len(parts) != 3:
             raise ValueError(f"LoRA module {prefix} has only {sorted(parts)} (needs W, A and B)")
         merged[to_hf_name(prefix) + ".weight"] = merge_lora_weight(parts["W"], parts["A"], parts["B"], scaling)
+    expert_parts.check_done()
     return merged
 
 
@@ -285,13 +365,14 @@ def save_hf_model_from_state_dict(
 
     if scaling is None and has_lora_weights(state_dict):
         raise ValueError("the state dict holds LoRA weights: pass the adapter's scaling to merge them")
+    model = causal_lm_class(hf_config).from_config(hf_config, dtype=dtype or next(iter(state_dict.values())).dtype)
     if scaling is not None:
-        merged = merge_lora_state_dict(state_dict, scaling)
+        experts = expert_adapter_layout(list(state_dict), scaling.target_parameters, transposed_in(model))
+        merged = merge_lora_state_dict(state_dict, scaling, experts)
     else:
         merged = {to_hf_name(key): value for key, value in state_dict.items()}
     if dtype is not None:
         merged = {key: value.to(dtype) if value.is_floating_point() else value for key, value in merged.items()}
-    model = causal_lm_class(hf_config).from_config(hf_config, dtype=dtype or next(iter(merged.values())).dtype)
     missing, unexpected = model.load_state_dict(merged, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ()) if hf_config.tie_word_embeddings else set()
     missing = [key for key in missing if key not in tied]

@@ -62,6 +62,7 @@ from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, resolve_dtype
 from hybridflow.models.lora import apply_lora, is_lora_model, lora_scaling_of, merge_lora_named_tensors
 from hybridflow.models.lora import save_hf_model_from_state_dict, save_lora_adapter
+from hybridflow.models.lora_experts import expert_adapter_layout, transposed_in
 from hybridflow.models.value_head import build_value_model, compute_sequence_scores
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
@@ -128,6 +129,7 @@ def _build_module(
             module = apply_lora(
                 module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
                 target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
+                target_parameters=model.lora_target_parameters,
             )
     return module
 
@@ -162,6 +164,10 @@ class FSDPEngine:
                 f"is {self.device.type}: use sdpa"
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
+        self.lora_experts = {} if self.lora_scaling is None else expert_adapter_layout(
+            [name for name, _ in module.named_parameters()], self.lora_scaling.target_parameters,
+            transposed_in(module.get_base_model()),
+        )  # adapters on 3-D expert weights: merged apart from the Linear ones
         check_one_rank_lora(
             self.lora_scaling is not None, self.is_sharded, self.world_size, self.device, self.param_dtype
         )
@@ -485,7 +491,7 @@ class FSDPEngine:
         if self.lora_scaling is None:
             yield from self._named_module_params()
         else:
-            yield from merge_lora_named_tensors(self._named_module_params(), self.lora_scaling)
+            yield from merge_lora_named_tensors(self._named_module_params(), self.lora_scaling, self.lora_experts)
 
     def _named_module_params(
         self, keep: Callable[[str], bool] = lambda name: True

@@ -177,18 +177,50 @@ def check_rollout_model(cfg: PPOConfig) -> None:
 
 
 def check_lora_on_experts(cfg: PPOConfig) -> None:
-    """LoRA on a mixture-of-experts actor: 'all-linear' would put adapters on the experts' 3-D weights and the routers
-    (peft 0.21 does), which the hand-over's merge does not take; refused now, naming the attention targets."""
+    """LoRA on a mixture-of-experts actor: 'all-linear' would put adapters on the experts and routers without being
+    asked (peft 0.21 does), so it is refused naming the keys that do it; `target_parameters` (adapters on the
+    experts' 3-D weights) must name expert weights of the model, with LoRA on, and without expert parallelism (each
+    rank would hold part of the experts but all of an adapter)."""
     model = cfg.actor_rollout_ref.model
+    targets = model.lora_target_parameters
     if model.lora_rank <= 0 or model.lora_adapter_path:
         return
     config = model_config_json(model.path) or {}
     if is_moe_config(config) and isinstance(model.target_modules, str) and model.target_modules.lower() == "all-linear":
         raise ValueError(
             "actor_rollout_ref.model.target_modules='all-linear' with LoRA on a mixture-of-experts model "
-            f"({config.get('model_type')!r}) would put adapters on its experts and routers, which is not supported; "
-            "set actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"
+            f"({config.get('model_type')!r}) would put adapters on its experts and routers; set "
+            "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj], and for the experts "
+            "actor_rollout_ref.model.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]"
         )
+    if not targets:
+        return
+    ep = cfg.actor_rollout_ref.actor.fsdp_config.expert_parallel_size
+    if ep > 1:
+        raise ValueError(
+            f"actor_rollout_ref.model.target_parameters={list(targets)} with "
+            f"actor_rollout_ref.actor.fsdp_config.expert_parallel_size={ep}: LoRA on experts is not with expert "
+            "parallelism (each rank holds part of the experts); set expert_parallel_size=1 or drop target_parameters"
+        )
+    if config:
+        from hybridflow.models.lora import check_expert_targets
+
+        try:
+            check_expert_targets(_meta_model(model.path, model.trust_remote_code), targets)
+        except ValueError as err:
+            raise ValueError(f"actor_rollout_ref.model.target_parameters: {err}") from err
+
+
+def _meta_model(model_path: str, trust_remote_code: bool):
+    """The model's architecture on the meta device (parameter names and shapes, no weights)."""
+    import torch
+    from transformers import AutoConfig
+
+    from hybridflow.models.loader import causal_lm_class
+
+    config = AutoConfig.from_pretrained(expand_path(model_path), trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        return causal_lm_class(config).from_config(config, trust_remote_code=trust_remote_code)
 
 
 MODEL_SECTIONS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.model", "critic": "critic.model",
