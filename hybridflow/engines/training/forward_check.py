@@ -67,7 +67,9 @@ def probe_batch(vocab_size: int) -> DataProto:
 class ProbeTolerance:
     """Accepted differences between two forwards of the same weights, per response token: the largest, the mean,
     and the relative residual of the logits after their best scale. float32 only reorders sums (about 1e-6
-    measured); bf16/fp16 round every activation, so only gross errors (the ones found: 0.3 and more) are caught."""
+    measured); bf16/fp16 round every activation, and a random probe token's log-prob (often -20 or lower) moves by
+    a tenth or more in a large model, so half precision judges mostly by the mean: the errors found had means of
+    0.17 (MiniMax packed) and 0.33 (gpt-oss packed), max 0.75 and 1.7."""
 
     max_abs: float
     mean_abs: float
@@ -77,7 +79,7 @@ class ProbeTolerance:
 def probe_tolerance(param_dtype: torch.dtype) -> ProbeTolerance:
     if param_dtype == torch.float32:
         return ProbeTolerance(max_abs=1e-3, mean_abs=1e-3, residual=1e-4)
-    return ProbeTolerance(max_abs=0.25, mean_abs=0.03, residual=2e-2)
+    return ProbeTolerance(max_abs=1.0, mean_abs=0.05, residual=2e-2)
 
 
 def check_engine_forward(engine: FSDPEngine) -> None:
