@@ -66,20 +66,22 @@ def probe_batch(vocab_size: int) -> DataProto:
 @dataclasses.dataclass(frozen=True)
 class ProbeTolerance:
     """Accepted differences between two forwards of the same weights, per response token: the largest, the mean,
-    and the relative residual of the logits after their best scale. float32 only reorders sums (about 1e-6
-    measured); bf16/fp16 round every activation, and a random probe token's log-prob (often -20 or lower) moves by
-    a tenth or more in a large model, so half precision judges mostly by the mean: the errors found had means of
-    0.17 (MiniMax packed) and 0.33 (gpt-oss packed), max 0.75 and 1.7."""
+    and the relative residual of the logits after their best scale."""
 
     max_abs: float
     mean_abs: float
     residual: float
 
 
-def probe_tolerance(param_dtype: torch.dtype) -> ProbeTolerance:
-    if param_dtype == torch.float32:
+def probe_tolerance(compute_dtype: torch.dtype) -> ProbeTolerance:
+    """float32 only reorders sums (about 1e-6 measured). In bf16 the probe's random tokens (log-probs near -18)
+    move a lot: SmolLM2-135M's packed and padded bf16 forwards differ by 0.087 on average and 0.25 at most on the
+    probe batch (CPU), more than the smallest error found in float32 (MiniMax packed: mean 0.17). So a sharded
+    half-precision engine (which cannot compute the probe in float32) is stopped only by gross errors; the config
+    rules before Ray and the float32 tests carry the rest."""
+    if compute_dtype == torch.float32:
         return ProbeTolerance(max_abs=1e-3, mean_abs=1e-3, residual=1e-4)
-    return ProbeTolerance(max_abs=1.0, mean_abs=0.05, residual=2e-2)
+    return ProbeTolerance(max_abs=5.0, mean_abs=0.5, residual=2e-2)
 
 
 def check_engine_forward(engine: FSDPEngine) -> None:
@@ -94,11 +96,13 @@ def check_engine_forward(engine: FSDPEngine) -> None:
     batch = probe_batch(engine.module.config.get_text_config().vocab_size)
     key = "values" if engine.model_kind == "value" else "log_probs"
     mask = batch.batch["response_mask"].bool()
-    tolerance = probe_tolerance(engine.param_dtype)
+    # An unsharded engine computes under autocast over float32 weights: the probe runs it in float32.
+    compute_dtype = engine.param_dtype if engine.is_sharded else torch.float32
+    tolerance = probe_tolerance(compute_dtype)
     was_training = engine.module.training
     engine.module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _without_autocast(engine):
             with _plain_head(engine), _inner_attention(engine):
                 reference = _run(engine, batch, "padded")[key]
             if fused:
@@ -132,11 +136,25 @@ def _run(engine: FSDPEngine, batch: DataProto, layout: LayoutName) -> dict[str, 
 def _compare(got: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor, tolerance: ProbeTolerance, fix: str) -> None:
     error = (got - reference)[mask].abs()
     largest, mean = error.max().item(), error.mean().item()
+    logger.debug("forward probe: largest difference %.3g, mean %.3g", largest, mean)
     if not (largest <= tolerance.max_abs and mean <= tolerance.mean_abs):  # NaN fails too
         raise ForwardMismatchError(
             f"{fix} (difference on a probe batch: largest {largest:.3g}, mean {mean:.3g}; accepted "
             f"{tolerance.max_abs:g} and {tolerance.mean_abs:g})"
         )
+
+
+@contextlib.contextmanager
+def _without_autocast(engine: FSDPEngine) -> Iterator[None]:
+    """An unsharded engine's forwards in its float32 weights' precision while the context is open."""
+    if engine.is_sharded:
+        yield
+        return
+    engine._autocast = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        del engine._autocast  # the class's method again
 
 
 @contextlib.contextmanager
