@@ -5,8 +5,9 @@ model these rules do not know is still caught, after Ray.
 - Packed rows (`use_remove_padding`, and the shared-prompt and Ulysses layouts built on them) need every layer to
   be attention that restarts at each packed sequence: a recurrent, linear-attention or convolution layer carries
   its state from one packed sequence into the next.
-- The fused head (`use_fused_kernels`) projects the hidden states itself, so it cannot apply a soft cap the model
-  puts on its logits (a plain scale it measures and folds in).
+- The fused head (`use_fused_kernels`) projects the hidden states itself; it applies the model's soft cap
+  (`final_logit_softcapping`) and measures and folds in a plain scale, so no config rule refuses it (the engine's
+  probe still compares it with the model's own head).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ATTENTION_LAYER_TYPES", "PACKING_UNSUPPORTED_MODEL_TYPES", "fused_head_unsupported_reason",
-           "packing_unsupported_reason"]
+__all__ = ["ATTENTION_LAYER_TYPES", "PACKING_UNSUPPORTED_MODEL_TYPES", "packing_unsupported_reason"]
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 """transformers' `layer_types` entries that are attention layers (the others: linear attention, Mamba, convolution)."""
@@ -44,12 +44,4 @@ def packing_unsupported_reason(config: Mapping[str, Any]) -> str | None:
             f"model type {model_type!r} has {others} layers, which carry their state from one packed sequence into "
             "the next"
         )
-    return None
-
-
-def fused_head_unsupported_reason(config: Mapping[str, Any]) -> str | None:
-    """Why the fused head would compute other log-probs than the model's own head, or None."""
-    cap = _text_config(config).get("final_logit_softcapping")
-    if cap:
-        return f"the model soft-caps its logits after the head (final_logit_softcapping={cap})"
     return None

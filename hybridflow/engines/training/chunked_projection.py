@@ -25,10 +25,17 @@ __all__ = ["chunked_log_probs"]
 
 
 def _chunk_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
-) -> torch.Tensor:
-    """(C, H) -> (C, V) float32 logits / temperature, computed as the head module computes them."""
-    return torch.nn.functional.linear(hidden, weight, bias).float() / temperature
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(C, H) -> (C, V) float32 logits / temperature, computed as the head module computes them, soft-capped as
+    `softcap * tanh(x / softcap)` when the model caps its logits (Gemma-2's `final_logit_softcapping`); with the
+    cap, also tanh(x / softcap), whose derivative the backward needs."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    if softcap is None:
+        return logits / temperature, None
+    squashed = torch.tanh(logits / softcap)
+    return squashed * (softcap / temperature), squashed
 
 
 def _label_columns(labels: torch.Tensor, width: int, shard: VocabShard | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +77,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """(log-probs, entropy) of `labels` under softmax(hidden @ weight.T + bias) / temperature, chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, shard, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, shard, with_entropy, softcap):  # type: ignore[override]
         ctx.set_materialize_grads(False)
         num_rows = hidden.size(0)
         log_probs = hidden.new_empty(num_rows, dtype=torch.float32)
@@ -78,13 +85,13 @@ class _ChunkedLogProbs(torch.autograd.Function):
         entropy = hidden.new_empty(num_rows, dtype=torch.float32) if with_entropy else None
         for start in range(0, num_rows, chunk_size):
             rows = slice(start, start + chunk_size)
-            logits = _chunk_logits(hidden[rows], weight, bias, temperature)
+            logits, _ = _chunk_logits(hidden[rows], weight, bias, temperature, softcap)
             log_probs[rows], lse[rows], chunk_entropy = _forward_chunk(logits, labels[rows], shard, with_entropy)
             if with_entropy:
                 entropy[rows] = chunk_entropy
             del logits
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
-        ctx.temperature, ctx.chunk_size, ctx.shard = temperature, chunk_size, shard
+        ctx.temperature, ctx.chunk_size, ctx.shard, ctx.softcap = temperature, chunk_size, shard, softcap
         device_type = hidden.device.type  # the backward recomputes the logits under the forward's autocast
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         return log_probs, entropy
@@ -110,7 +117,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
             rows = slice(start, start + chunk_size)
             chunk_hidden = hidden[rows]
             with torch.autocast(device_type, dtype=dtype, enabled=enabled):
-                logits = _chunk_logits(chunk_hidden, compute_weight, bias, temperature)
+                logits, squashed = _chunk_logits(chunk_hidden, compute_weight, bias, temperature, ctx.softcap)
             grad_logits = _grad_logits(
                 logits, labels[rows], lse[rows],
                 None if entropy is None else entropy[rows],
@@ -118,7 +125,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 None if grad_entropy is None else grad_entropy[rows],
                 shard,
             )
-            grad_logits = grad_logits.div_(temperature).to(compute_dtype)  # d(x / T) / dx
+            grad_logits = grad_logits.div_(temperature)  # d(x / T) / dx
+            if squashed is not None:  # d(c tanh(x / c)) / dx = 1 - tanh(x / c)^2
+                grad_logits.mul_(1 - squashed * squashed)
+            grad_logits = grad_logits.to(compute_dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_logits @ compute_weight
             if grad_weight is not None and grad_weight.dtype == compute_dtype:
@@ -136,7 +146,7 @@ def _grads_out(grad_hidden, grad_weight, grad_bias, weight, bias) -> tuple:
     """The backward's return: gradients of hidden, weight and bias in their dtypes, None for the other inputs."""
     grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
     grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-    return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+    return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def _grad_logits(
@@ -175,8 +185,10 @@ def chunked_log_probs(
     chunk_size: int = 1024,
     shard: VocabShard | None = None,
     calculate_entropy: bool = False,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of `labels` (and entropy) under softmax((hidden @ weight.T + bias) / temperature), float32.
+    """Log-probs of `labels` (and entropy) under softmax((hidden @ weight.T + bias) / temperature), float32; with
+    `softcap`, the logits are capped first (softcap * tanh(logits / softcap)).
 
     hidden: (N, H); weight: (V, H), or this rank's (V/tp, H) with `shard`; bias: (V,) / (V/tp,) or None;
     labels: (N,) int64 vocabulary ids -> log_probs (N,), entropy (N,) or None. Differentiable in hidden, weight and
@@ -186,4 +198,6 @@ def chunked_log_probs(
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be (N, H) and labels (N,), got {tuple(hidden.shape)} and {tuple(labels.shape)}")
-    return _ChunkedLogProbs.apply(hidden, weight, bias, labels, temperature, chunk_size, shard, calculate_entropy)
+    return _ChunkedLogProbs.apply(
+        hidden, weight, bias, labels, temperature, chunk_size, shard, calculate_entropy, softcap
+    )

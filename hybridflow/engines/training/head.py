@@ -45,6 +45,9 @@ class Head:
     1 / `logits_scaling`): the fused head, which projects the hidden states itself, folds it into the temperature.
     Measured at engine start (`forward_check`), never read from a config key (the same key means a product in one
     family and a quotient in another)."""
+    logit_softcap: float | None = None
+    """The model's soft cap on its logits (`final_logit_softcapping`: c * tanh(x / c), Gemma-2 and later), applied
+    by the fused head as by the model; checked at engine start like the multiplier."""
 
     def log_probs(
         self,
@@ -85,6 +88,7 @@ class Head:
             result["out"] = chunked_log_probs(
                 select(hidden), weight, labels, bias=bias, temperature=temperature / self.logit_multiplier,
                 chunk_size=self.chunk_size, shard=shard, calculate_entropy=calculate_entropy,
+                softcap=self.logit_softcap,
             )
             # The head still runs, on one position per row: DTensor's tensor-parallel head cannot take zero rows.
             return (hidden[..., :1, :],)
@@ -99,13 +103,16 @@ class Head:
 
     def projection_and_logits(self, model: nn.Module, inputs: dict[str, Any], logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The head module's own projection of the last `logits_to_keep` positions (hidden @ weight.T + bias, this
-        rank's vocabulary slice under tensor parallelism) and the logits the model returns for them, float32: they
-        differ where the model transforms its logits after the head (a scale, a soft cap)."""
+        rank's vocabulary slice under tensor parallelism; soft-capped with `logit_softcap`) and the logits the model
+        returns for them, float32: they differ where the model transforms its logits after the head otherwise."""
         projected: dict[str, torch.Tensor] = {}
 
         def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
             weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
-            projected["z"] = torch.nn.functional.linear(args[0], weight, bias).float()
+            z = torch.nn.functional.linear(args[0], weight, bias).float()
+            if self.logit_softcap is not None:
+                z = torch.tanh(z / self.logit_softcap) * self.logit_softcap
+            projected["z"] = z
 
         handle = self.module.register_forward_pre_hook(project, prepend=True)
         try:
@@ -125,4 +132,6 @@ def build_head(module: nn.Module, *, is_lora: bool, fused: bool, chunk_size: int
             "kept positions at once instead", type(head).__name__,
         )
         fused = False
-    return Head(module=head, chunk_size=chunk_size if fused else None, shard=shard)
+    softcap = getattr(module.config.get_text_config(), "final_logit_softcapping", None) if fused else None
+    return Head(module=head, chunk_size=chunk_size if fused else None, shard=shard,
+                logit_softcap=float(softcap) if softcap else None)

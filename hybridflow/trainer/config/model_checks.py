@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from hybridflow.data.config import expand_path
-from hybridflow.models.forward_support import fused_head_unsupported_reason, packing_unsupported_reason
+from hybridflow.models.forward_support import packing_unsupported_reason
 from hybridflow.models.moe_shape import is_moe_config, moe_routing_unsupported_reason
 from hybridflow.trainer.config.parallel_checks import engine_configs, hf_model_config
 from hybridflow.trainer.config.schema import PPOConfig
@@ -229,9 +229,9 @@ MODEL_SECTIONS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.
 
 
 def check_forward_support(cfg: PPOConfig) -> None:
-    """Packed rows and the fused head, for each trained model: refused where its config says they would compute
-    other log-probs or values than its own padded forward (`models.forward_support`; the engine probes the loaded
-    model again at start)."""
+    """Packed rows, for each trained model: refused where its config says they would compute other log-probs or
+    values than its own padded forward (`models.forward_support`; the engine probes the loaded model again at
+    start, its fused head too)."""
     for role, (section, engine) in engine_configs(cfg).items():
         config = model_config_json(engine.model.path) or {}
         model_key = MODEL_SECTIONS[role]
@@ -242,13 +242,6 @@ def check_forward_support(cfg: PPOConfig) -> None:
             if engine.share_prompts:
                 keys += " and actor_rollout_ref.actor.use_prefix_grouper=False"
             raise ValueError(f"{section}: packed rows are wrong for {engine.model.path!r}: {reason}; set {keys}")
-        causal_lm = role in ("actor", "ref") or (role == "reward_model" and cfg.uses_prime)
-        reason = fused_head_unsupported_reason(config) if engine.model.use_fused_kernels and causal_lm else None
-        if reason is not None:
-            raise ValueError(
-                f"{section}: {model_key}.use_fused_kernels=True cannot reproduce {engine.model.path!r}'s log-probs: "
-                f"{reason}; set {model_key}.use_fused_kernels=False"
-            )
 
 
 def check_moe_routing(cfg: PPOConfig) -> None:

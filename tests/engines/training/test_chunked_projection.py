@@ -87,7 +87,8 @@ def _assert_equal(plain: dict, fused: dict, mask: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- the function itself
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, 1000])
 @pytest.mark.parametrize("outputs", ["log_probs", "entropy", "both"])
-def test_chunked_log_probs_equal_the_plain_head_and_its_gradients(chunk_size, outputs):
+@pytest.mark.parametrize("softcap", [None, 2.0])  # 2.0: the logits (a few units) are in tanh's bend
+def test_chunked_log_probs_equal_the_plain_head_and_its_gradients(chunk_size, outputs, softcap):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(50, 16, generator=gen).requires_grad_()
     weight = (torch.randn(300, 16, generator=gen) * 0.3).requires_grad_()
@@ -104,7 +105,10 @@ def test_chunked_log_probs_equal_the_plain_head_and_its_gradients(chunk_size, ou
         return total
 
     def plain(hidden, weight, bias):
-        logits = torch.nn.functional.linear(hidden, weight, bias) / TEMPERATURE
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / TEMPERATURE
         if logits.dtype == torch.float64:  # the truth: the same formulas without rounding to float32
             log_probs = logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
             return log_probs, torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
@@ -117,7 +121,8 @@ def test_chunked_log_probs_equal_the_plain_head_and_its_gradients(chunk_size, ou
     expected = plain(*inputs)
     expected_grads = torch.autograd.grad(objective(*expected), inputs)
     got = chunked_log_probs(
-        hidden, weight, labels, bias=bias, temperature=TEMPERATURE, chunk_size=chunk_size, calculate_entropy=True
+        hidden, weight, labels, bias=bias, temperature=TEMPERATURE, chunk_size=chunk_size, calculate_entropy=True,
+        softcap=softcap,
     )
     got_grads = torch.autograd.grad(objective(*got), inputs)
     # float32 log-probs and entropies of a few units: 1e-6 is a few ulps
