@@ -60,9 +60,9 @@ from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
 from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import build_causal_lm, resolve_dtype
-from hybridflow.models.lora import apply_lora, is_lora_model, lora_scaling_of, merge_lora_named_tensors
+from hybridflow.models.lora import apply_lora, expert_adapters_of, is_lora_model, lora_scaling_of
+from hybridflow.models.lora import merge_lora_named_tensors
 from hybridflow.models.lora import save_hf_model_from_state_dict, save_lora_adapter
-from hybridflow.models.lora_experts import expert_adapter_layout, transposed_in
 from hybridflow.models.value_head import build_value_model, compute_sequence_scores
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
@@ -164,10 +164,7 @@ class FSDPEngine:
                 f"is {self.device.type}: use sdpa"
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
-        self.lora_experts = {} if self.lora_scaling is None else expert_adapter_layout(
-            [name for name, _ in module.named_parameters()], self.lora_scaling.target_parameters,
-            transposed_in(module.get_base_model()),
-        )  # adapters on 3-D expert weights: merged apart from the Linear ones
+        self.lora_experts = expert_adapters_of(module) if self.lora_scaling is not None else {}  # merged apart
         check_one_rank_lora(
             self.lora_scaling is not None, self.is_sharded, self.world_size, self.device, self.param_dtype
         )
@@ -224,9 +221,7 @@ class FSDPEngine:
         self._work = {False: ForwardWork(), True: ForwardWork()}
         self.optimizer = build_optimizer(self.module, config.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config)
-        # The layout and the fused head against the model's own padded forward (a few tiny forwards; the weights
-        # are left sharded).
-        check_engine_forward(self)
+        check_engine_forward(self)  # the layout and fused head against the model's own padded forward
 
     # ------------------------------------------------------------------ forward
     @property
