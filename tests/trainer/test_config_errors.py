@@ -224,9 +224,10 @@ def test_expert_parallel_sizes_are_checked_against_the_model_and_the_ranks(tmp_p
             check(base + moe + ["trainer.n_gpus_per_node=3", f"{ep}=3"])
         with pytest.raises(ValueError, match=rf"{ep}=4 over 2 ranks"):
             check(base + moe + [f"{ep}=4"])
-        with pytest.raises(ValueError, match="LoRA adapters with expert_parallel_size > 1"):
-            check(base + moe + [f"{ep}=2", "actor_rollout_ref.model.lora_rank=4",
-                                "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
+        lora = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]"]
+        check(base + moe + [f"{ep}=2", *lora])  # adapters on the attention compose with EP
+        with pytest.raises(ValueError, match=r"target_parameters=.*expert_parallel_size=2: LoRA on experts is not"):
+            check(base + moe + [f"{ep}=2", *lora, "actor_rollout_ref.model.target_parameters=[mlp.experts.down_proj]"])
 
 
 def test_lora_all_linear_on_a_moe_actor_is_refused_before_ray(tmp_path, train_file):

@@ -288,19 +288,24 @@ def test_grpo_with_router_replay_on_another_moe_family(workspace, model_type):
         assert records[step]["training/rollout_probs_diff_max"] < 1e-3, (step, records[step]["training/rollout_probs_diff_max"])
 
 
-def test_grpo_with_lora_on_the_experts_hands_merged_experts_to_the_rollout(workspace):
-    """Two GRPO steps of a tiny Mixtral with LoRA on attention and on every expert (`target_parameters`) on 2 FSDP
-    ranks: the native rollout receives the experts with their adapters merged after the first update (its
-    log-probs still match the trainer's), and the exported model loads as a plain Mixtral."""
+LORA_ON_EXPERTS = ["actor_rollout_ref.model.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]"]
+LORA_WITH_EP = ["actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2"]
+
+
+@pytest.mark.parametrize("extra", [LORA_ON_EXPERTS, pytest.param(LORA_WITH_EP, marks=pytest.mark.slow)],
+                         ids=["on_experts", "attention_with_ep"])
+def test_grpo_with_lora_on_a_moe_hands_merged_weights_to_the_rollout(workspace, extra):
+    """Two GRPO steps of a tiny Mixtral on 2 FSDP ranks with LoRA on attention and on every expert
+    (`target_parameters`), or on attention with the experts split over the ranks (EP=2): the native rollout
+    receives the merged weights after the first update, and its log-probs still match the trainer's."""
     from hybridflow.models.moe import save_tiny_moe_model
 
     model_dir = save_tiny_moe_model(workspace / "tiny_mixtral", "mixtral")
     records = by_step(run(overrides(
-        workspace, workspace / "lora_experts", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        workspace, workspace / "lora_moe", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.name=native", f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
-        "actor_rollout_ref.model.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]",
+        "actor_rollout_ref.model.target_modules=[q_proj,v_proj]", *extra,
         "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
     )))
     for step in (1, 2):

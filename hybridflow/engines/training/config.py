@@ -208,10 +208,11 @@ class FSDPEngineConfig:
                 "shared-prompt forwards (use_prefix_grouper) need a block attention mask, which flash_attention_2 "
                 "cannot take; use sdpa, eager or flex_attention, or turn use_prefix_grouper off",
             )
-        if self.fsdp.expert_parallel_size > 1 and self.model.use_lora:
+        if self.fsdp.expert_parallel_size > 1 and self.model.lora_target_parameters:
             raise ConfigFieldError(
                 "expert_parallel_size",
-                "LoRA adapters with expert_parallel_size > 1 are not implemented; use expert_parallel_size=1 with LoRA",
+                "LoRA on the experts (model.target_parameters) with expert_parallel_size > 1 is not implemented (each "
+                "rank holds part of the experts); use expert_parallel_size=1, or adapters on the attention only",
             )
         if self.fsdp.tensor_parallel_size > 1 and self.model.use_lora:
             raise ConfigFieldError(

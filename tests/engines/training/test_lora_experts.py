@@ -5,12 +5,14 @@ process, and the settings it cannot serve are refused naming the key."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from hybridflow.engines.training import FSDPEngineConfig, OptimConfig, build_fsdp_engine
+from hybridflow.engines.training.config import FSDPConfig
 from hybridflow.models import load_tokenizer
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.moe import save_tiny_moe_model
@@ -64,11 +66,13 @@ def test_expert_adapters_train_and_merge_as_peft_does(tmp_path, tiny_tokenizer, 
         assert torch.allclose(exported(ids).logits, engine.module(input_ids=ids).logits, atol=1e-4)
 
 
-def _two_steps(rank: int, world_size: int, path: str, out_file: str) -> None:
+def _two_steps(rank: int, world_size: int, path: str, out_file: str, experts: bool, ep: int) -> None:
     batch = make_batch(len(load_tokenizer(path)), batch_size=4)
     local = batch.chunk(world_size)[rank] if world_size > 1 else batch
     torch.manual_seed(0)  # lora_A's random start, alike in both runs
-    engine = build_fsdp_engine(path, _config(["q_proj", "v_proj"]))
+    config = _config(["q_proj", "v_proj"])
+    model = config.model if experts else dataclasses.replace(config.model, target_parameters=None)
+    engine = build_fsdp_engine(path, dataclasses.replace(config, model=model, fsdp=FSDPConfig(expert_parallel_size=ep)))
     losses = torch.tensor([engine.train_batch(local, seq_mean_nll)["loss"] for _ in range(2)], dtype=torch.float64)
     if world_size > 1:
         torch.distributed.all_reduce(losses)
@@ -77,10 +81,13 @@ def _two_steps(rank: int, world_size: int, path: str, out_file: str) -> None:
         torch.save(((losses / world_size).tolist(), merged), out_file)
 
 
-def test_expert_adapters_on_two_fsdp_ranks_equal_one_process(tmp_path, tiny_tokenizer):
+@pytest.mark.parametrize(("experts", "ep"), [(True, 1), (False, 2)], ids=["experts_fsdp2", "attention_ep2"])
+def test_adapters_on_two_ranks_equal_one_process(tmp_path, tiny_tokenizer, experts, ep):
+    """Adapters on attention and experts with FSDP2 over 2 ranks; or adapters on the attention of a model whose
+    experts are split over the 2 ranks (expert parallelism). Each against one process holding everything."""
     path = str(save_tiny_moe_model(tmp_path / "mixtral", "mixtral", tokenizer=tiny_tokenizer))
-    _two_steps(0, 1, path, str(tmp_path / "one.pt"))
-    run_distributed(_two_steps, 2, path, str(tmp_path / "two.pt"))
+    _two_steps(0, 1, path, str(tmp_path / "one.pt"), experts, 1)
+    run_distributed(_two_steps, 2, path, str(tmp_path / "two.pt"), experts, ep)
     (losses, merged), (losses2, merged2) = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert losses2 == pytest.approx(losses, rel=1e-5)
     assert max((merged[n] - merged2[n]).abs().max().item() for n in merged) < 1e-4
