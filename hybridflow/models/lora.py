@@ -203,7 +203,8 @@ def lora_scaling_of(module: nn.Module) -> LoraScaling:
 def expert_adapters_of(module: nn.Module) -> dict[str, ExpertAdapter]:
     """A peft model's adapters on 3-D expert weights (`lora_experts.expert_adapter_layout`), by prefix."""
     names = [name for name, _ in module.named_parameters()]
-    return expert_adapter_layout(names, lora_scaling_of(module).target_parameters, transposed_in(module.get_base_model()))
+    targets = lora_scaling_of(module).target_parameters
+    return expert_adapter_layout(names, targets, transposed_in(module.get_base_model()))
 
 
 def save_adapter_config(module: nn.Module, directory: str | os.PathLike) -> Path:

@@ -34,7 +34,8 @@ from hybridflow.models.tiny import build_tiny_tokenizer
 
 __all__ = [
     "MOE_ARCHS", "MoeArch", "MoeShape", "build_tiny_moe_model", "save_tiny_moe_model", "moe_shape_of", "find_routers",
-    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights", "check_replayed_weights", "ROUTED_EXPERTS_KEY",
+    "RoutingRecorder", "record_routing", "replay_routing", "replayed_weights", "check_replayed_weights",
+    "ROUTED_EXPERTS_KEY",
 ]
 
 ROUTED_EXPERTS_KEY = "routed_experts"

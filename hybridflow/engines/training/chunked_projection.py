@@ -77,7 +77,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """(log-probs, entropy) of `labels` under softmax(hidden @ weight.T + bias) / temperature, chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, shard, with_entropy, softcap):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, hidden, weight, bias, labels, temperature, chunk_size, shard, with_entropy, softcap
+    ):
         ctx.set_materialize_grads(False)
         num_rows = hidden.size(0)
         log_probs = hidden.new_empty(num_rows, dtype=torch.float32)

@@ -133,7 +133,9 @@ def _run(engine: FSDPEngine, batch: DataProto, layout: LayoutName) -> dict[str, 
     return {key: value.float().cpu() for key, value in engine.forward_micro_batch(batch, plan=plan).items()}
 
 
-def _compare(got: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor, tolerance: ProbeTolerance, fix: str) -> None:
+def _compare(
+    got: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor, tolerance: ProbeTolerance, fix: str
+) -> None:
     error = (got - reference)[mask].abs()
     largest, mean = error.max().item(), error.mean().item()
     logger.debug("forward probe: largest difference %.3g, mean %.3g", largest, mean)

@@ -101,7 +101,9 @@ class Head:
             handle.remove()
         return result["out"]
 
-    def projection_and_logits(self, model: nn.Module, inputs: dict[str, Any], logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def projection_and_logits(
+        self, model: nn.Module, inputs: dict[str, Any], logits_to_keep: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The head module's own projection of the last `logits_to_keep` positions (hidden @ weight.T + bias, this
         rank's vocabulary slice under tensor parallelism; soft-capped with `logit_softcap`) and the logits the model
         returns for them, float32: they differ where the model transforms its logits after the head otherwise."""

@@ -33,7 +33,8 @@ from hybridflow.utils.device import to_device_async
 from hybridflow.utils.flops import ForwardWork
 
 __all__ = [
-    "ForwardModel", "PackedPlan", "Plan", "plan_micro_batches", "forward_layout", "token_values", "host_copies", "padded_inputs",
+    "ForwardModel", "PackedPlan", "Plan", "plan_micro_batches", "forward_layout", "token_values", "host_copies",
+    "padded_inputs",
     "vision_inputs",
 ]
 

@@ -254,7 +254,8 @@ def check_moe_routing(cfg: PPOConfig) -> None:
         reason = moe_routing_unsupported_reason(config, replay=True)
         if reason is not None:
             raise ValueError(
-                f"actor_rollout_ref.actor.router_replay.mode='R3' cannot replay {arr.model.path!r}'s routing: {reason}; "
+                f"actor_rollout_ref.actor.router_replay.mode='R3' cannot replay {arr.model.path!r}'s routing: "
+                f"{reason}; "
                 "set actor_rollout_ref.actor.router_replay.mode=disabled and "
                 "actor_rollout_ref.rollout.enable_rollout_routing_replay=False"
             )

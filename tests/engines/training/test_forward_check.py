@@ -69,8 +69,10 @@ def test_config_rules_name_the_layers_and_caps_they_cannot_take():
     assert "linear_attention" in packing_unsupported_reason({"model_type": "minimax",
                                                              "layer_types": ["full_attention", "linear_attention"]})
     assert "gpt_oss" in packing_unsupported_reason({"model_type": "gpt_oss"})
-    assert packing_unsupported_reason({"model_type": "gemma2", "layer_types": ["sliding_attention", "full_attention"]}) is None
-    assert packing_unsupported_reason({"model_type": "llava", "text_config": {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}})
+    sliding = {"model_type": "gemma2", "layer_types": ["sliding_attention", "full_attention"]}
+    assert packing_unsupported_reason(sliding) is None
+    vision = {"model_type": "llava", "text_config": {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}}
+    assert "linear_attention" in packing_unsupported_reason(vision)
 
 
 @pytest.mark.parametrize(("model_type", "attn", "extra", "message"), [
@@ -101,7 +103,8 @@ def test_a_transform_on_the_logits_the_fused_head_does_not_know_stops_the_engine
 
     path = save_family_model(tmp_path / "gemma2", "gemma2", tiny_tokenizer, attn="eager", final_logit_softcapping=2.0)
     build_head = fsdp.build_head
-    monkeypatch.setattr(fsdp, "build_head", lambda *a, **k: dataclasses.replace(build_head(*a, **k), logit_softcap=None))
+    uncapped = lambda *args, **kwargs: dataclasses.replace(build_head(*args, **kwargs), logit_softcap=None)  # noqa: E731
+    monkeypatch.setattr(fsdp, "build_head", uncapped)
     with pytest.raises(ForwardMismatchError, match=r"use_fused_kernels=True: Gemma2ForCausalLM transforms its logits "
                                                    r"after the output head .*set actor_rollout_ref.model.use_fused_kernels=False"):
         build_fsdp_engine(path, engine_config(packed=False, fused=True, attn="eager"))
