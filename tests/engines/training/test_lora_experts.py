@@ -111,3 +111,24 @@ def test_expert_adapter_settings_it_cannot_serve_are_refused_before_ray(tmp_path
         validate_config(load_config(overrides))
         with pytest.raises(ValueError, match=message):
             validate_config(load_config(overrides + extra))
+
+
+def test_expert_adapters_checkpoint_resume_and_merge(tmp_path, tiny_tokenizer):
+    """The checkpoint's peft adapter keeps `target_parameters`: a run continued from it starts from the same
+    adapters, and `hybridflow merge` exports what the engine hands to the rollout."""
+    from hybridflow.engines.training.merge import merge_checkpoint
+    from hybridflow.models.loader import build_causal_lm
+
+    path = str(save_tiny_moe_model(tmp_path / "mixtral", "mixtral", tokenizer=tiny_tokenizer))
+    engine = build_fsdp_engine(path, _config(["q_proj", "v_proj"]))
+    engine.train_batch(make_batch(len(tiny_tokenizer), batch_size=4), seq_mean_nll)
+    engine.save_checkpoint(tmp_path / "ckpt")
+    resumed = build_fsdp_engine(path, dataclasses.replace(_config(["q_proj", "v_proj"]), model=ModelConfig(
+        lora_rank=4, lora_adapter_path=str(tmp_path / "ckpt" / "lora_adapter"))))
+    assert resumed.lora_scaling == engine.lora_scaling and resumed.lora_scaling.target_parameters == tuple(sorted(EXPERTS))
+    trained = dict(engine.module.named_parameters())
+    for name, param in resumed.module.named_parameters():
+        assert torch.equal(param, trained[name]), name
+    exported = build_causal_lm(merge_checkpoint(tmp_path / "ckpt", tmp_path / "merged")).state_dict()
+    for name, tensor in engine.named_full_params():
+        assert torch.equal(exported[name], tensor), name
