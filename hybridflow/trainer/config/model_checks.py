@@ -242,6 +242,20 @@ def check_forward_support(cfg: PPOConfig) -> None:
             if engine.share_prompts:
                 keys += " and actor_rollout_ref.actor.use_prefix_grouper=False"
             raise ValueError(f"{section}: packed rows are wrong for {engine.model.path!r}: {reason}; set {keys}")
+        if config.get("model_type") and engine.attn_implementation == "sdpa" and not _has_sdpa(engine.model):
+            raise ValueError(
+                f"{section}: {engine.model.path!r} ({config.get('model_type')!r}) has no sdpa attention in "
+                f"transformers (the default kernel); set +{model_key}.override_config.attn_implementation=eager"
+            )
+
+
+def _has_sdpa(model) -> bool:
+    """Whether transformers' causal-LM class of the model's family runs sdpa attention (True where unknown)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = hf_model_config(model.path, trust_remote_code=model.trust_remote_code)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return bool(getattr(model_class, "_supports_sdpa", True)) if model_class is not None else True
 
 
 def check_moe_routing(cfg: PPOConfig) -> None:

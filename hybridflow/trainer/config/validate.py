@@ -54,7 +54,6 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
     check_rollout_parallelism(cfg)
-    check_forward_support(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
         "actor": derive_batch_sizes(
@@ -68,6 +67,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
             cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
             critic.update_token_budget, layouts["critic"].group_size,
         )
+    check_forward_support(cfg)  # may import transformers (a family's attention kernels)
     cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
     check_rollout_backend(cfg)
     return sizes

@@ -108,3 +108,15 @@ def test_a_transform_on_the_logits_the_fused_head_does_not_know_stops_the_engine
     with pytest.raises(ForwardMismatchError, match=r"use_fused_kernels=True: Gemma2ForCausalLM transforms its logits "
                                                    r"after the output head .*set actor_rollout_ref.model.use_fused_kernels=False"):
         build_fsdp_engine(path, engine_config(packed=False, fused=True, attn="eager"))
+
+
+def test_a_family_without_sdpa_is_told_to_run_eager_before_ray(tmp_path, tiny_tokenizer):
+    """gpt-oss and Gemma-2 have no sdpa path in transformers; the default kernel would fail in the workers."""
+    path = save_family_model(tmp_path / "gpt_oss", "gpt_oss", tiny_tokenizer, attn="eager")
+    train_file = write_rows(tmp_path / "train.parquet", ["gsm8k", "reasoning_gym/basic_arithmetic"] * 8)
+    overrides = grpo_overrides(train_file, f"actor_rollout_ref.model.path={path}")
+    with nothing_started():
+        with pytest.raises(ValueError, match=r"'gpt_oss'\) has no sdpa attention in transformers.*"
+                                             r"set \+actor_rollout_ref.model.override_config.attn_implementation=eager"):
+            validate_config(load_config(overrides))
+        validate_config(load_config(overrides + ["+actor_rollout_ref.model.override_config.attn_implementation=eager"]))
