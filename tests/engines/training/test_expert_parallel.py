@@ -190,8 +190,9 @@ def test_expert_parallel_refusals(tiny_tokenizer):
         FSDPConfig(expert_parallel_size=2, tensor_parallel_size=2)
     with pytest.raises(ConfigFieldError, match="param_offload"):
         FSDPConfig(expert_parallel_size=2, param_offload=True)
-    with pytest.raises(ConfigFieldError, match="LoRA"):
-        dataclasses.replace(_config(2), model=ModelConfig(lora_rank=4))
+    dataclasses.replace(_config(2), model=ModelConfig(lora_rank=4))  # adapters on Linear layers compose with EP
+    with pytest.raises(ConfigFieldError, match=r"LoRA on the experts \(model.target_parameters\) with expert_parallel"):
+        dataclasses.replace(_config(2), model=ModelConfig(lora_rank=4, target_parameters=["mlp.experts.down_proj"]))
     with pytest.raises(ValueError, match="multiple of it"):
         ParallelLayout(6, ep=4)
     assert ParallelLayout(4, ep=2).dp == 4  # EP peers take different data
