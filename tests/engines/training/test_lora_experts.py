@@ -81,7 +81,8 @@ def _two_steps(rank: int, world_size: int, path: str, out_file: str, experts: bo
         torch.save(((losses / world_size).tolist(), merged), out_file)
 
 
-@pytest.mark.parametrize(("experts", "ep"), [(True, 1), (False, 2)], ids=["experts_fsdp2", "attention_ep2"])
+@pytest.mark.parametrize(("experts", "ep"), [pytest.param(True, 1, marks=pytest.mark.slow), (False, 2)],
+                         ids=["experts_fsdp2", "attention_ep2"])  # the default suite's GRPO run covers FSDP2 with them
 def test_adapters_on_two_ranks_equal_one_process(tmp_path, tiny_tokenizer, experts, ep):
     """Adapters on attention and experts with FSDP2 over 2 ranks; or adapters on the attention of a model whose
     experts are split over the 2 ranks (expert parallelism). Each against one process holding everything."""
