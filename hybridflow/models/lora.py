@@ -200,11 +200,11 @@ def lora_scaling_of(module: nn.Module) -> LoraScaling:
     return LoraScaling.from_adapter_config({**config, "peft_type": "LORA"})
 
 
-def expert_adapters_of(module: nn.Module) -> dict[str, ExpertAdapter]:
-    """A peft model's adapters on 3-D expert weights (`lora_experts.expert_adapter_layout`), by prefix."""
+def expert_adapters_of(module: nn.Module, scaling: LoraScaling) -> dict[str, ExpertAdapter]:
+    """A peft model's adapters on 3-D expert weights (`lora_experts.expert_adapter_layout`), by prefix; `scaling`:
+    its `lora_scaling_of`."""
     names = [name for name, _ in module.named_parameters()]
-    targets = lora_scaling_of(module).target_parameters
-    return expert_adapter_layout(names, targets, transposed_in(module.get_base_model()))
+    return expert_adapter_layout(names, scaling.target_parameters, transposed_in(module.get_base_model()))
 
 
 def save_adapter_config(module: nn.Module, directory: str | os.PathLike) -> Path:

@@ -21,21 +21,28 @@ import torch.distributed as dist
 
 from hybridflow.engines.training.vocab_parallel import VocabShard
 
-__all__ = ["chunked_log_probs"]
+__all__ = ["chunked_log_probs", "project_logits"]
+
+
+def project_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None = None
+) -> torch.Tensor:
+    """hidden @ weight.T + bias in float32, as the head module computes it, soft-capped as
+    `softcap * tanh(x / softcap)` when the model caps its logits (Gemma-2's `final_logit_softcapping`)."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
 
 def _chunk_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(C, H) -> (C, V) float32 logits / temperature, computed as the head module computes them, soft-capped as
-    `softcap * tanh(x / softcap)` when the model caps its logits (Gemma-2's `final_logit_softcapping`); with the
-    cap, also tanh(x / softcap), whose derivative the backward needs."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    """(C, H) -> (C, V) `project_logits` / temperature; with a soft cap, also tanh(x / softcap), whose derivative
+    the backward needs."""
+    logits = project_logits(hidden, weight, bias, softcap)
     if softcap is None:
         return logits / temperature, None
-    squashed = torch.tanh(logits / softcap)
-    return squashed * (softcap / temperature), squashed
+    return logits / temperature, logits / softcap
 
 
 def _label_columns(labels: torch.Tensor, width: int, shard: VocabShard | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -164,7 +164,7 @@ class FSDPEngine:
                 f"is {self.device.type}: use sdpa"
             )
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
-        self.lora_experts = expert_adapters_of(module) if self.lora_scaling is not None else {}  # merged apart
+        self.lora_experts = {} if self.lora_scaling is None else expert_adapters_of(module, self.lora_scaling)
         check_one_rank_lora(
             self.lora_scaling is not None, self.is_sharded, self.world_size, self.device, self.param_dtype
         )

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.training.chunked_projection import chunked_log_probs
+from hybridflow.engines.training.chunked_projection import chunked_log_probs, project_logits
 from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Head:
 
         def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
             (hidden,) = args
-            weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
+            weight, bias = _local_weight_and_bias(head)
             result["out"] = chunked_log_probs(
                 select(hidden), weight, labels, bias=bias, temperature=temperature / self.logit_multiplier,
                 chunk_size=self.chunk_size, shard=shard, calculate_entropy=calculate_entropy,
@@ -110,11 +110,7 @@ class Head:
         projected: dict[str, torch.Tensor] = {}
 
         def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            weight, bias = (p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
-            z = torch.nn.functional.linear(args[0], weight, bias).float()
-            if self.logit_softcap is not None:
-                z = torch.tanh(z / self.logit_softcap) * self.logit_softcap
-            projected["z"] = z
+            projected["z"] = project_logits(args[0], *_local_weight_and_bias(head), self.logit_softcap)
 
         handle = self.module.register_forward_pre_hook(project, prepend=True)
         try:
@@ -122,6 +118,11 @@ class Head:
         finally:
             handle.remove()
         return projected["z"], logits.float()
+
+
+def _local_weight_and_bias(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The head's weight and bias as this rank holds them (its vocabulary slice under tensor parallelism)."""
+    return tuple(p.to_local() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
 
 
 def build_head(module: nn.Module, *, is_lora: bool, fused: bool, chunk_size: int, shard: VocabShard | None) -> Head:

@@ -135,8 +135,9 @@ def build_moe_routing(module: nn.Module) -> MoeRouting | None:
     routers = find_routers(module)
     if shape is None:
         return None
+    coefs = router_loss_coefs_of(hf_config)
     if not routers:
-        if router_loss_coefs_of(hf_config) != RouterLossCoefs():
+        if coefs != RouterLossCoefs():
             raise ValueError(
                 f"{type(module).__name__}'s config sets output_router_logits with router loss coefficients, but the "
                 f"engine finds no router it hooks in model type {hf_config.model_type!r}: set output_router_logits="
@@ -147,7 +148,6 @@ def build_moe_routing(module: nn.Module) -> MoeRouting | None:
             "router losses or router replay for it", type(module).__name__, shape.num_experts, hf_config.model_type,
         )
         return None
-    coefs = router_loss_coefs_of(hf_config)
     logger.info("MoE model: %d routers, %d experts, top-%d; router losses %s", len(routers), shape.num_experts,
                 shape.top_k, coefs)
     return MoeRouting(routers, shape.num_experts, coefs)

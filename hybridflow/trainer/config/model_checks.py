@@ -205,22 +205,16 @@ def check_lora_on_experts(cfg: PPOConfig) -> None:
     if config:
         from hybridflow.models.lora import check_expert_targets
 
+        from hybridflow.models.loader import build_causal_lm
+
+        # the architecture on the meta device: parameter names and shapes, no weights read
+        architecture = build_causal_lm(
+            model.path, empty=True, attn_implementation=None, trust_remote_code=model.trust_remote_code
+        )
         try:
-            check_expert_targets(_meta_model(model.path, model.trust_remote_code), targets)
+            check_expert_targets(architecture, targets)
         except ValueError as err:
             raise ValueError(f"actor_rollout_ref.model.target_parameters: {err}") from err
-
-
-def _meta_model(model_path: str, trust_remote_code: bool):
-    """The model's architecture on the meta device (parameter names and shapes, no weights)."""
-    import torch
-    from transformers import AutoConfig
-
-    from hybridflow.models.loader import causal_lm_class
-
-    config = AutoConfig.from_pretrained(expand_path(model_path), trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        return causal_lm_class(config).from_config(config, trust_remote_code=trust_remote_code)
 
 
 MODEL_SECTIONS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.model", "critic": "critic.model",
