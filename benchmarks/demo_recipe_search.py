@@ -80,6 +80,13 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
                                 "data.max_response_length=32"]),
     # The same 64 samples a step as 4 prompts x 16: a group finds a right answer more often on the problems the
     # base model rarely solves (its pass@8 on negative differences is 1.6%), so fewer groups are flat.
+    # DAPO's dynamic sampling on the demo's recipe: each step generates 16 prompts' groups at a time (generation is
+    # about a fifth of a demo step, the update the rest) and trains on the first 8 that are not flat, so every
+    # update carries 8 informative groups instead of about 4. Filtering consumes prompts faster than one per slot,
+    # hence the epochs over the 512 prompts (prompts the policy has mastered are filtered out again).
+    "ent3e-3_cos_dyn16_40": (40, [*ENTROPY_COSINE, "algorithm.filter_groups.enable=True",
+                                  "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16",
+                                  "trainer.total_epochs=8"]),
     "n16_p4_40": (40, [*PLAIN, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=16",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]),
