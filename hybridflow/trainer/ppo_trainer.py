@@ -102,13 +102,22 @@ class RayPPOTrainer:
         trainer_cfg = self.config.trainer
         self.global_steps = self._resume()
         val_metrics: dict[str, float] = {}
-        wants_val = trainer_cfg.val_before_train or trainer_cfg.val_only
-        if self.val_dataloader is not None and wants_val and self.global_steps == 0:
+        # val_only validates the resumed checkpoint's policy too (at its step); val_before_train only a fresh one
+        if self.val_dataloader is not None and (
+            trainer_cfg.val_only or (trainer_cfg.val_before_train and self.global_steps == 0)
+        ):
             val_metrics = self.validate()
-            self.initial_val_metrics = dict(val_metrics)
-            self.tracking.log(val_metrics, step=0)
+            if self.global_steps == 0:
+                self.initial_val_metrics = dict(val_metrics)
+            self.tracking.log(val_metrics, step=self.global_steps)
         if trainer_cfg.val_only:
             return val_metrics
+        if self.global_steps >= self.total_training_steps:
+            logger.warning(
+                "resumed at step %d of %d: this run is complete and nothing was trained; raise "
+                "trainer.total_training_steps to go on, or set trainer.val_only=True to validate its checkpoint",
+                self.global_steps, self.total_training_steps,
+            )
         progress = progress_bar(self.total_training_steps, self.global_steps)
         batches = self._batches()
         while self.global_steps < self.total_training_steps:

@@ -95,7 +95,7 @@ def summarize_validation(before: dict[str, float], after: dict[str, float]) -> s
     """
     keys = sorted(key for key in {*before, *after} if key.startswith("val-core/"))
     if not keys:
-        return "no validation metrics (set data.val_files)"
+        return "no validation metrics (data.val_files is empty, or no validation was due: see trainer.test_freq)"
     cells = [(key, _with_interval(before, key), _with_interval(after, key)) for key in keys]
     widths = [max(len(row[column]) for row in [("validation metric", "before", "after"), *cells]) for column in range(3)]
     lines = [f"{'validation metric':<{widths[0]}}  {'before':<{widths[1]}}  after"]
