@@ -1,11 +1,9 @@
 """Mixture-of-experts models: tiny MoE builders for tests, finding a model's routers, and recording or replaying
 the experts each token is routed to (router replay, R3).
 
-The Hugging Face MoE families used here (Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3) share one router shape in
-transformers 5: a `*TopKRouter` module (the MoE block's `gate`) whose forward takes (tokens, hidden) and returns
-`(router_logits (tokens, E), top_k_weights (tokens, k), top_k_index (tokens, k))`, which the block hands to its
-experts. Recording reads `top_k_index` with a forward hook; replay replaces it (and the weights, recomputed from
-the same logits at the replayed experts, so gradients still reach the router) with the recorded experts.
+Routers are found and read by `router_kinds` (the shapes of transformers' routers). Recording reads each router's
+chosen experts with a forward hook; replay replaces them (and the weights, recomputed from the same logits at the
+replayed experts, so gradients still reach the router) with the recorded experts.
 """
 
 from __future__ import annotations
@@ -30,6 +28,13 @@ from transformers import (
 
 from hybridflow.models.loader import prepare_tokenizer, save_model_and_tokenizer
 from hybridflow.models.moe_shape import MoeShape, moe_shape_of
+from hybridflow.models.router_kinds import (
+    check_replayed_weights,
+    find_routers,
+    read_routing,
+    replayed_weights,
+    write_routing,
+)
 from hybridflow.models.tiny import build_tiny_tokenizer
 
 __all__ = [
@@ -101,46 +106,6 @@ def save_tiny_moe_model(path, arch: MoeArch = "qwen3_moe", seed: int = 0, tokeni
     return save_model_and_tokenizer(model, tokenizer, path)
 
 
-def find_routers(module: nn.Module) -> list[nn.Module]:
-    """The model's top-k routers in layer order (empty for a dense model)."""
-    return [sub for sub in module.modules() if type(sub).__name__.lower().endswith("topkrouter")]
-
-
-def replayed_weights(router: nn.Module, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The weights `router` gives the experts `index` (tokens, k) from its `logits` (tokens, E), as its own forward
-    would had it chosen them: softmax routers (Qwen, Mixtral) or DeepSeek-V3's scaled sigmoid scores."""
-    if hasattr(router, "e_score_correction_bias"):  # DeepSeek-V3, GLM-4-MoE: sigmoid scores, the bias only selects
-        weights = logits.float().sigmoid().gather(1, index)
-        if router.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * router.routed_scaling_factor
-    if getattr(router, "expert_selection_fn", "softmax") == "sigmoid":  # Cohere2-MoE's sigmoid mode
-        weights = logits.float().gather(1, index).sigmoid()
-        if router.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(logits.dtype)
-    weights = torch.softmax(logits.float(), dim=-1).gather(1, index)
-    # A softmax over the chosen logits (Mixtral, gpt-oss, Granite, Cohere2) is the renormalised one; Qwen's and
-    # OLMoE's renormalise when norm_topk_prob is set.
-    if getattr(router, "norm_topk_prob", True) or hasattr(router, "expert_selection_fn"):
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype)
-
-
-def check_replayed_weights(router: nn.Module, logits: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> None:
-    """Raise unless `replayed_weights` gives back the router's own `weights` for its own choice `index`: replay
-    would otherwise weigh the replayed experts unlike the router (a family whose weighting it does not know)."""
-    expected = replayed_weights(router, logits, index).float()
-    error = (expected - weights.float()).abs().max().item()
-    tolerance = 1e-4 if logits.dtype == torch.float32 else 2e-2
-    if not error <= tolerance:
-        raise ValueError(
-            f"router replay cannot weigh {type(router).__name__}'s experts as the router does (largest difference "
-            f"{error:.3g} replaying its own choice): set actor_rollout_ref.actor.router_replay.mode=disabled and "
-            "actor_rollout_ref.rollout.enable_rollout_routing_replay=False"
-        )
-
-
 class RoutingRecorder:
     """Collects each router call's `top_k_index` while active: `calls[layer]` is the list of (tokens, k) tensors,
     one per forward (prefill, then each decode step)."""
@@ -151,7 +116,7 @@ class RoutingRecorder:
 
     def _hook(self, layer: int):
         def hook(module, args, output):
-            self.calls[layer].append(output[2].detach())
+            self.calls[layer].append(read_routing(module, output)[2].detach())
 
         return hook
 
@@ -201,11 +166,11 @@ def replay_routing(module: nn.Module, routed_experts: torch.Tensor) -> Iterator[
 
     def hook_for(layer: int):
         def hook(router, args, output):
-            logits = output[0]
+            logits = read_routing(router, output)[0]
             index = routed_experts[:, layer].to(device=logits.device, dtype=torch.long)
             if index.size(0) != logits.size(0):
                 raise ValueError(f"router replay: {index.size(0)} recorded tokens for a forward of {logits.size(0)}")
-            return logits, replayed_weights(router, logits, index).to(output[1].dtype), index
+            return write_routing(router, output, index)
 
         return hook
 

@@ -88,6 +88,7 @@ from hybridflow.trainer.scaffold import init_ray
 logging.basicConfig(level=logging.INFO)
 init_ray(RayInitConfig(num_cpus=1), world_size=1)
 print("gcs address", ray.get_runtime_context().gcs_address)
+print("worker niceness", ray.get(ray.remote(lambda: __import__("os").nice(0)).remote()))
 ray.shutdown()
 """
 
@@ -115,7 +116,8 @@ def test_grpo_step_joins_a_ray_start_cluster_through_ray_address(workspace, ray_
     assert_trained(step)
     assert embedded.returncode == 0, embedded.stderr[-3000:]
     assert "started an embedded Ray cluster" in embedded.stderr and "gcs address" in embedded.stdout
-    assert not embedded.stdout.split()[-1].endswith(f":{port}"), "it joined the ray start cluster"
+    assert not embedded.stdout.split("gcs address")[1].split()[0].endswith(f":{port}"), "it joined the ray start cluster"
+    assert "worker niceness 0" in embedded.stdout, "the embedded cluster's workers compete with other processes"
 
 
 # ----------------------------------------------------------------------------- placement on the session cluster
@@ -156,3 +158,22 @@ def test_node_ranks_and_the_dry_run_show_each_node():
     assert lines[1].split()[:7] == ["global_pool", "6", "processes", "(3", "nodes", "x", "2)"]
     assert lines[2:5] == ["    node 0: ranks 0-1", "    node 1: ranks 2-3", "    node 2: ranks 4-5"]
     assert "distinct Ray node" in lines[5] and "the cluster needs 3 nodes" in lines[5]
+
+
+def test_the_embedded_cluster_starts_its_workers_unniced_and_a_joined_one_keeps_its_own(monkeypatch):
+    """Ray nices its workers to 15 by default; the embedded cluster's run at 0 (the slow test above checks a real
+    worker's niceness), and joining a cluster by address passes no system config."""
+    import ray
+
+    from hybridflow.trainer.config.schema import RayInitConfig
+    from hybridflow.trainer.scaffold import init_ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr("hybridflow.trainer.scaffold.describe_cluster", lambda: "")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    init_ray(RayInitConfig(num_cpus=1), world_size=1)
+    init_ray(RayInitConfig(address="10.0.0.1:6379"), world_size=1)
+    assert calls[0]["address"] == "local" and calls[0]["_system_config"] == {"worker_niceness": 0}
+    assert calls[1]["address"] == "10.0.0.1:6379" and "_system_config" not in calls[1]

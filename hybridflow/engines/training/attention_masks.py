@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from hybridflow.models.moe_shape import EXPERT_COUNT_KEYS
+
 __all__ = [
     "DENSE_MASK_KERNELS", "PREBUILT_MASK_KERNELS", "takes_prebuilt_mask", "causal_padding_mask", "packed_causal_mask",
     "packed_segments", "packed_allowed", "dense_mask", "block_mask", "for_kernel",
@@ -35,8 +37,6 @@ DENSE_MASK_KERNELS = ("sdpa", "eager")
 PREBUILT_MASK_KERNELS = (*DENSE_MASK_KERNELS, "flex_attention")
 """Attention kernels whose masks the layouts build (flex_attention: a block mask)."""
 
-
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def takes_prebuilt_mask(config) -> bool:

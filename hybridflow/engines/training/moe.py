@@ -23,13 +23,8 @@ from hybridflow.algorithms.router_losses import (
     compute_router_z_loss,
 )
 from hybridflow.engines.training.config import RouterReplayConfig
-from hybridflow.models.moe import (
-    ROUTED_EXPERTS_KEY,
-    check_replayed_weights,
-    find_routers,
-    moe_shape_of,
-    replayed_weights,
-)
+from hybridflow.models.moe import ROUTED_EXPERTS_KEY, moe_shape_of
+from hybridflow.models.router_kinds import check_replayed_weights, find_routers, read_routing, write_routing
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +82,7 @@ class MoeRouting:
 
     def _hook(self, layer: int):
         def hook(router, args, output):
-            logits, weights, index = output
+            logits, weights, index = read_routing(router, output)
             if self._replay is not None:
                 if layer not in self._replay_checked:  # once per router: one host sync per engine
                     check_replayed_weights(router, logits, weights, index)
@@ -95,10 +90,10 @@ class MoeRouting:
                 index = self._replay[:, layer].to(device=logits.device, dtype=torch.long)
                 if index.size(0) != logits.size(0):
                     raise ValueError(f"router replay: {index.size(0)} recorded tokens, the forward has {logits.size(0)}")
-                weights = replayed_weights(router, logits, index).to(weights.dtype)
+                output = write_routing(router, output, index)
             if self._captured is not None and len(self._captured) == layer:  # skip activation-checkpoint recomputes
                 self._captured.append((logits, index))
-            return logits, weights, index
+            return output
 
         return hook
 

@@ -47,6 +47,7 @@ def test_the_fused_head_applies_what_a_model_does_to_its_logits(tmp_path, tiny_t
 @pytest.mark.parametrize(("model_type", "attn", "packed", "fused", "fix"), [
     ("minimax", "sdpa", True, False, "use_remove_padding=True: MiniMaxForCausalLM's packed rows"),  # linear attention
     ("gpt_oss", "eager", True, False, "use_remove_padding=True: GptOssForCausalLM's packed rows"),  # sinks
+    ("afmoe", "sdpa", True, False, "use_remove_padding=True: AfmoeForCausalLM's packed rows"),
 ])
 def test_a_forward_unlike_the_models_own_stops_the_engine_naming_the_setting(tmp_path, tiny_tokenizer, model_type,
                                                                              attn, packed, fused, fix):
@@ -69,6 +70,7 @@ def test_config_rules_name_the_layers_and_caps_they_cannot_take():
     assert "linear_attention" in packing_unsupported_reason({"model_type": "minimax",
                                                              "layer_types": ["full_attention", "linear_attention"]})
     assert "gpt_oss" in packing_unsupported_reason({"model_type": "gpt_oss"})
+    assert "afmoe" in packing_unsupported_reason({"model_type": "afmoe"})
     sliding = {"model_type": "gemma2", "layer_types": ["sliding_attention", "full_attention"]}
     assert packing_unsupported_reason(sliding) is None
     vision = {"model_type": "llava", "text_config": {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}}
