@@ -15,9 +15,11 @@ cached under `TORCH_EXTENSIONS_DIR`, default `~/.cache/torch_extensions`, and sh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -85,50 +87,42 @@ def _build() -> ModuleType:
     if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
-    _wait_for_build_lock()
     flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for's OpenMP region
-    return load(
-        name="hybridflow_decode_kernels",
-        sources=[str(_SOURCE)],
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    with build_lock():
+        return load(
+            name="hybridflow_decode_kernels",
+            sources=[str(_SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
 
 
-STALE_LOCK_S = 300.0
-"""A build lock older than this was left by a build that was killed (a build takes 25-30 s on a 2-core host)."""
+@contextlib.contextmanager
+def build_lock(name: str = "hybridflow_decode_kernels") -> Iterator[None]:
+    """Hold the kernels' build directory for one process's build (or load) at a time.
 
-
-def _wait_for_build_lock(poll_s: float = 1.0) -> None:
-    """torch's extension builder waits, without end, while its build directory's `lock` file exists; a build killed
-    midway (Ctrl-C, a killed job, the OOM killer) leaves it behind, and every later build would hang. Wait here
-    instead: for a peer's build to finish (it removes its lock), or until the lock is `STALE_LOCK_S` old, when it
-    is removed as a killed build's. Either way torch's own wait then ends."""
-    import time
+    torch's extension builder marks a build with a `lock` file and waits, without end, while one exists; a build
+    killed midway (Ctrl-C, a killed job, the OOM killer) leaves it behind. This lock is an advisory `flock` on a
+    file beside it, which the kernel releases when its holder exits however it exits. A process holding it knows
+    that no live process is building, so a `lock` file it finds was left by a killed build and is removed at once;
+    the ranks of one run, and runs side by side, build one after another instead of racing over torch's file."""
+    import fcntl
 
     from torch.utils import cpp_extension
 
-    try:
-        lock = Path(cpp_extension._get_build_directory("hybridflow_decode_kernels", verbose=False)) / "lock"
-    except AttributeError:  # another torch layout
-        return
-    logged = False
-    while True:
+    directory = Path(cpp_extension._get_build_directory(name, verbose=False))
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "hybridflow_build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            age = time.time() - lock.stat().st_mtime
-        except OSError:  # no lock (the usual case), or the peer's build just finished
-            return
-        if age > STALE_LOCK_S:
-            logger.warning("native rollout: removing the kernel build lock %s left %.0f s ago by a killed build",
-                           lock, age)
-            lock.unlink(missing_ok=True)
-            return
-        if not logged:
-            logger.info("native rollout: waiting for another process's kernel build (lock %s, %.0f s old; removed "
-                        "as stale at %.0f s)", lock, age, STALE_LOCK_S)
-            logged = True
-        time.sleep(poll_s)
+            stale = directory / "lock"
+            if stale.exists():
+                logger.warning("native rollout: removing the kernel build lock %s left by a killed build", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 if __name__ == "__main__":  # `make` builds them at install, so a first rollout does not wait ~30 s for g++

@@ -169,30 +169,44 @@ def test_sample_rows_follows_the_distribution(cpu_kernels):
     assert frequencies[3] == 0
 
 
-def test_a_build_lock_is_waited_for_while_a_peer_builds_and_removed_once_stale(tmp_path, monkeypatch):
-    """torch waits forever on a leftover `lock`: a building peer's is waited for until the peer removes it, and one
-    that no peer removes goes once it is STALE_LOCK_S old, so a killed build never hangs the next one."""
-    import os
+def test_builds_take_turns_and_a_killed_builds_lock_is_removed_at_once(tmp_path, monkeypatch):
+    """torch waits forever on a leftover `lock`: a live peer's build is waited for (its flock), and the `lock` of a
+    build whose process died (its flock released by the kernel) is removed at once, without a timeout."""
+    import subprocess
+    import sys
     import threading
     import time
 
-    from hybridflow.engines.rollout.native import kernels
-
     from torch.utils import cpp_extension
+
+    from hybridflow.engines.rollout.native import kernels
 
     lock = tmp_path / "lock"
     monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
-    kernels._wait_for_build_lock(poll_s=0.01)  # no lock: returns at once
-    lock.touch()
-    peer = threading.Timer(0.3, lock.unlink)  # a peer finishing its build
+    inside = threading.Event()
+
+    def peer_build():  # holds the build for 0.3 s, creating and removing torch's lock as torch does
+        with kernels.build_lock():
+            lock.touch()
+            inside.set()
+            time.sleep(0.3)
+            lock.unlink()
+
+    peer = threading.Thread(target=peer_build)
     peer.start()
+    inside.wait(5)
     start = time.monotonic()
-    kernels._wait_for_build_lock(poll_s=0.01)
-    assert 0.25 < time.monotonic() - start < 5 and not lock.exists()
+    with kernels.build_lock():
+        waited = time.monotonic() - start
+        assert not lock.exists(), "the peer's own lock was not touched: the peer removed it"
     peer.join()
-    lock.touch()
-    nearly_stale = time.time() - kernels.STALE_LOCK_S + 0.3  # a killed build's, 0.3 s short of stale
-    os.utime(lock, (nearly_stale, nearly_stale))
+    assert 0.2 < waited < 5
+    killed = (  # a build killed midway: the flock held, torch's lock created, the process gone without cleanup
+        "import fcntl, os, sys; d = sys.argv[1]; f = open(os.path.join(d, 'hybridflow_build.flock'), 'a'); "
+        "fcntl.flock(f, fcntl.LOCK_EX); open(os.path.join(d, 'lock'), 'w').close(); os._exit(9)"
+    )
+    assert subprocess.run([sys.executable, "-c", killed, str(tmp_path)], timeout=60).returncode == 9
+    assert lock.exists()
     start = time.monotonic()
-    kernels._wait_for_build_lock(poll_s=0.01)
-    assert 0.25 < time.monotonic() - start < 5 and not lock.exists()
+    with kernels.build_lock():
+        assert not lock.exists() and time.monotonic() - start < 2
