@@ -61,13 +61,17 @@ class CustomRewardFunctionConfig:
 
     path: Optional[str] = None
     """Python file defining the function (`~` is expanded); None uses the built-in scorers by data_source."""
-    name: str = "compute_score"
-    """Function name in that file."""
+    name: Optional[str] = "compute_score"
+    """Function name in that file (None only without a path, as verl's test scripts set it)."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the function on every call (verl's custom_reward_function.reward_kwargs, set as
     +custom_reward_function.reward_kwargs.NAME=VALUE). The function must accept them; checked before Ray starts."""
 
     def __post_init__(self) -> None:
+        if self.path is not None and not self.name:
+            raise ConfigFieldError(
+                "name", f"name={self.name!r} with path={self.path!r}: name the scoring function in that file"
+            )
         if self.reward_kwargs and self.path is None:
             raise ConfigFieldError(
                 "reward_kwargs",

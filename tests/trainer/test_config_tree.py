@@ -387,16 +387,25 @@ def test_old_log_prob_source(files, extra, source):
     assert cfg.old_log_prob_source == source
 
 
-def test_rollout_correction_needs_an_engine_that_returns_rollout_log_probs(files):
-    from hybridflow.engines.rollout import ROLLOUTS, rollout_spec
+def test_rollout_correction_needs_an_engine_that_returns_rollout_log_probs(files, monkeypatch):
+    from hybridflow.engines.rollout import ROLLOUTS, registry, rollout_spec
     from hybridflow.trainer.config.validate import _check_rollout_correction
 
     assert all(rollout_spec(name).returns_log_probs for name in ROLLOUTS.names()), "every built-in returns them"
+    monkeypatch.setitem(ROLLOUTS._lazy, "my_engine", "hybridflow.engines.rollout.hf:HFRollout")  # a plug-in
+    monkeypatch.setitem(registry._SPECS, "my_engine", registry.RolloutSpec())  # that declares nothing
     cfg = load_config([f"data.train_files={files['train']}", "algorithm.rollout_correction.rollout_is=token"])
-    rollout = dataclasses.replace(cfg.actor_rollout_ref.rollout, name="my_engine")  # e.g. a registered plug-in
+    rollout = dataclasses.replace(cfg.actor_rollout_ref.rollout, name="my_engine")
     cfg = dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(cfg.actor_rollout_ref, rollout=rollout))
     with pytest.raises(ValueError, match=r"rollout_is='token'.*name='my_engine' does not return rollout_log_probs"):
         _check_rollout_correction(cfg)
+
+
+def test_an_engine_of_another_library_is_refused_first_saying_what_to_use(files):
+    with pytest.raises(ValueError, match=r"rollout.name='sglang' is unknown; known: \['hf', 'native', 'vllm'\] "
+                                         r"\(SGLang is verl's other rollout engine.*use vllm"):
+        load_config([f"data.train_files={files['train']}", "actor_rollout_ref.rollout.name=sglang",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])  # not a tensor-parallel complaint
 
 
 def test_dynamic_batch_sizes_follow_the_actor_and_print_a_token_table(files, capsys):
@@ -426,3 +435,32 @@ def test_a_url_for_the_checkpoint_directory_is_refused(files, key):
     overrides = [f"data.train_files={files['train']}", f"trainer.{key}=hdfs://namenode/runs/x"]
     with pytest.raises(ValueError, match=rf"trainer.{key}='hdfs://namenode/runs/x' is a URL.*not supported"):
         validate_config(load_config(overrides))
+
+
+def test_verls_config_flags_name_the_packaged_configs_or_say_what_to_do(files, tmp_path, capsys):
+    """verl's scripts say `--config-path=config --config-name=ppo_trainer(.yaml)` for verl's own packaged configs;
+    a user config that extends `ppo_trainer` (verl's `defaults: [ppo_trainer, _self_]`) finds the packaged one."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}"]
+    assert train_main(["--dry-run", "--config-path=config", "--config-name=ppo_trainer.yaml", *line]) == 0
+    user = tmp_path / "my_configs"
+    user.mkdir()
+    (user / "my_grpo.yaml").write_text("hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n"
+                                       "  - ppo_trainer\n  - _self_\nalgorithm:\n  adv_estimator: grpo\n"
+                                       "actor_rollout_ref:\n  rollout:\n    n: 4\n")
+    capsys.readouterr()
+    assert train_main(["--dry-run", f"--config-path={user}", "--config-name=my_grpo", *line]) == 0
+    assert "adv_estimator: grpo" in capsys.readouterr().out
+    assert train_main(["--dry-run", "--config-path=config", "--config-name=ppo_megatron_trainer", *line]) == 2
+    assert "verl's Megatron-LM trainer config; hybridflow trains with FSDP2" in capsys.readouterr().err
+    assert train_main(["--dry-run", f"--config-path={user}", "--config-name=nope", *line]) == 2
+    err = capsys.readouterr().err
+    assert f"no nope.yaml in {user}" in err and "'ppo_trainer'" in err
+
+
+def test_values_verl_documents_as_none_are_taken(files):
+    cfg = load_config([f"data.train_files={files['train']}", "actor_rollout_ref.actor.optim.lr_warmup_steps=null",
+                       "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.25", "custom_reward_function.name=null"])
+    assert cfg.actor_rollout_ref.actor.optim.num_warmup_steps(40) == 10  # None delegates to the ratio
+    with pytest.raises(ValueError, match=r"custom_reward_function.name=None with custom_reward_function.path=.*name the scoring function"):
+        load_config([f"data.train_files={files['train']}", "custom_reward_function.name=null",
+                     f"custom_reward_function.path={files['train']}"])

@@ -23,6 +23,13 @@ from hybridflow.utils.config import (
 
 __all__ = ["AgentLoopConfig", "MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
 
+OTHER_LIBRARIES_ENGINES = {
+    "sglang": " (SGLang is verl's other rollout engine, not one of hybridflow's: use vllm where it is installed, or "
+              "native)",
+    "trtllm": " (TensorRT-LLM is not one of hybridflow's rollout engines: use vllm where it is installed, or native)",
+}
+"""Rollout names verl's command lines use that hybridflow has no engine for: what to use instead."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
@@ -200,6 +207,11 @@ class RolloutConfig(SamplingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.name not in ROLLOUTS:  # first: the checks below would read as if the engine existed
+            raise ConfigFieldError(
+                "name", f"name={self.name!r} is unknown; known: {sorted(ROLLOUTS.names())}"
+                f"{OTHER_LIBRARIES_ENGINES.get(self.name, '')}",
+            )
         check_positive("prompt_length", self.prompt_length)
         check_positive("response_length", self.response_length)
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)

@@ -39,8 +39,8 @@ class OptimConfig:
     """Epsilon of AdamW (and of any optimizer class that takes it)."""
     weight_decay: float = 0.01
     """Weight decay (AdamW's is decoupled), for optimizer classes that take it."""
-    lr_warmup_steps: int = -1
-    """Linear warm-up steps; -1 derives them from lr_warmup_steps_ratio."""
+    lr_warmup_steps: Optional[int] = -1
+    """Linear warm-up steps; -1 (or None, as verl documents) derives them from lr_warmup_steps_ratio."""
     lr_warmup_steps_ratio: float = 0.0
     """Warm-up as a fraction of the schedule's steps (used when lr_warmup_steps is -1)."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
@@ -63,7 +63,8 @@ class OptimConfig:
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_at_least("clip_grad", self.clip_grad, 0.0, "0 disables clipping")
         check_at_least("weight_decay", self.weight_decay, 0.0)
-        check_at_least("lr_warmup_steps", self.lr_warmup_steps, -1, "-1 derives it from lr_warmup_steps_ratio")
+        if self.lr_warmup_steps is not None:
+            check_at_least("lr_warmup_steps", self.lr_warmup_steps, -1, "-1 derives it from lr_warmup_steps_ratio")
         check_at_least("num_cycles", self.num_cycles, 0.0)
         if self.num_cycles != 0.5 and self.lr_scheduler_type != "cosine":
             raise ConfigFieldError(
@@ -86,7 +87,7 @@ class OptimConfig:
 
     def num_warmup_steps(self, total_steps: int) -> int:
         """Warm-up length in scheduler steps, from `lr_warmup_steps` or the ratio of `total_steps`."""
-        if self.lr_warmup_steps >= 0:
+        if self.lr_warmup_steps is not None and self.lr_warmup_steps >= 0:
             return self.lr_warmup_steps
         return int(self.lr_warmup_steps_ratio * max(total_steps, 0))
 

@@ -125,11 +125,50 @@ def compose_config(
     ConfigStore.instance().store(name=tree.schema_name, node=OmegaConf.create(schema_defaults(tree)))
     GlobalHydra.instance().clear()
     overrides = rewrite_overrides(list(overrides or []), tree)
+    config_name, directory = config_source(config_name or tree.config_name, config_dir)
+    if directory != CONFIG_DIR and not any(item.startswith("hydra.searchpath") for item in overrides):
+        # a user's config that extends the packaged ones (verl's `defaults: [ppo_trainer, _self_]`) finds them
+        overrides.append(f"hydra.searchpath=[file://{CONFIG_DIR}]")
     try:
-        with initialize_config_dir(config_dir=str(Path(config_dir or CONFIG_DIR).resolve()), version_base="1.3"):
-            return compose(config_name=config_name or tree.config_name, overrides=overrides)
+        with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(_explain(err, tree)) from err
+
+
+VERL_ONLY_CONFIGS = {
+    "ppo_megatron_trainer": "verl's Megatron-LM trainer config; hybridflow trains with FSDP2 "
+                            "(actor_rollout_ref.actor.strategy=fsdp2): drop --config-path/--config-name and the "
+                            "*.megatron.* keys",
+    "_generated_ppo_megatron_trainer": "verl's generated Megatron-LM config; hybridflow trains with FSDP2: drop "
+                                       "--config-path/--config-name",
+}
+"""verl config names with no hybridflow counterpart, and what to do instead."""
+
+
+def config_source(config_name: str, config_dir: str | Path | None) -> tuple[str, Path]:
+    """The YAML config to compose: its name (a `.yaml` suffix dropped) and directory.
+
+    verl's command lines name verl's own packaged configs as `--config-path=config --config-name=ppo_trainer`
+    (relative to verl/trainer); a name found in neither the given directory nor hybridflow's packaged configs is
+    refused, naming both."""
+    name = config_name.removesuffix(".yaml")
+    if config_dir is None:
+        directory = CONFIG_DIR
+    else:
+        directory = Path(config_dir).expanduser().resolve()
+        if not (directory / f"{name}.yaml").is_file() and (CONFIG_DIR / f"{name}.yaml").is_file():
+            directory = CONFIG_DIR
+    if (directory / f"{name}.yaml").is_file():
+        return name, directory
+    if name in VERL_ONLY_CONFIGS:
+        raise ValueError(f"--config-name={config_name}: {VERL_ONLY_CONFIGS[name]}")
+    packaged = sorted(path.stem for path in CONFIG_DIR.glob("*.yaml"))
+    where = f"{directory} (--config-path={config_dir})" if config_dir is not None else "the packaged configs"
+    raise ValueError(
+        f"--config-name={config_name}: no {name}.yaml in {where}; the packaged configs are {packaged} (or give "
+        "--config-path=<the directory holding your YAML>)"
+    )
 
 
 def _explain(err: Exception, tree: ConfigTree) -> str:
