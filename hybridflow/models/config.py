@@ -30,15 +30,20 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2")
 """Attention kernels a training or log-prob forward may use (transformers' names)."""
 
 
+MEGATRON_ONLY_OVERRIDES = ("model_config", "transformer_config")
+"""verl's override_config sub-sections that configure Megatron-LM (its mcore model), not the HF config."""
+
+
 def check_override_config(override_config: dict[str, Any]) -> None:
-    """Refuse HF config overrides that are not applied (all but attn_implementation) and unknown attention kernels;
-    flash_attention_2 needs the flash-attn package, checked here so that a missing install fails before Ray."""
-    others = sorted(set(override_config) - {"attn_implementation"})
-    if others:
+    """Refuse verl's Megatron-only override sections and unknown attention kernels; flash_attention_2 needs the
+    flash-attn package, checked here so that a missing install fails before Ray. Other keys are HF config values
+    (`ModelConfig.hf_config_overrides`), set on the model's config when it is built."""
+    megatron = sorted(set(override_config) & set(MEGATRON_ONLY_OVERRIDES))
+    if megatron:
         raise ConfigFieldError(
             "override_config",
-            f"override_config keys {others} are not applied to loaded models; only attn_implementation is "
-            "supported (remove the others)",
+            f"override_config.{megatron[0]} configures verl's Megatron-LM models; hybridflow builds transformers "
+            f"models, whose HF config takes the values directly (e.g. override_config.max_position_embeddings)",
         )
     attn = override_config.get("attn_implementation", "sdpa")
     if attn not in ATTN_IMPLEMENTATIONS:
@@ -94,9 +99,11 @@ class ModelConfig:
     lora_adapter_path: Optional[str] = None
     """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
     override_config: dict[str, Any] = field(default_factory=dict)
-    """Values to override in the model's HF config. Only attn_implementation is taken (verl's
-    override_config.attn_implementation): sdpa (default), eager, flex_attention, or flash_attention_2 (CUDA with the
-    flash-attn package; packed rows run as variable-length batches). Other HF config overrides are refused."""
+    """Values to override in the model's HF config (verl's key, set as +...override_config.KEY=VALUE), e.g.
+    max_position_embeddings or rope_scaling; a dict value updates a sub-config (text_config). attn_implementation
+    picks the attention kernel: sdpa (default), eager, flex_attention, or flash_attention_2 (CUDA with the
+    flash-attn package; packed rows run as variable-length batches). Applied to the training engines, the hf/native
+    rollout's copy and the vllm engine (hf_overrides); refused with rollout tensor parallelism."""
     external_lib: Optional[str] = unsupported(None, "models are loaded from transformers' own classes only")
     """Python module imported to register custom model classes."""
     use_fused_kernels: bool = True
@@ -119,6 +126,11 @@ class ModelConfig:
                 "weights: set lora_rank > 0 (or leave target_parameters unset)",
             )
         check_override_config(self.override_config)
+
+    @property
+    def hf_config_overrides(self) -> dict[str, Any]:
+        """override_config without attn_implementation (which transformers takes as a loading argument)."""
+        return {key: value for key, value in self.override_config.items() if key != "attn_implementation"}
 
     @property
     def attn_implementation(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,18 @@ def causal_lm_class(config: Any) -> Any:
     return AutoModelForCausalLM
 
 
+def apply_config_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
+    """Set `overrides` on a HF config in place (verl's `update_model_config`): a dict value for a sub-config
+    (e.g. text_config) updates it key by key; returns the config."""
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(value, Mapping) and current is not None and not isinstance(current, Mapping):
+            apply_config_overrides(current, value)
+        else:
+            setattr(config, key, value)
+    return config
+
+
 def build_causal_lm(
     path_or_name: str | os.PathLike,
     dtype: str | torch.dtype = "float32",
@@ -109,6 +122,7 @@ def build_causal_lm(
     attn_implementation: str | None = "sdpa",
     trust_remote_code: bool = False,
     empty: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
     """Load an HF causal LM (or a vision-language model, which generates text) on CPU from a catalogue name, a
     directory or a GGUF file.
@@ -125,14 +139,16 @@ def build_causal_lm(
         trust_remote_code: allow model code shipped in the checkpoint directory.
         empty: build the architecture on the meta device without reading any weight (the caller fills it, e.g.
             from rank 0: `engines.training.rank0_init`).
+        config_overrides: values set on the model's HF config before it is built (`apply_config_overrides`).
     """
     directory, gguf = split_model_location(path_or_name, gguf_file)
+    config = AutoConfig.from_pretrained(
+        directory, trust_remote_code=trust_remote_code, **({"gguf_file": gguf} if gguf else {})
+    )
+    apply_config_overrides(config, config_overrides or {})
+    auto_cls = AutoModelForCausalLM if gguf else causal_lm_class(config)
     if empty:
-        config = AutoConfig.from_pretrained(
-            directory, trust_remote_code=trust_remote_code, **({"gguf_file": gguf} if gguf else {})
-        )
-        return build_empty_model(AutoModelForCausalLM if gguf else causal_lm_class(config), config, dtype,
-                                 attn_implementation, trust_remote_code)
+        return build_empty_model(auto_cls, config, dtype, attn_implementation, trust_remote_code)
     kwargs = {
         "dtype": to_torch_dtype(dtype),
         "attn_implementation": attn_implementation,
@@ -140,7 +156,8 @@ def build_causal_lm(
     }
     if gguf:
         kwargs["gguf_file"] = gguf
-    auto_cls = AutoModelForCausalLM if gguf else causal_lm_class(load_model_config(directory, trust_remote_code))
+    if config_overrides:  # a GGUF file's config is read from the file by from_pretrained itself
+        kwargs["config"] = config
     model = auto_cls.from_pretrained(directory, **kwargs)
     if gguf:
         clear_quantization_markers(model)

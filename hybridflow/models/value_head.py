@@ -8,11 +8,13 @@ is newly initialised unless the checkpoint already holds one.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
 
-from hybridflow.models.loader import build_empty_model, split_model_location, to_torch_dtype
+from hybridflow.models.loader import apply_config_overrides, build_empty_model, split_model_location, to_torch_dtype
 
 
 def build_value_model(
@@ -23,6 +25,7 @@ def build_value_model(
     trust_remote_code: bool = False,
     require_trained_head: bool = False,
     empty: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
     """Token-level value model (`...ForTokenClassification`, `num_labels=1`, no dropout) from a checkpoint.
 
@@ -37,6 +40,7 @@ def build_value_model(
             trained head; a fresh one would score at random).
         empty: build the architecture on the meta device without reading any weight (the caller fills it, e.g.
             from rank 0: `engines.training.rank0_init`).
+        config_overrides: values set on the model's HF config first (`loader.apply_config_overrides`).
 
     Returns:
         A model whose `forward(input_ids, attention_mask, position_ids, use_cache=False).logits` is (bs, seq, 1).
@@ -44,7 +48,7 @@ def build_value_model(
     directory, gguf = split_model_location(path_or_name)
     extra = {"gguf_file": gguf} if gguf else {}
     extra["trust_remote_code"] = trust_remote_code
-    config = AutoConfig.from_pretrained(directory, **extra)
+    config = apply_config_overrides(AutoConfig.from_pretrained(directory, **extra), config_overrides or {})
     config.num_labels = 1
     # GenericForTokenClassification defaults to dropout 0.1; values must be deterministic.
     config.classifier_dropout = 0.0

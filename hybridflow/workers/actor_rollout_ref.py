@@ -161,9 +161,11 @@ class ActorRolloutRefWorker(Worker):
         # vllm reads its keys from the section; hf and native take the memory share the rollout may use
         # and the engine keys their spec declares (native: enforce_eager)
         spec = rollout.backend_spec
-        extra = {"config": rollout} if spec.reads_engine_keys else {
-            "memory_utilization": rollout.gpu_memory_utilization,
-            **(rollout_cls.kwargs_from_config(rollout) if spec.engine_keys else {})}
+        if spec.reads_engine_keys:  # vllm loads the checkpoint itself: it takes the HF config overrides too
+            extra = {"config": rollout, "hf_overrides": self.config.model.hf_config_overrides}
+        else:
+            extra = {"memory_utilization": rollout.gpu_memory_utilization,
+                     **(rollout_cls.kwargs_from_config(rollout) if spec.engine_keys else {})}
         if tp_mesh is not None:
             extra["tp_mesh"] = tp_mesh
         self.rollout = rollout_cls(
@@ -191,7 +193,8 @@ class ActorRolloutRefWorker(Worker):
         # The trainer's kernel where generation takes it (gpt-oss has no sdpa path: its runs set eager); else
         # transformers' own choice (sdpa where the family has it).
         attn = model.attn_implementation if model.attn_implementation in ("sdpa", "eager") else None
-        load = dict(dtype=dtype, attn_implementation=attn, trust_remote_code=model.trust_remote_code)
+        load = dict(dtype=dtype, attn_implementation=attn, trust_remote_code=model.trust_remote_code,
+                    config_overrides=model.hf_config_overrides)
         if self.actor_engine is None:
             return build_causal_lm(model_path, **load)
         copy = build_causal_lm(model_path, empty=True, **load).to_empty(device=device)

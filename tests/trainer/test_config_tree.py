@@ -464,3 +464,18 @@ def test_values_verl_documents_as_none_are_taken(files):
     with pytest.raises(ValueError, match=r"custom_reward_function.name=None with custom_reward_function.path=.*name the scoring function"):
         load_config([f"data.train_files={files['train']}", "custom_reward_function.name=null",
                      f"custom_reward_function.path={files['train']}"])
+
+
+def test_a_context_raised_by_override_config_is_the_one_checked(files):
+    """verl's DAPO lines raise the context (+actor_rollout_ref.model.override_config.max_position_embeddings)."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+            "data.max_prompt_length=2048", "data.max_response_length=20480"]
+    with pytest.raises(ValueError, match=r"22528 exceeds the model's context of 4096 .*override_config.max_position_"):
+        validate_config(load_config(line))
+    raised = [*line, "+actor_rollout_ref.model.override_config.max_position_embeddings=32768"]
+    with nothing_started():
+        validate_config(load_config(raised))
+        with pytest.raises(ValueError, match=r"override_config sets \['max_position_embeddings'\] and .*tensor_model_"):
+            validate_config(load_config([*raised, "actor_rollout_ref.rollout.name=native",
+                                         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                                         "trainer.n_gpus_per_node=2"]))

@@ -48,8 +48,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -142,6 +143,7 @@ class VLLMRollout(BaseRollout):
         kv_cache_memory_bytes: int | None = None,
         weight_bucket_bytes: int = 2**30,
         seed: int = 0,
+        hf_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         """
         Args:
@@ -158,6 +160,7 @@ class VLLMRollout(BaseRollout):
                 `config.gpu_memory_utilization` on accelerators.
             weight_bucket_bytes: CPU: `update_weights` writes safetensors files of about this size.
             seed: vLLM's sampling seed.
+            hf_overrides: values vLLM sets on the checkpoint's HF config (`model.override_config`).
         """
         self.config = config if config is not None else RolloutConfig(name="vllm")
         check_vllm_versions(installed_vllm_versions())  # before the vllm import: a mismatch fails inside it
@@ -187,6 +190,7 @@ class VLLMRollout(BaseRollout):
                 logprobs_mode=self.logprobs_mode,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 seed=seed,
+                hf_overrides=hf_overrides,
             )
             self.llm = vllm.LLM(**kwargs) if self.on_cpu else self._build_engine_in_process(vllm, kwargs)
         self._source_version = self._module_version()

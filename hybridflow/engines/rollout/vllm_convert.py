@@ -147,8 +147,10 @@ def compute_vllm_engine_kwargs(
     logprobs_mode: LogprobsMode,
     kv_cache_memory_bytes: int | None,
     seed: int,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM` from the rollout's config section.
+    """Keyword arguments of `vllm.LLM` from the rollout's config section (and the model's HF config overrides,
+    `model.override_config`, as vLLM's `hf_overrides`).
 
     Token ids in, token ids out (nothing is detokenized), but vLLM loads the tokenizer: without one
     (`skip_tokenizer_init`) its start-up logs a chat-template warm-up traceback. The checkpoint's
@@ -177,6 +179,8 @@ def compute_vllm_engine_kwargs(
         "load_format": config.load_format,
         "seed": seed,
     }
+    if hf_overrides:
+        kwargs["hf_overrides"] = dict(hf_overrides)
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 2**30
         return kwargs

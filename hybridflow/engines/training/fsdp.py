@@ -118,7 +118,7 @@ def _build_module(
     """The HF module of `model_kind` (with LoRA adapters when configured): loaded, or `empty` on the meta device."""
     model = config.model
     load = dict(dtype="float32", attn_implementation=config.attn_implementation,
-                trust_remote_code=model.trust_remote_code, empty=empty)
+                trust_remote_code=model.trust_remote_code, empty=empty, config_overrides=model.hf_config_overrides)
     if model_kind == "causal_lm":
         module = build_causal_lm(model_path, **load)
     else:  # a reward model is a value model that must bring its trained head

@@ -156,8 +156,11 @@ def model_config_json(model_path: str) -> dict | None:
     return json.loads(config_file.read_text())
 
 
-def model_context_length(model_path: str) -> int | None:
-    """max_position_embeddings from a model's config.json, else None."""
+def model_context_length(model_path: str, overrides: dict | None = None) -> int | None:
+    """max_position_embeddings from the model's config overrides (`model.override_config`) or its config.json,
+    else None."""
+    if overrides and "max_position_embeddings" in overrides:
+        return overrides["max_position_embeddings"]
     config = model_config_json(model_path)
     return None if config is None else config.get("max_position_embeddings")
 
@@ -305,9 +308,18 @@ def check_lora_with_lone_param_offload(cfg: PPOConfig) -> None:
 
 def check_lengths(cfg: PPOConfig) -> None:
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
-    context = model_context_length(cfg.actor_rollout_ref.model.path)
+    model = cfg.actor_rollout_ref.model
+    context = model_context_length(model.path, model.hf_config_overrides)
     if context is not None and total > context:
         raise ValueError(
             f"data.max_prompt_length + data.max_response_length = {total} exceeds the model's context of {context} "
-            f"tokens ({cfg.actor_rollout_ref.model.path}); lower one of them"
+            f"tokens ({model.path}); lower one of them, or raise it with "
+            "+actor_rollout_ref.model.override_config.max_position_embeddings=N where the model's positions extend"
+        )
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if model.hf_config_overrides and tp > 1:
+        raise ValueError(
+            f"actor_rollout_ref.model.override_config sets {sorted(model.hf_config_overrides)} and "
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the tensor-parallel rollout builds its "
+            "shards from the checkpoint's own config; set tensor_model_parallel_size=1 or drop the overrides"
         )

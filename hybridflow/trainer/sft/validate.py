@@ -36,7 +36,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     check_model_location("model.path", cfg.model.path)
     check_model_location("model.tokenizer_path", cfg.model.tokenizer_path, weights=False)
     cfg.trainer.check_paths()
-    context = model_context_length(cfg.model.path)
+    context = model_context_length(cfg.model.path, cfg.model.hf_config_overrides)
     if context is not None and data.max_length > context:
         raise ValueError(
             f"data.max_length={data.max_length} exceeds the model's context of {context} tokens ({cfg.model.path}); "
