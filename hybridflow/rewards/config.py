@@ -28,12 +28,21 @@ class OverlongBufferConfig:
     log: bool = False
     """Also return per-sample `overlong_reward` and `overlong` in `RewardResult.extra_info`."""
 
+    max_resp_len: Optional[int] = None
+    """The length at which the penalty reaches penalty_factor (verl's reward_model.reward_kwargs.max_resp_len);
+    None: data.max_response_length."""
+
+    def resolved_max_resp_len(self, max_response_length: int) -> int:
+        """max_resp_len, or the rollout's data.max_response_length when unset."""
+        return self.max_resp_len if self.max_resp_len is not None else max_response_length
+
     def check_len(self, max_response_length: int) -> None:
-        """The buffer lies inside the response: 0 < len < max_response_length (the dapo manager's max_resp_len)."""
-        if not 0 < self.len < max_response_length:
+        """The buffer lies inside the response: 0 < len < max_resp_len (data.max_response_length when unset)."""
+        limit = self.resolved_max_resp_len(max_response_length)
+        if not 0 < self.len < limit:
             raise ValueError(
-                f"reward_model.overlong_buffer.len={self.len} must be in 1..max_resp_len-1 = 1..{max_response_length - 1} "
-                "(below data.max_response_length)"
+                f"reward_model.overlong_buffer.len={self.len} must be in 1..max_resp_len-1 = 1..{limit - 1} "
+                "(below reward_model.overlong_buffer.max_resp_len, or data.max_response_length when it is unset)"
             )
 
 

@@ -479,3 +479,22 @@ def test_a_context_raised_by_override_config_is_the_one_checked(files):
             validate_config(load_config([*raised, "actor_rollout_ref.rollout.name=native",
                                          "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                                          "trainer.n_gpus_per_node=2"]))
+
+
+def test_verls_dapo_reward_kwargs_set_the_overlong_buffer(files):
+    """verl's DAPO scripts pass the overlong buffer as `+reward_model.reward_kwargs.overlong_buffer_cfg.*` and
+    `+reward_model.reward_kwargs.max_resp_len`; they land on reward_model.overlong_buffer."""
+    from hybridflow.rewards.manager.dapo import DAPORewardManager
+
+    line = [f"data.train_files={files['train']}", "reward_model.reward_manager=dapo", "data.max_response_length=512",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=64",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False", "+reward_model.reward_kwargs.max_resp_len=448"]
+    cfg = load_config(line)
+    buffer = cfg.reward_model.overlong_buffer
+    assert (buffer.enable, buffer.len, buffer.penalty_factor, buffer.max_resp_len) == (True, 64, 0.5, 448)
+    manager = DAPORewardManager.from_config(None, lambda *args, **kwargs: 0.0, cfg.reward_model, cfg.data)
+    assert manager.max_resp_len == 448  # the penalty ramps up to verl's max_resp_len, not the rollout's 512
+    with pytest.raises(ValueError, match=r"overlong_buffer.len=64 must be in 1..max_resp_len-1 = 1..47"):
+        validate_config(load_config([*line, "+reward_model.reward_kwargs.max_resp_len=48"]))

@@ -56,8 +56,10 @@ class DAPORewardManager(RewardManager):
 
     @classmethod
     def from_config(cls, tokenizer: Any, compute_score: Callable[..., Any] | None, reward: Any, data: Any):
-        """As `RewardManager.from_config`, with `data.max_response_length` and `reward.overlong_buffer`."""
-        return cls(tokenizer, 0, compute_score, data.reward_fn_key, max_resp_len=data.max_response_length,
+        """As `RewardManager.from_config`, with `reward.overlong_buffer` (its max_resp_len, or
+        `data.max_response_length`)."""
+        max_resp_len = reward.overlong_buffer.resolved_max_resp_len(data.max_response_length)
+        return cls(tokenizer, 0, compute_score, data.reward_fn_key, max_resp_len=max_resp_len,
                    overlong_buffer_cfg=reward.overlong_buffer, scoring=reward.scoring)
 
     def score_decoded(self, data: DataProto, decoded: DecodedBatch) -> RewardResult:

@@ -57,6 +57,11 @@ PPO_TREE = ConfigTree(
     "ppo_trainer",
     "ppo_trainer_schema",
     derived=PPO_DERIVED,
+    aliases={  # verl's DAPO recipe passes the overlong buffer to its reward manager as reward kwargs
+        **{f"reward_model.reward_kwargs.overlong_buffer_cfg.{key}": f"reward_model.overlong_buffer.{key}"
+           for key in ("enable", "len", "penalty_factor", "log")},
+        "reward_model.reward_kwargs.max_resp_len": "reward_model.overlong_buffer.max_resp_len",
+    },
     renamed={
         "ray_init": "ray_kwargs.ray_init",
         "critic.fsdp_config": "critic.model.fsdp_config",
@@ -105,8 +110,11 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
         for old, new in tree.renamed.items():
             if key == old or key.startswith(old + "."):
                 raise ValueError(f"{key} is now {new + key[len(old):]}; rename it in the command line or YAML")
-        key = tree.aliases.get(key, key)
-        rewritten.append(f"{match['prefix'] or ''}{key}{match['rest'] or ''}")
+        prefix = match["prefix"] or ""
+        if key in tree.aliases:
+            key = tree.aliases[key]
+            prefix = "" if prefix == "+" else prefix  # `+` adds a key; the alias's key is in the tree already
+        rewritten.append(f"{prefix}{key}{match['rest'] or ''}")
     return rewritten
 
 
