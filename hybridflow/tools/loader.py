@@ -42,7 +42,11 @@ def _import_class(path: str, where: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"{where}.class_name={path!r}: cannot import module {module_name!r}: {err}") from err
+        hint = ""
+        if module_name.split(".")[0] == "verl":
+            hint = (f"; verl's tool classes are not part of hybridflow: name a registered tool instead "
+                    f"(`name: <tool>`, one of {TOOLS.names()}) or give a class of your own (hybridflow.tools.BaseTool)")
+        raise ValueError(f"{where}.class_name={path!r}: cannot import module {module_name!r}: {err}{hint}") from err
     try:
         return getattr(module, attr)
     except AttributeError as err:

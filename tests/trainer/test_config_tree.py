@@ -498,3 +498,15 @@ def test_verls_dapo_reward_kwargs_set_the_overlong_buffer(files):
     assert manager.max_resp_len == 448  # the penalty ramps up to verl's max_resp_len, not the rollout's 512
     with pytest.raises(ValueError, match=r"overlong_buffer.len=64 must be in 1..max_resp_len-1 = 1..47"):
         validate_config(load_config([*line, "+reward_model.reward_kwargs.max_resp_len=48"]))
+
+
+def test_a_tools_file_that_fails_to_load_is_named_by_its_key(files, tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {}\n")
+    line = [f"data.train_files={files['train']}", "actor_rollout_ref.rollout.mode=async",
+            "actor_rollout_ref.rollout.multi_turn.enable=True", "data.return_raw_chat=True",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}"]
+    with nothing_started():
+        with pytest.raises(ValueError, match=r"^actor_rollout_ref.rollout.multi_turn.tool_config_path: .*tools\[0\]"
+                                             r".class_name='verl.tools.gsm8k_tool.Gsm8kTool'.*name a registered tool"):
+            validate_config(load_config(line))

@@ -255,4 +255,7 @@ def _check_agent_loops(cfg: PPOConfig) -> None:
     if multi_turn.tool_config_path is not None:
         from hybridflow.tools.loader import load_tools
 
-        load_tools(multi_turn.tool_config_path)  # a malformed entry fails now, naming it
+        try:
+            load_tools(multi_turn.tool_config_path)  # a malformed entry fails now, naming it
+        except ValueError as err:
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {err}") from err
