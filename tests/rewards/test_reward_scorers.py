@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hybridflow.rewards import SCORERS, default_compute_score, resolve_scorer
-from hybridflow.rewards.score import countdown, gsm8k, math, reasoning_gym
+from hybridflow.rewards.score import countdown, gsm8k, math, math_dapo, reasoning_gym
 
 
 class TestGsm8k:
@@ -130,6 +130,35 @@ class TestReasoningGym:
         assert default_compute_score(source, f"Answer: {wrong}", entry["answer"], extra_info) == 0.0
         assert default_compute_score(source, f"Answer: {wrong}", entry["answer"], extra_info, format_score=0.1) == 0.1
         assert default_compute_score(source, "no idea", entry["answer"], extra_info, format_score=0.1) == 0.0
+
+
+class TestMathDapo:
+    """verl's math_dapo rule: the last "Answer:" line, Minerva normalisation, +1 / -1."""
+
+    @pytest.mark.parametrize(("response", "truth"), [
+        ("so x = 3.\nAnswer: 3", "3"),
+        ("Answer: $\\frac{1}{2}$", "\\frac12"),  # shorthand and $...$ normalised alike
+        ("answer : 1,000 dollars", "1000"),  # case, thousands separator and units
+        ("Answer: 5 then more thinking\nAnswer: x = \\boxed{7}", "7"),  # the last line; after '='; unboxed
+        ("Answer: 90^\\circ", "90"),
+    ])
+    def test_right_answers(self, response, truth) -> None:
+        assert math_dapo.compute_score(response, truth) == {"score": 1.0, "acc": True,
+                                                             "pred": math_dapo.normalize_final_answer(truth)}
+
+    @pytest.mark.parametrize(("response", "truth"), [
+        ("Answer: 4", "3"),
+        ("\\boxed{3}", "3"),  # no Answer line: DAPO's rule reads only that line
+        ("Answer: 3" + " padding" * 60, "3"),  # the line is outside the searched tail
+    ])
+    def test_other_answers_score_minus_one(self, response, truth) -> None:
+        result = math_dapo.compute_score(response, truth)
+        assert result["score"] == -1.0 and result["acc"] is False
+
+    def test_dapo_and_aime_data_sources_dispatch_to_it(self) -> None:
+        for source in ("math_dapo", "aime2024", "aime25"):
+            assert default_compute_score(source, "Answer: 12", "12")["score"] == 1.0
+        assert default_compute_score("math_dapo", "Answer: 11", "12")["score"] == -1.0
 
 
 def test_unknown_data_source_lists_the_known_ones() -> None:

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hybridflow.rewards.score import code, color_square, countdown, gsm8k, math, reasoning_gym
+from hybridflow.rewards.score import code, color_square, countdown, gsm8k, math, math_dapo, reasoning_gym
 from hybridflow.sandbox import SandboxLimits
 from hybridflow.utils.registry import Registry
 
@@ -35,6 +35,11 @@ def _score_gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_i
 def _score_math(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                 format_score: float = 0.0) -> float:
     return math.compute_score(solution_str, ground_truth, format_score=format_score)
+
+
+def _score_math_dapo(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
+                     format_score: float = 0.0) -> dict:
+    return math_dapo.compute_score(solution_str, ground_truth)  # +1 / -1: DAPO's recipe has no format score
 
 
 def _score_countdown(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
@@ -65,6 +70,9 @@ for _name in ("openai/gsm8k", "gsm8k"):
     SCORERS.register(_name, _score_gsm8k)
 for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"):
     SCORERS.register(_name, _score_math)
+# verl's DAPO data (DAPO-Math-17k) and its AIME validation sets
+for _name in ("math_dapo", "math_dapo_reasoning", "aime", "aime24", "aime25", "aime2024", "aime2025"):
+    SCORERS.register(_name, _score_math_dapo)
 SCORERS.register("countdown", _score_countdown)
 for _name in ("openai_humaneval", "code"):  # 'code/<anything>' resolves to 'code'
     SCORERS.register(_name, _score_code)
