@@ -42,8 +42,8 @@ def check_override_config(override_config: dict[str, Any]) -> None:
     if megatron:
         raise ConfigFieldError(
             "override_config",
-            f"override_config.{megatron[0]} configures verl's Megatron-LM models; hybridflow builds transformers "
-            f"models, whose HF config takes the values directly (e.g. override_config.max_position_embeddings)",
+            f"override_config[{megatron[0]!r}] configures verl's Megatron-LM models; hybridflow builds transformers "
+            "models, whose HF config takes the values directly (e.g. +...override_config.max_position_embeddings=N)",
         )
     attn = override_config.get("attn_implementation", "sdpa")
     if attn not in ATTN_IMPLEMENTATIONS:

@@ -27,7 +27,7 @@ def test_attn_implementation_defaults_to_sdpa_and_reaches_the_engine(tmp_path):
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ({"model_config": {"max_position_embeddings": 32768}}, r"override_config.model_config configures verl's Meg"),
+        ({"model_config": {"max_position_embeddings": 32768}}, r"override_config\['model_config'\] configures verl's Meg"),
         ({"attn_implementation": "flash_attention_9"}, "is not known"),
     ],
 )
