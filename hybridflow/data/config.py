@@ -78,6 +78,8 @@ class RLHFDataConfig(DataFilesConfig):
     last tokens) | right (keep the first) | middle (keep both ends)."""
     filter_overlong_prompts: bool = True
     """Drop over-long prompts when the dataset is built (one warning with the count)."""
+    filter_overlong_prompts_workers: int = unsupported(1, "over-long prompts are filtered in the driver process")
+    """verl: processes that filter over-long prompts."""
     return_raw_chat: bool = False
     """Keep the chat messages per sample as raw_prompt (agent loops need them)."""
     image_key: str = "images"

@@ -98,6 +98,9 @@ class ActorConfig(PPOLossConfig):
     model.use_remove_padding=True. Sequence-parallel peers take the same data."""
     use_torch_compile: bool = unsupported(False, "the training engine runs eagerly")
     """Compile the model's forward."""
+    entropy_checkpointing: bool = False
+    """verl: recompute the entropy's logits in the backward instead of keeping them. True needs
+    model.use_fused_kernels (the default), whose head already recomputes each chunk's logits in the backward."""
     use_prefix_grouper: bool = False
     """Forward the samples of one prompt with a single copy of the prompt (update, old and reference log-probs):
     the same results, with each prompt computed once per group in a micro-batch."""
@@ -160,6 +163,10 @@ class RefModelConfig(ModelConfig):
 class RefConfig:
     """The frozen reference policy (for KL)."""
 
+    strategy: Strategy = "fsdp2"
+    """Engine: fsdp2 (fsdp is accepted as a synonym)."""
+    use_torch_compile: bool = unsupported(False, "the training engine runs eagerly")
+    """Compile the model's forward."""
     log_prob_micro_batch_size_per_gpu: int = 8
     """Samples per forward when computing reference log-probs (the PPO trainer sets it from
     rollout.log_prob_micro_batch_size_per_gpu unless given; 8 applies to a reference built on its own)."""
@@ -221,6 +228,12 @@ class ActorRolloutRefConfig:
 
     def __post_init__(self) -> None:
         self._check_router_replay()
+        if self.actor.entropy_checkpointing and not self.model.use_fused_kernels:
+            raise ConfigFieldError(
+                "actor.entropy_checkpointing",
+                "actor_rollout_ref.actor.entropy_checkpointing=True with actor_rollout_ref.model.use_fused_kernels="
+                "False: the logits are recomputed in the backward by the fused head only; set use_fused_kernels=True",
+            )
 
     def _check_router_replay(self) -> None:
         """R3 replays what the rollout records: both keys on, or both off (a recording nobody replays is refused)."""
@@ -354,6 +367,10 @@ class RewardModelWorkerConfig:
 
     enable: bool = False
     """Score responses with the reward model (its score replaces, or with rule_reward_coef joins, rule rewards)."""
+    use_reward_loop: bool = False
+    """verl's choice between its reward loop and its legacy reward manager for rule rewards. hybridflow scores rules
+    in one reward stage (the driver's scorer pool), the same scores either way; with a reward model (enable=True)
+    True is refused: verl's reward loop serves the model through reward_model.rollout, which hybridflow lacks."""
     strategy: Strategy = "fsdp2"
     """Engine: fsdp2 (fsdp is accepted as a synonym)."""
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)

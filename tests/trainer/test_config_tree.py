@@ -191,8 +191,10 @@ def test_every_documented_key_is_in_the_tree_and_passes_dry_run(files, capsys):
                 "critic.compute_values")
     # names under a free-form mapping (custom_reward_function.reward_kwargs.NAME) are the user's, not the tree's
     mappings = tuple(f"{key}." for _, leaves in trees for key, item in leaves.items() if isinstance(item.default, dict))
+    aliases = [alias for tree, _ in trees for alias in tree.aliases]  # verl's spellings, rewritten to tree keys
     unknown = sorted(key for key in documented if not any(key in leaves for _, leaves in trees)
-                     and key not in sections and not key.startswith(not_keys) and not key.startswith(mappings))
+                     and key not in sections and not key.startswith(not_keys) and not key.startswith(mappings)
+                     and not any(alias == key or alias.startswith(key + ".") for alias in aliases))
     assert not unknown, f"documented keys missing from the config tree: {unknown}"
     # Every documented key of a tree written out at its default, all in one command line: the dry run passes and
     # each key reads back its default. Only when the whole line fails is each key tried alone, to name the culprit.
@@ -510,3 +512,31 @@ def test_a_tools_file_that_fails_to_load_is_named_by_its_key(files, tmp_path):
         with pytest.raises(ValueError, match=r"^actor_rollout_ref.rollout.multi_turn.tool_config_path: .*tools\[0\]"
                                              r".class_name='verl.tools.gsm8k_tool.Gsm8kTool'.*name a registered tool"):
             validate_config(load_config(line))
+
+
+def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
+    """Keys from verl's example scripts: those whose effect hybridflow has anyway are taken, the others are refused
+    naming why (not as unknown keys)."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}"]
+    held = ["actor_rollout_ref.ref.strategy=fsdp2", "actor_rollout_ref.ref.use_torch_compile=False",
+            "actor_rollout_ref.actor.entropy_checkpointing=True", "actor_rollout_ref.rollout.layered_summon=True",
+            "reward_model.use_reward_loop=True", "trainer.use_legacy_worker_impl=disable",
+            "actor_rollout_ref.model.use_shm=False", "actor_rollout_ref.model.use_liger=False",
+            "data.filter_overlong_prompts_workers=1"]
+    cfg = load_config([*line, *held])
+    assert cfg.actor_rollout_ref.actor.entropy_checkpointing and cfg.reward_model.use_reward_loop
+    refused = {
+        "actor_rollout_ref.model.use_shm=True": "not copied to /dev/shm",
+        "actor_rollout_ref.ref.use_torch_compile=True": "runs eagerly",
+        "data.filter_overlong_prompts_workers=64": "filtered in the driver process",
+        "actor_rollout_ref.model.use_liger=True": "Liger kernels are not used",
+    }
+    for override, reason in refused.items():
+        with pytest.raises(ValueError, match=reason):
+            load_config([*line, override])
+    with pytest.raises(ValueError, match=r"entropy_checkpointing=True with actor_rollout_ref.model.use_fused_kernels"):
+        load_config([*line, "actor_rollout_ref.actor.entropy_checkpointing=True",
+                     "actor_rollout_ref.model.use_fused_kernels=False"])
+    with pytest.raises(ValueError, match=r"reward_model.use_reward_loop=True with reward_model.enable=True"):
+        load_config([*line, "reward_model.use_reward_loop=True", "reward_model.enable=True",
+                     f"reward_model.model.path={files['model']}"])

@@ -166,6 +166,9 @@ class RolloutConfig(SamplingConfig):
     free_cache_engine: bool = True
     """Free the rollout engine's KV cache after generation (hybrid engine); vllm: its sleep mode is enabled
     only when True (weights to host memory and KV cache freed while the trainer runs)."""
+    layered_summon: bool = False
+    """verl: gather a sharded LoRA model for the rollout layer by layer rather than whole. The hand-over gathers
+    (and merges) one tensor at a time whatever the value, so both values hold."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Weight and compute dtype of the rollout's own weights (the vllm engine; an hf/native copy that does not share
     the actor's module). auto is bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on CPUs without bf16

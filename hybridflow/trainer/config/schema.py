@@ -85,6 +85,8 @@ class RunConfig:
     """auto (cuda if present, else cpu) | cpu | cuda."""
     local_mode: bool = False
     """Run the one worker in the driver process without Ray (debugging; needs n_gpus_per_node=1, nnodes=1)."""
+    use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"
+    """verl's switch between its two worker implementations; hybridflow has one, which every value runs."""
     num_threads_per_worker: int = 0
     """torch threads per worker on CPU hosts; 0 divides the cores among the workers."""
     rpc_timeout_s: Optional[float] = 3600.0
@@ -251,6 +253,13 @@ class RewardSectionConfig(RewardModelConfig, RewardModelWorkerConfig):
                 "rule_reward_coef",
                 f"rule_reward_coef={self.rule_reward_coef} weighs rule scores against a reward model's, but "
                 "reward_model.enable=False: enable the reward model or leave rule_reward_coef at 0",
+            )
+        if self.use_reward_loop and self.enable:
+            raise ConfigFieldError(
+                "use_reward_loop",
+                "use_reward_loop=True with reward_model.enable=True: verl's reward loop serves the reward model "
+                "through reward_model.rollout, which hybridflow lacks; set use_reward_loop=False (the reward model "
+                "then scores on its own workers)",
             )
 
 
