@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.algorithms.validation_metrics import compute_mean_interval
-from hybridflow.data.preprocess.reasoning_gym import PRESETS, build_prompt
+from hybridflow.data.preprocess.reasoning_gym import PRESETS, answer_disagrees, build_prompt
 
 PROMPT_STYLES = ("ours", "plain")
 EXTRACTIONS = ("strict", "flexible")
@@ -75,6 +75,8 @@ def heldout_problems(task: str, task_config: dict[str, Any], num_problems: int, 
         if entry["question"] in seen:
             continue
         seen.add(entry["question"])
+        if answer_disagrees(task, entry):  # a mislabelled question (see there) is no test of the model
+            continue
         problems.append(Problem(entry["question"], str(entry["answer"]), entry))
         if len(problems) == num_problems:
             return problems, dataset

@@ -153,3 +153,32 @@ def test_tool_agent_rows_name_their_loop_and_hint_the_tool():
     assert TOOL_INSTRUCTION in tool_row["prompt"][0]["content"]
     assert TOOL_INSTRUCTION not in plain_row["prompt"][0]["content"]
     assert tool_row["reward_model"] == plain_row["reward_model"]
+
+
+def test_arithmetic_rows_whose_answer_ignores_operator_precedence_are_dropped(caplog):
+    """reasoning-gym writes (a + b) * c as `a + b * c` without parentheses and answers the tree's value: those
+    rows would reward the wrong number (the tool agent's held-out plateau was exactly them). Every kept row's answer
+    is its expression's value under the usual precedence; a task without the mix loses nothing."""
+    import logging
+
+    from hybridflow.evaluation.heldout import heldout_problems
+    from hybridflow.tools.calculator import evaluate_expression
+
+    task, config, _ = rg_script.PRESETS["smollm2_calculator"]
+    with caplog.at_level(logging.WARNING, logger="hybridflow.data.preprocess.reasoning_gym"):
+        rows = rg_script.build_rows(task, config, 96, 32, seed=0)
+    kept = rows["train"] + rows["test"]
+    assert len(kept) == 128 and "operator precedence" in caplog.text
+    dropped = int(caplog.text.split("dropped ")[1].split(" of ")[0])
+    assert 5 < dropped < 64  # about a fifth of three-term + - * questions
+    for row in kept:
+        expression = json.loads(row["extra_info"]["metadata"])["expression"]
+        assert float(evaluate_expression(expression)) == float(row["reward_model"]["ground_truth"]), expression
+    problems, _ = heldout_problems(task, config, 64, seed=12345, exclude=set())
+    for problem in problems:
+        assert float(evaluate_expression(problem.entry["metadata"]["expression"])) == float(problem.answer)
+    caplog.clear()
+    easy_task, easy_config, _ = rg_script.PRESETS["smollm2_easy"]
+    with caplog.at_level(logging.WARNING, logger="hybridflow.data.preprocess.reasoning_gym"):
+        rg_script.build_rows(easy_task, easy_config, 64, 16, seed=0)
+    assert "operator precedence" not in caplog.text

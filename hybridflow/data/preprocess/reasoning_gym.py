@@ -73,6 +73,24 @@ def _json_safe(value: Any, where: str) -> Any:
     raise TypeError(f"{where} holds a {type(value).__name__}, which cannot be stored as JSON")
 
 
+def answer_disagrees(task: str, entry: dict[str, Any]) -> bool:
+    """Whether a reasoning-gym entry's answer is not the value of the question it asks.
+
+    basic_arithmetic with allow_parentheses=False writes `a + b * c` for the tree (a + b) * c and answers the
+    tree's value: 52 of 256 three-term `+ - *` questions (reasoning-gym 0.1.x, measured 2026-11-28), whose "right"
+    answer contradicts the usual precedence that a calculator (or the model) follows. Its metadata keeps the
+    expression, which the calculator's own evaluator recomputes."""
+    if task != "basic_arithmetic":
+        return False
+    from hybridflow.tools.calculator import evaluate_expression
+
+    try:
+        value, answer = float(evaluate_expression(entry["metadata"]["expression"])), float(entry["answer"])
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return False  # nothing to compare: the task's own verifier stands
+    return abs(value - answer) > 1e-9 * max(1.0, abs(answer))
+
+
 def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_size: int,
                seed: int, answer_extraction: str = "strict",
                agent_name: str | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -89,11 +107,15 @@ def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_siz
     config_json = json.dumps(_json_safe(dataclasses.asdict(dataset.config), "task_config"), sort_keys=True)
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
+    mislabelled = 0
     for index in range(len(dataset)):
         entry = dataset[index]
         if entry["question"] in seen:
             continue
         seen.add(entry["question"])
+        if answer_disagrees(task, entry):
+            mislabelled += 1
+            continue
         split = "train" if len(rows) < train_size else "test"
         row = make_row(
             data_source=f"reasoning_gym/{task}",
@@ -114,6 +136,12 @@ def build_rows(task: str, task_config: dict[str, Any], train_size: int, test_siz
             row["agent_name"] = agent_name
         rows.append(row)
         if len(rows) == needed:
+            if mislabelled:
+                logger.warning(
+                    "dropped %d of %d %s questions whose answer is not their expression's value under the usual "
+                    "operator precedence (the task writes (a + b) * c without its parentheses)",
+                    mislabelled, mislabelled + needed, task,
+                )
             return {"train": rows[:train_size], "test": rows[train_size:]}
     raise ValueError(
         f"reasoning-gym task {task!r} with config {config} gave only {len(rows)} distinct questions in "
