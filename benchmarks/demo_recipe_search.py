@@ -45,6 +45,9 @@ ENTROPY_COSINE = ["actor_rollout_ref.actor.entropy_coeff=0.003",
                   "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
                   "actor_rollout_ref.actor.optim.min_lr_ratio=0.1"]
 
+DYNAMIC_SAMPLING_16 = ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
+                       "data.gen_batch_size=16", "trainer.total_epochs=8"]
+
 # name -> (total steps, overrides of grpo_smollm2_demo). A name always means the same recipe, since a run whose
 # final checkpoint exists is scored again rather than trained: `make demo` since 2026-11-28 is `ent3e-3_cos_40`;
 # before it, `make demo` was `plain_40` (its rows in benchmarks/results/ up to 2026-11-28T06 are named `demo_40`).
@@ -84,9 +87,10 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
     # about a fifth of a demo step, the update the rest) and trains on the first 8 that are not flat, so every
     # update carries 8 informative groups instead of about 4. Filtering consumes prompts faster than one per slot,
     # hence the epochs over the 512 prompts (prompts the policy has mastered are filtered out again).
-    "ent3e-3_cos_dyn16_40": (40, [*ENTROPY_COSINE, "algorithm.filter_groups.enable=True",
-                                  "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16",
-                                  "trainer.total_epochs=8"]),
+    "ent3e-3_cos_dyn16_40": (40, [*ENTROPY_COSINE, *DYNAMIC_SAMPLING_16]),
+    # the same cut to 28 steps: its steps cost about 1.7x the demo's (two generation batches of 128 samples), so
+    # 28 of them take about the demo's 40 steps' time
+    "ent3e-3_cos_dyn16_28": (28, [*ENTROPY_COSINE, *DYNAMIC_SAMPLING_16]),
     "n16_p4_40": (40, [*PLAIN, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=16",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]),
