@@ -20,7 +20,7 @@ DEMO_DATA := outputs/demo/data
 demo: $(STAMP)
 	test -f $(DEMO_DATA)/train.parquet || $(PY) -m hybridflow.data.preprocess.reasoning_gym --preset smollm2_easy \
 		--local_dir $(DEMO_DATA) --train_size 512 --test_size 64 --seed 0
-	RAY_AUTH_MODE=disabled $(PY) -m hybridflow.trainer.main_ppo --config-name grpo_smollm2_demo
+	RAY_AUTH_MODE=disabled $(PY) -m hybridflow.trainer.main_ppo --config-name grpo_smollm2_demo_dynamic
 	$(PY) -m hybridflow.cli eval --model smollm2-135m-instruct --model outputs/demo/run --preset smollm2_easy \
 		--num_problems 256 --exclude $(DEMO_DATA)/train.parquet --exclude $(DEMO_DATA)/test.parquet --prompt ours \
 		--max_new_tokens 64 --json outputs/demo/heldout.json
