@@ -98,6 +98,10 @@ def _build() -> ModuleType:
         )
 
 
+KILLED_BUILD_STATE = (".ninja_deps", ".ninja_log", "build.ninja")
+"""ninja's state files in the build directory, which a killed build may leave half-written."""
+
+
 @contextlib.contextmanager
 def build_lock(name: str = "hybridflow_decode_kernels") -> Iterator[None]:
     """Hold the kernels' build directory for one process's build (or load) at a time.
@@ -106,7 +110,11 @@ def build_lock(name: str = "hybridflow_decode_kernels") -> Iterator[None]:
     killed midway (Ctrl-C, a killed job, the OOM killer) leaves it behind. This lock is an advisory `flock` on a
     file beside it, which the kernel releases when its holder exits however it exits. A process holding it knows
     that no live process is building, so a `lock` file it finds was left by a killed build and is removed at once;
-    the ranks of one run, and runs side by side, build one after another instead of racing over torch's file."""
+    the ranks of one run, and runs side by side, build one after another instead of racing over torch's file.
+
+    A killed build may also leave ninja's dependency log half-written: ninja then finds the object out of date on
+    every load and rebuilds it each time (about 20 s per process, seen after a killed build), so the build state
+    goes with the stale lock and the next build starts clean."""
     import fcntl
 
     from torch.utils import cpp_extension
@@ -118,8 +126,10 @@ def build_lock(name: str = "hybridflow_decode_kernels") -> Iterator[None]:
         try:
             stale = directory / "lock"
             if stale.exists():
-                logger.warning("native rollout: removing the kernel build lock %s left by a killed build", stale)
-                stale.unlink(missing_ok=True)
+                logger.warning("native rollout: removing the kernel build lock %s and the build state left by a "
+                               "killed build", stale)
+                for leftover in (stale, *(directory / name for name in KILLED_BUILD_STATE)):
+                    leftover.unlink(missing_ok=True)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)

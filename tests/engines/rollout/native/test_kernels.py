@@ -207,6 +207,10 @@ def test_builds_take_turns_and_a_killed_builds_lock_is_removed_at_once(tmp_path,
     )
     assert subprocess.run([sys.executable, "-c", killed, str(tmp_path)], timeout=60).returncode == 9
     assert lock.exists()
+    (tmp_path / ".ninja_deps").write_bytes(b"# ninjadeps\n\x04")  # half-written by the killed build
+    (tmp_path / "decode_kernels.o").write_bytes(b"")
     start = time.monotonic()
     with kernels.build_lock():
         assert not lock.exists() and time.monotonic() - start < 2
+        assert not (tmp_path / ".ninja_deps").exists(), "a killed build's ninja state makes every later load rebuild"
+    assert (tmp_path / "decode_kernels.o").exists()  # outputs stay: ninja rebuilds them if they are out of date
