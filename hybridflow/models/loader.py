@@ -86,23 +86,6 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
     return tokenizer
 
 
-def load_model_config(path_or_name: str | os.PathLike, trust_remote_code: bool = False) -> Any:
-    """The HF config of a catalogue name / directory / `.gguf` file, without loading weights."""
-    directory, gguf = split_model_location(path_or_name)
-    extra = {"gguf_file": gguf} if gguf else {}
-    return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code, **extra)
-
-
-def causal_lm_class(config: Any) -> Any:
-    """The transformers auto class that builds a text generator from `config`: `AutoModelForCausalLM`, or
-    `AutoModelForImageTextToText` for vision-language models (e.g. Qwen2-VL), which have no CausalLM class."""
-    if getattr(config, "vision_config", None) is not None:
-        from transformers import AutoModelForImageTextToText
-
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
-
-
 def apply_config_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
     """Set `overrides` on a HF config in place (verl's `update_model_config`): a dict value for a sub-config
     (e.g. text_config) updates it key by key; returns the config."""
@@ -113,6 +96,28 @@ def apply_config_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
         else:
             setattr(config, key, value)
     return config
+
+
+def load_model_config(
+    path_or_name: str | os.PathLike, trust_remote_code: bool = False, gguf_file: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Any:
+    """The HF config of a catalogue name / directory / `.gguf` file (or `gguf_file` inside the directory), without
+    loading weights, with `overrides` set on it (`apply_config_overrides`)."""
+    directory, gguf = split_model_location(path_or_name, gguf_file)
+    extra = {"gguf_file": gguf} if gguf else {}
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code, **extra)
+    return apply_config_overrides(config, overrides or {})
+
+
+def causal_lm_class(config: Any) -> Any:
+    """The transformers auto class that builds a text generator from `config`: `AutoModelForCausalLM`, or
+    `AutoModelForImageTextToText` for vision-language models (e.g. Qwen2-VL), which have no CausalLM class."""
+    if getattr(config, "vision_config", None) is not None:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def build_causal_lm(
@@ -142,10 +147,7 @@ def build_causal_lm(
         config_overrides: values set on the model's HF config before it is built (`apply_config_overrides`).
     """
     directory, gguf = split_model_location(path_or_name, gguf_file)
-    config = AutoConfig.from_pretrained(
-        directory, trust_remote_code=trust_remote_code, **({"gguf_file": gguf} if gguf else {})
-    )
-    apply_config_overrides(config, config_overrides or {})
+    config = load_model_config(path_or_name, trust_remote_code, gguf_file, config_overrides)
     auto_cls = AutoModelForCausalLM if gguf else causal_lm_class(config)
     if empty:
         return build_empty_model(auto_cls, config, dtype, attn_implementation, trust_remote_code)

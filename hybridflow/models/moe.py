@@ -170,7 +170,7 @@ def replay_routing(module: nn.Module, routed_experts: torch.Tensor) -> Iterator[
             index = routed_experts[:, layer].to(device=logits.device, dtype=torch.long)
             if index.size(0) != logits.size(0):
                 raise ValueError(f"router replay: {index.size(0)} recorded tokens for a forward of {logits.size(0)}")
-            return write_routing(router, output, index)
+            return write_routing(router, output, logits, index)
 
         return hook
 

@@ -103,10 +103,10 @@ def read_routing(router: nn.Module, output) -> tuple[torch.Tensor, torch.Tensor,
     return router_kind(router).read(router, output)
 
 
-def write_routing(router: nn.Module, output, index: torch.Tensor):
-    """The router's output with experts `index` chosen, weighed as the router weighs them."""
+def write_routing(router: nn.Module, output, logits: torch.Tensor, index: torch.Tensor):
+    """The router's `output` with experts `index` chosen, weighed from its `logits` (`read_routing`'s) as the router
+    weighs them."""
     kind = router_kind(router)
-    logits = kind.read(router, output)[0]
     return kind.write(router, output, kind.weigh(router, logits, index), index)
 
 

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
+from transformers import AutoModelForTokenClassification, PreTrainedModel
 
-from hybridflow.models.loader import apply_config_overrides, build_empty_model, split_model_location, to_torch_dtype
+from hybridflow.models.loader import build_empty_model, load_model_config, split_model_location, to_torch_dtype
 
 
 def build_value_model(
@@ -48,7 +48,7 @@ def build_value_model(
     directory, gguf = split_model_location(path_or_name)
     extra = {"gguf_file": gguf} if gguf else {}
     extra["trust_remote_code"] = trust_remote_code
-    config = apply_config_overrides(AutoConfig.from_pretrained(directory, **extra), config_overrides or {})
+    config = load_model_config(path_or_name, trust_remote_code, overrides=config_overrides)
     config.num_labels = 1
     # GenericForTokenClassification defaults to dropout 0.1; values must be deterministic.
     config.classifier_dropout = 0.0

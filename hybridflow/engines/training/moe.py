@@ -90,7 +90,7 @@ class MoeRouting:
                 index = self._replay[:, layer].to(device=logits.device, dtype=torch.long)
                 if index.size(0) != logits.size(0):
                     raise ValueError(f"router replay: {index.size(0)} recorded tokens, the forward has {logits.size(0)}")
-                output = write_routing(router, output, index)
+                output = write_routing(router, output, logits, index)
             if self._captured is not None and len(self._captured) == layer:  # skip activation-checkpoint recomputes
                 self._captured.append((logits, index))
             return output

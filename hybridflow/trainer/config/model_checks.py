@@ -316,7 +316,11 @@ def check_lengths(cfg: PPOConfig) -> None:
             f"tokens ({model.path}); lower one of them, or raise it with "
             "+actor_rollout_ref.model.override_config.max_position_embeddings=N where the model's positions extend"
         )
-    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+
+
+def check_config_overrides_reach_the_rollout(cfg: PPOConfig) -> None:
+    """The HF config overrides reach every model the run builds: not the tensor-parallel rollout's shards."""
+    model, tp = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     if model.hf_config_overrides and tp > 1:
         raise ValueError(
             f"actor_rollout_ref.model.override_config sets {sorted(model.hf_config_overrides)} and "

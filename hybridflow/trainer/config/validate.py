@@ -13,6 +13,7 @@ from hybridflow.engines.rollout.registry import backends_with
 from hybridflow.trainer.config.batches import BatchSizes, derive_batch_sizes
 from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
+    check_config_overrides_reach_the_rollout,
     check_lengths,
     check_model_location,
     check_forward_support,
@@ -46,6 +47,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_rows(cfg)
     check_vision_language(cfg)  # imports the vision code only for a vision-language model
     check_lengths(cfg)
+    check_config_overrides_reach_the_rollout(cfg)
     check_rollout_model(cfg)
     check_lora_on_experts(cfg)
     check_moe_routing(cfg)
