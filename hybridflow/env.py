@@ -80,6 +80,25 @@ def mlflow_tracking_uri() -> str | None:
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
+def wandb_mode() -> str | None:
+    """The Weights & Biases mode the user chose (`WANDB_MODE`: online, offline, disabled); None when unset."""
+    return os.environ.get("WANDB_MODE") or None
+
+
+def wandb_has_credentials() -> bool:
+    """Whether an API key for Weights & Biases is at hand: `WANDB_API_KEY`, or a `wandb login` entry in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+
+    try:
+        entries = netrc.netrc().hosts
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    return base_url.split("://")[-1].split("/")[0] in entries
+
+
 @contextmanager
 def scoped_environ() -> Iterator[None]:
     """Restore the process environment as it was when the block ends."""

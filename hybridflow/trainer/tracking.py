@@ -96,14 +96,29 @@ class TensorboardBackend:
         self.writer.close()
 
 
+def wandb_mode_for(chosen: str | None, has_credentials: bool) -> str:
+    """The mode a wandb run starts in: the user's `WANDB_MODE` when set; else online with an API key, and offline
+    (a local run that `wandb sync` uploads later) without one, rather than stopping at a login prompt."""
+    if chosen:
+        return chosen
+    return "online" if has_credentials else "offline"
+
+
 @BACKENDS.register("wandb")
 class WandbBackend:
-    """Weights & Biases; set WANDB_MODE=offline to log without network."""
+    """Weights & Biases under `run_dir/wandb/`; offline when no API key is set (see `wandb_mode_for`)."""
 
     def __init__(self, run_dir: Path, project: str, experiment: str, config: dict) -> None:
         import wandb
 
-        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        mode = wandb_mode_for(env.wandb_mode(), env.wandb_has_credentials())
+        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir), mode=mode)
+        if mode == "offline":
+            logger.warning(
+                "wandb: no API key (WANDB_API_KEY or `wandb login`) and WANDB_MODE unset, so this run logs offline "
+                "to %s; upload it with `wandb sync %s`", self.run.dir, Path(self.run.dir).parent,
+            )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)

@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow.trainer.plot import metrics_by_step, plot_run, read_metrics, validation_keys
 from hybridflow.trainer.run import summarize_validation
-from hybridflow.trainer.tracking import BACKENDS, Tracking
+from hybridflow.trainer.tracking import BACKENDS, Tracking, wandb_mode_for
 
 
 def test_file_backend_writes_numeric_metrics_per_step(tmp_path):
@@ -50,6 +50,33 @@ def test_tensorboard_backend_writes_event_files(tmp_path):
     tracking.log({"critic/score/mean": 0.5}, step=1)
     tracking.finish()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_wandb_mode_follows_the_user_then_the_credentials():
+    assert wandb_mode_for("disabled", has_credentials=True) == "disabled"
+    assert wandb_mode_for("online", has_credentials=False) == "online"
+    assert wandb_mode_for(None, has_credentials=True) == "online"
+    assert wandb_mode_for(None, has_credentials=False) == "offline"
+
+
+def test_wandb_without_a_key_logs_offline_into_the_run_directory(tmp_path, monkeypatch, caplog):
+    """verl's command lines name wandb; with no API key the run logs locally (for `wandb sync`), not stops."""
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # no ~/.netrc: no `wandb login`
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="hybridflow.trainer.tracking"):
+        tracking = Tracking(["wandb"], run_dir, "p", "e", {"lr": 1e-6})
+    tracking.log({"critic/score/mean": 0.5}, step=1)
+    tracking.finish()
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
+    assert "logs offline" in caplog.text and "wandb sync" in caplog.text
 
 
 def test_unknown_backend_lists_known_ones(tmp_path):

@@ -56,7 +56,8 @@ class RunConfig:
     experiment_name: str = "run"
     """Tracking run name."""
     logger: list[Logger] = field(default_factory=lambda: ["console"])
-    """Where metrics go: any of console, file, tensorboard, wandb, mlflow (one name or a list)."""
+    """Where metrics go: any of console, file, tensorboard, wandb, mlflow (one name or a list). wandb logs
+    offline under the run directory (for `wandb sync`) unless WANDB_MODE is set or an API key is at hand."""
     nnodes: int = 1
     """Nodes in the Ray cluster used."""
     n_gpus_per_node: int = 1
