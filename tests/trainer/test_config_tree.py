@@ -540,3 +540,15 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
     with pytest.raises(ValueError, match=r"reward_model.use_reward_loop=True with reward_model.enable=True"):
         load_config([*line, "reward_model.use_reward_loop=True", "reward_model.enable=True",
                      f"reward_model.model.path={files['model']}"])
+
+
+def test_a_key_verl_adds_with_plus_is_an_override_where_hybridflow_has_it(files):
+    """verl's scripts add keys verl lacks with `+`; where hybridflow has the key, Hydra's `+` would refuse to add it
+    again, so it overrides instead. A key neither has is still unknown."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}"]
+    cfg = load_config([*line, "+actor_rollout_ref.actor.fsdp_config.model_dtype=float32"])
+    assert cfg.actor_rollout_ref.actor.fsdp_config.model_dtype == "float32"
+    with pytest.raises(ValueError, match=r"fsdp_config.model_dtype='bf16' is not one of"):  # checked, not added
+        load_config([*line, "+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.no_such_key"):
+        load_config([*line, "+actor_rollout_ref.actor.no_such_key=1"])

@@ -101,6 +101,7 @@ _OVERRIDE = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[^=~+][^=]*?)(?P<rest>=.
 def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
     """Overrides with aliases replaced by their key; a renamed key raises ValueError with its new place."""
     rewritten = []
+    known_keys = None
     for item in overrides:
         match = _OVERRIDE.match(item)
         if match is None:
@@ -114,6 +115,11 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
         if key in tree.aliases:
             key = tree.aliases[key]
             prefix = "" if prefix == "+" else prefix  # `+` adds a key; the alias's key is in the tree already
+        elif prefix == "+":
+            # verl's scripts add with `+` the keys verl lacks (`+actor_rollout_ref.actor.fsdp_config.model_dtype`);
+            # where hybridflow has the key, Hydra would refuse to add it again: it is an override here
+            known_keys = set(tree.all_keys()) if known_keys is None else known_keys
+            prefix = "" if key in known_keys else prefix
         rewritten.append(f"{prefix}{key}{match['rest'] or ''}")
     return rewritten
 
