@@ -31,7 +31,7 @@ LLAMA_TP_PLAN: dict[str, Style] = {
 #: model_type -> plan. Families whose modules carry the Llama names share its plan.
 TP_PLANS: dict[str, dict[str, Style]] = {name: LLAMA_TP_PLAN for name in ("llama", "qwen2", "qwen3", "mistral")}
 
-#: The native rollout's plan for a mixture-of-experts family: Llama-named attention, dense layers and ends as in
+#: The rollout's plan for a mixture-of-experts family: Llama-named attention, dense layers and ends as in
 #: LLAMA_TP_PLAN; the experts module's 3-D weights (experts, ..., ...) split whole experts over the group
 #: (`experts`: dim 0, expert parallelism over the tensor-parallel ranks); routers and shared experts on every rank
 #: (`replicate`, matched on the last two name parts before the generic `gate_proj`/`up_proj`/`down_proj`). Not
@@ -61,11 +61,11 @@ ROLLOUT_PLANS: dict[str, dict[str, Style]] = {
 
 
 def rollout_plan_for(model_type: str) -> dict[str, Style]:
-    """The native rollout's plan of `model_type`: `tp_plan_for`'s, and for mixture-of-experts families the experts
+    """The rollout's tensor-parallel plan of `model_type`: `tp_plan_for`'s, and for mixture-of-experts families the experts
     split whole over the group; a clear error for families without one."""
     if model_type not in ROLLOUT_PLANS:
         raise ValueError(
-            f"the native rollout has no tensor-parallel plan for model_type={model_type!r} (plans: "
+            f"the rollout has no tensor-parallel plan for model_type={model_type!r} (plans: "
             f"{sorted(ROLLOUT_PLANS)}); use tensor_model_parallel_size=1 for this model"
         )
     return ROLLOUT_PLANS[model_type]
@@ -81,14 +81,21 @@ def tp_plan_for(model_type: str) -> dict[str, Style]:
     return TP_PLANS[model_type]
 
 
+def module_style(module_name: str, plan: dict[str, Style]) -> Style | None:
+    """The style of module `module_name` (an HF name such as `model.layers.0.self_attn.o_proj`): matched on its last
+    two name parts first (`shared_expert.down_proj`), then on its last; None when the plan does not name it."""
+    parts = module_name.split(".")
+    style = plan.get(".".join(parts[-2:])) if len(parts) >= 2 else None
+    return style or plan.get(parts[-1])
+
+
 def param_shard_dim(name: str, plan: dict[str, Style]) -> int | None:
     """The dim along which parameter `name` (an HF name such as `model.layers.0.self_attn.q_proj.weight`) is split
     across tensor-parallel ranks, or None when every rank holds all of it (norms, a rowwise layer's bias)."""
     parts = name.split(".")
     if len(parts) < 2:
         return None
-    style = plan.get(".".join(parts[-3:-1])) if len(parts) >= 3 else None
-    style = style or plan.get(parts[-2])
+    style = module_style(".".join(parts[:-1]), plan)
     if style is None or style == "replicate":
         return None
     if style == "rowwise":

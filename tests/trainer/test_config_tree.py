@@ -231,7 +231,7 @@ INVALID = [
     ("critic.model.path=/nonexistent/critic algorithm.adv_estimator=gae", ["critic.model.path", "/nonexistent/critic"]),
     ("actor_rollout_ref.model.tokenizer_path=/nonexistent/tok", ["actor_rollout_ref.model.tokenizer_path"]),
     ("trainer.resume_mode=resume_path trainer.resume_from_path=/nonexistent/global_step_3", ["trainer.resume_from_path"]),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", ["tensor_model_parallel_size=2", "only ['native'] split a replica"]),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", ["tensor_model_parallel_size=2", "does not divide the 1 ranks"]),
     ("rollout.n_gpus_per_node=4", ["rollout.n_gpus_per_node=4", "actor_rollout_ref.hybrid_engine=False"]),
     ("actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500",
      ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500", "longest sequence", "1024"]),

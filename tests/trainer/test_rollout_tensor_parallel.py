@@ -1,4 +1,4 @@
-"""GRPO with a tensor-parallel native rollout on 2 Ray workers (tiny model): each pair of ranks decodes one replica
+"""GRPO with a tensor-parallel rollout (native, hf) on 2 Ray workers (tiny model): each pair of ranks decodes one replica
 from its shard of the actor's weights, handed over one full tensor at a time; and the layouts refused before Ray."""
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ def _check_run(records: dict[int, dict], digests: list) -> None:
 
 
 @pytest.mark.slow  # the default suite's time budget; run with -m slow
-def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster):
-    records, digests = train(overrides(workspace, workspace / "rollout_tp2", *TP2, *DIAGNOSTICS))
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster, engine):
+    tp2 = (f"actor_rollout_ref.rollout.name={engine}", TP2[1])
+    records, digests = train(overrides(workspace, workspace / f"rollout_tp2_{engine}", *tp2, *DIAGNOSTICS))
     _check_run(records, digests)
 
 
@@ -56,9 +58,8 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
     ("extra", "words"),
     [
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size"),
-        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "only ['native'] split a replica"),  # name=hf
         (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-         "only ['native'] split a replica"),
+         "only ['hf', 'native'] split a replica"),
         ([*TP2, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"], "mode='async'"),
         (["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
          "does not divide the 2 ranks"),
@@ -66,6 +67,7 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
          "does not divide the model's num_key_value_heads=2"),  # the tiny model: 4 heads, 2 kv heads
         ([*TP2, *SPLIT], "hybrid_engine=False"),
         (list(TP2), None),
+        (["actor_rollout_ref.rollout.name=hf", TP2[1]], None),
     ],
 )
 def test_rollout_layouts_are_refused_before_ray_starts(workspace, extra, words):

@@ -139,9 +139,10 @@ class BaseRollout(abc.ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights, one `(hf_name, full_tensor)` at a time (e.g. `engine.named_full_params()`)."""
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The parameters generation reads, by HF name (to check a weight sync); backends that hold them in another
-        engine do not expose them."""
+    def named_weights(self, names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The parameters generation reads, by HF name (to check a weight sync), only those in `names` when given
+        (a tensor-parallel engine then reassembles only them); backends that hold them in another engine do not
+        expose them."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its weights")
 
     def weight_fingerprints(self, names: Collection[str] | None = None) -> dict[str, Fingerprint]:
@@ -152,8 +153,7 @@ class BaseRollout(abc.ABC):
         wanted = None if names is None else set(names)
         return {
             name: (tuple(tensor.shape), tensor.dtype, None if wanted is None else tensor_sum(tensor))
-            for name, tensor in self.named_weights()
-            if wanted is None or name in wanted
+            for name, tensor in self.named_weights(wanted)
         }
 
     @abc.abstractmethod

@@ -156,8 +156,8 @@ class RolloutConfig(SamplingConfig):
     """Return the sampled tokens' log-probs (`rollout_log_probs`, which rollout correction and bypass mode read);
     the hf, native and vllm engines always return them, at no extra forward, so both values work."""
     tensor_model_parallel_size: int = 1
-    """Tensor-parallel ranks of one rollout replica (native engine): consecutive groups of this many ranks each
-    decode one replica, every rank holding its share of the heads, the MLP and the vocabulary."""
+    """Tensor-parallel ranks of one rollout replica (native and hf engines, sync mode): consecutive groups of this
+    many ranks each decode one replica, every rank holding its share of the heads, the MLP and the vocabulary."""
     gpu_memory_utilization: float = 0.5
     """Fraction of this device's memory (a GPU's; on CPU the host's RAM divided by the worker group's ranks on that
     node) the rollout's weights and KV cache may take. vllm sizes its KV cache from it; hf and native decode at most
@@ -204,8 +204,8 @@ class RolloutConfig(SamplingConfig):
     """MoE models: record each position's experts per layer (`routed_experts`) for router replay (R3, with
     actor.router_replay.mode=R3); the hf engine in sync mode records them."""
     expert_parallel_size: int = 1
-    """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size with the native
-    engine, whose tensor-parallel group then holds each mixture-of-experts layer's experts whole, E / tp per rank
+    """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size (native and hf
+    engines), whose tensor-parallel group then holds each mixture-of-experts layer's experts whole, E / tp per rank
     (a mixture-of-experts model under rollout tensor parallelism needs it)."""
 
     def __post_init__(self) -> None:
@@ -251,15 +251,15 @@ class RolloutConfig(SamplingConfig):
 
     def _check_moe(self) -> None:
         """Routing is recorded by the hf engine's batch generation only; experts split over the tensor-parallel
-        group of the native engine only (the model's side is checked before Ray starts, `check_rollout_parallelism`)."""
+        group of the engines that split a replica (the model's side is checked before Ray starts, `check_rollout_parallelism`)."""
         ep, tp = self.expert_parallel_size, self.tensor_model_parallel_size
         check_positive("expert_parallel_size", ep)
         if ep != 1 and ep != tp:
-            fix = (f"set tensor_model_parallel_size={ep} (name=native) or expert_parallel_size=1" if tp == 1
+            fix = (f"set tensor_model_parallel_size={ep} or expert_parallel_size=1" if tp == 1
                    else f"set expert_parallel_size={tp}")
             raise ConfigFieldError(
                 "expert_parallel_size",
-                f"expert_parallel_size={ep} with tensor_model_parallel_size={tp}: the native engine splits the experts "
+                f"expert_parallel_size={ep} with tensor_model_parallel_size={tp}: the rollout splits the experts "
                 f"over a replica's tensor-parallel group, so the two are equal; {fix}",
             )
         if self.enable_rollout_routing_replay and (not self.backend_spec.records_routing or self.mode != "sync"):

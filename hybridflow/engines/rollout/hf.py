@@ -9,6 +9,12 @@ Vision-language prompts (a `multi_modal_inputs` column, see `hybridflow.data.mul
 `pixel_values` and `image_grid_thw`, concatenated in row order, to `generate`, which computes the M-RoPE
 positions itself; the returned batch keeps the column and the (bs, 4, seq) position ids, continued over the
 response.
+
+With a tensor-parallel mesh of k ranks (`tp_mesh`, the worker's `rollout.tensor_model_parallel_size`) the k ranks
+generate one replica together: each holds its shard of the heads, the MLP and the vocabulary (the native engine's
+plan and sharded build, `engines/rollout/tensor_parallel.py`), and transformers' own forward runs on it with the
+group's collectives hooked in (`install_hf_collectives`). The peers get the same prompts and the same RNG state
+(the worker seeds them alike), sample the same tokens from the same gathered logits, and return the same output.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -34,8 +40,17 @@ from hybridflow.engines.rollout.base import (
 )
 from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token_of, rollout_memory_budget
 from hybridflow.engines.rollout.output import build_output_for_prompts
+from hybridflow.engines.rollout.tensor_parallel import (
+    RolloutTensorParallel,
+    full_weights_of,
+    named_parameters_in,
+    install_hf_collectives,
+    load_full_weights,
+    place_sharded_model,
+)
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.models.moe import ROUTED_EXPERTS_KEY, moe_shape_of, record_routing
+from hybridflow.models.parallel_plan import rollout_plan_for
 from hybridflow.models.vision import multi_modal_model_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.utils.flops import text_config
@@ -74,7 +89,8 @@ class SampledLogProbRecorder(LogitsProcessor):
 
 
 class HFRollout(BaseRollout):
-    """Generation with an unsharded HF model held by this process (its own copy of the weights)."""
+    """Generation with transformers' `generate` on this process's HF model, or on its shard of a tensor-parallel
+    replica."""
 
     runs_peft_modules = True  # transformers' generate runs the peft layers
 
@@ -88,6 +104,7 @@ class HFRollout(BaseRollout):
         micro_batch_size: int | None = None,
         dtype: str | torch.dtype = "float32",
         memory_utilization: float | None = None,
+        tp_mesh=None,
     ) -> None:
         """
         Args:
@@ -98,8 +115,17 @@ class HFRollout(BaseRollout):
             micro_batch_size: prompts per `generate` call (after repetition by n); None: all at once.
             memory_utilization: share of this device's memory the weights and the calls' KV caches may take
                 (`rollout.gpu_memory_utilization`): calls then hold at most as many rows as fit; None: no limit.
+            tp_mesh: this rank's tensor-parallel group, a 1-D `DeviceMesh` (None or size 1: no tensor
+                parallelism). Every rank of it must make the same calls with the same arguments and the same
+                torch RNG state. The rollout then holds its own shard of `model` (sliced from it, or read slice by
+                slice from a checkpoint) and never shares the trainer's module.
         """
-        self.model, self.device = place_rollout_model(model, dtype)
+        self.tp = RolloutTensorParallel.from_mesh(tp_mesh) if tp_mesh is not None and tp_mesh.size() > 1 else None
+        if self.tp is None:
+            self.model, self.device = place_rollout_model(model, dtype)
+        else:
+            self.model, self.device = place_sharded_model(model, dtype, self.tp)
+            install_hf_collectives(self.model, rollout_plan_for(self.model.config.model_type), self.tp)
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
         weights_dtype = next(self.model.parameters()).dtype
         # KV cache of every position, plus the last position's logits (model dtype) and their fp32 copy
@@ -214,14 +240,22 @@ class HFRollout(BaseRollout):
         return responses, response_mask, padded_log_probs
 
     # ------------------------------------------------------------------ weights and memory
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The rollout model's parameters by HF name."""
-        return self.model.named_parameters()
+    def named_weights(self, names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The rollout model's parameters by HF name (those in `names` when given); under tensor parallelism the
+        full tensors reassembled from the group's shards, one at a time (collective: every rank of the group must
+        iterate them)."""
+        if self.tp is None:
+            return named_parameters_in(self.model, names)
+        return full_weights_of(self.model, self.tp, names)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy each `(name, tensor)` into the parameter or buffer of that HF name (casting dtype/device)."""
-        num_loaded = copy_named_tensors(self.model, named_tensors)
+        """Copy each `(name, tensor)` into the parameter or buffer of that HF name (casting dtype/device); under
+        tensor parallelism only this rank's shard of it."""
+        if self.tp is None:
+            num_loaded = copy_named_tensors(self.model, named_tensors)
+        else:
+            num_loaded = load_full_weights(self.model, named_tensors, self.tp)
         logger.debug("hf rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:

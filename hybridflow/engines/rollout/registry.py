@@ -87,7 +87,7 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 
 register_rollout("hf", "hybridflow.engines.rollout.hf:HFRollout", RolloutSpec(
-    returns_log_probs=True, runs_vision=True, records_routing=True,
+    returns_log_probs=True, runs_vision=True, records_routing=True, tensor_parallel=True,
 ))
 register_rollout("native", "hybridflow.engines.rollout.native:NativeRollout", RolloutSpec(
     returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True, engine_keys=("enforce_eager",),

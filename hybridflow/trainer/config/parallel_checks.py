@@ -118,7 +118,7 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
     check_ep_layout(model_config, ep, ep_key)  # a dense model has no experts to split
     if moe_shape_of(model_config) is not None and ep != tp:
         raise ValueError(
-            f"{key}={tp} with {ep_key}={ep} on a mixture-of-experts model: the native rollout splits its experts whole "
+            f"{key}={tp} with {ep_key}={ep} on a mixture-of-experts model: the rollout splits its experts whole "
             f"over the tensor-parallel group (expert parallelism), not each expert's width; set {ep_key}={tp}"
         )
 

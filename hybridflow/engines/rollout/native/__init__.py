@@ -4,7 +4,6 @@
 - `model.py`: compact prefill/decode forward reading the HF module's weights
 - `sampler.py`: greedy / temperature / top-k / top-p sampling and sampled-token log-probs
 - `batcher.py`: continuous batching (admission, shared prefill for n samples, retirement)
-- `tensor_parallel.py`: a replica over a tensor-parallel group: its collectives and the sharded model it reads
 - `prefix_cache.py`: finished sequences' caches kept for their conversation's next turn (`serve`)
 - `rollout.py`: `NativeRollout`, the `BaseRollout` implementation registered as `native`
 """

@@ -33,7 +33,7 @@ from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.mla import MLAShape, MLAWeights, expand_values, latent_queries_and_keys
 from hybridflow.engines.rollout.native.ops import rms_norm, rotate
 from hybridflow.engines.rollout.native_support import NATIVE_ROPE_TYPES, native_unsupported_reason
-from hybridflow.engines.rollout.native.tensor_parallel import RolloutTensorParallel
+from hybridflow.engines.rollout.tensor_parallel import RolloutTensorParallel
 
 logger = logging.getLogger(__name__)
 

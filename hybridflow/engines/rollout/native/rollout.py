@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -36,15 +36,15 @@ from hybridflow.engines.rollout.native.decode_graph import CPU_SPAN_MULTIPLE
 from hybridflow.engines.rollout.native.kernels import check_kernel_mode, load_cpu_kernels
 from hybridflow.engines.rollout.native.kv_cache import KVCache
 from hybridflow.engines.rollout.native.model import LlamaFamilyForward
-from hybridflow.engines.rollout.native.tensor_parallel import (
-    RolloutTensorParallel,
-    build_sharded_causal_lm,
-    load_shards,
-)
 from hybridflow.engines.rollout.output import build_output_for_prompts
-from hybridflow.models.loader import prepare_tokenizer, to_torch_dtype
-from hybridflow.models.parallel_plan import rollout_plan_for
-from hybridflow.models.reshard import named_full_from_shards
+from hybridflow.engines.rollout.tensor_parallel import (
+    RolloutTensorParallel,
+    full_weights_of,
+    named_parameters_in,
+    load_full_weights,
+    place_sharded_model,
+)
+from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class NativeRollout(BaseRollout):
         if self.tp is None:
             self.model, self.device = place_rollout_model(model, dtype)
         else:
-            self.model, self.device = self._build_shard(model, dtype)
+            self.model, self.device = place_sharded_model(model, dtype, self.tp)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
@@ -174,14 +174,6 @@ class NativeRollout(BaseRollout):
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
         self.last_stats: dict[str, float] = {}
         """Timings of the last `generate_sequences` call (see `GenerationResult.stats`)."""
-
-    def _build_shard(self, model: nn.Module | str | os.PathLike, dtype: str | torch.dtype) -> tuple[nn.Module, torch.device]:
-        from hybridflow.env import dist_local_rank
-        from hybridflow.utils.device import get_torch_device
-
-        device = get_torch_device(dist_local_rank())
-        torch_dtype = next(model.parameters()).dtype if isinstance(model, nn.Module) else to_torch_dtype(dtype)
-        return build_sharded_causal_lm(model, torch_dtype, self.tp, device), device
 
     @classmethod
     def kwargs_from_config(cls, config: Any) -> dict[str, Any]:
@@ -280,13 +272,13 @@ class NativeRollout(BaseRollout):
             torch.set_num_threads(previous)
 
     # ------------------------------------------------------------------ weights and memory
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The rollout model's parameters by HF name; under tensor parallelism the full tensors reassembled from
-        the group's shards, one at a time (collective: every rank of the group must iterate them)."""
+    def named_weights(self, names: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The rollout model's parameters by HF name (those in `names` when given); under tensor parallelism the
+        full tensors reassembled from the group's shards, one at a time (collective: every rank of the group must
+        iterate them)."""
         if self.tp is None:
-            return self.model.named_parameters()
-        plan = rollout_plan_for(self.model.config.model_type)
-        return named_full_from_shards(self.model.named_parameters(), plan, self.tp.mesh)
+            return named_parameters_in(self.model, names)
+        return full_weights_of(self.model, self.tp, names)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -295,8 +287,7 @@ class NativeRollout(BaseRollout):
         if self.tp is None:
             num_loaded = copy_named_tensors(self.model, named_tensors)
         else:
-            plan = rollout_plan_for(self.model.config.model_type)
-            num_loaded = load_shards(self.model, named_tensors, plan, self.tp)
+            num_loaded = load_full_weights(self.model, named_tensors, self.tp)
         self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
         logger.debug("native rollout: updated %d tensors", num_loaded)
 

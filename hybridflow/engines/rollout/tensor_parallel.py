@@ -1,4 +1,8 @@
-"""Tensor parallelism of the native rollout: the collectives of the forward and the sharded model it reads.
+"""Rollout tensor parallelism: the collectives of the forward and the sharded model a replica's ranks read.
+
+Both engines that split a replica use it: the native engine calls the collectives from its own forward
+(`native/model.py`); the hf engine runs transformers' own forward on the sharded module, into which
+`install_hf_collectives` hooks the same collectives.
 
 A rollout tensor-parallel group of k ranks decodes one replica together (Megatron's layout, the plan of
 `hybridflow.models.parallel_plan`): each rank holds 1/k of the query and key/value heads (q/k/v split on the
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +38,9 @@ from torch import nn
 
 from hybridflow.engines.rollout.base import copy_named_tensors
 from hybridflow.models.moe_shape import moe_shape_of
-from hybridflow.models.parallel_plan import Style, check_rollout_tp_layout, param_shard_dim
+from hybridflow.models.parallel_plan import Style, check_rollout_tp_layout, module_style, param_shard_dim
 from hybridflow.models.parallel_plan import rollout_plan_for
-from hybridflow.models.reshard import named_shards, shard_shape
+from hybridflow.models.reshard import named_full_from_shards, named_shards, shard_shape
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +128,76 @@ def build_sharded_causal_lm(
     return model.eval()
 
 
+def install_hf_collectives(model: nn.Module, plan: dict[str, Style], tp: RolloutTensorParallel) -> int:
+    """Make transformers' forward of a sharded module (`build_sharded_causal_lm`) compute the full model's outputs:
+    the vocabulary-split embedding looks its ids up across the group, each row-wise Linear's partial products are
+    summed over the group (its bias, held whole by every rank, added once), and the head's vocabulary slices of
+    the logits are gathered, so that every rank samples from the same full logits. Column-wise Linears need
+    nothing: attention and the MLP run on this rank's heads and width. Returns the number of hooked modules."""
+    hooked = 0
+    for name, module in model.named_modules():
+        style = module_style(name, plan) if name else None
+        if style == "vocab" and isinstance(module, nn.Embedding):
+            module.forward = _VocabParallelLookup(module, tp)
+        elif style == "vocab" and isinstance(module, nn.Linear):
+            module.register_forward_hook(_GatherVocab(tp))
+        elif style == "rowwise" and isinstance(module, nn.Linear):
+            module.register_forward_hook(_SumPartials(tp))
+        else:
+            continue
+        hooked += 1
+    if not hooked:
+        raise ValueError(f"no module of {type(model).__name__} matches the tensor-parallel plan {sorted(plan)}")
+    return hooked
+
+
+class _VocabParallelLookup:
+    """An embedding's forward over this rank's vocabulary rows (`RolloutTensorParallel.embed`)."""
+
+    def __init__(self, module: nn.Embedding, tp: RolloutTensorParallel) -> None:
+        self.module, self.tp = module, tp
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tp.embed(self.module.weight, ids)
+
+
+class _GatherVocab:
+    """Forward hook of the head: (..., vocab / k) logits -> (..., vocab)."""
+
+    def __init__(self, tp: RolloutTensorParallel) -> None:
+        self.tp = tp
+
+    def __call__(self, module: nn.Module, args, logits: torch.Tensor) -> torch.Tensor:
+        *lead, width = logits.shape
+        return self.tp.gather_vocab(logits.reshape(-1, width)).view(*lead, width * self.tp.size)
+
+
+class _SumPartials:
+    """Forward hook of a row-wise Linear: its partial products summed over the group, its bias added once."""
+
+    def __init__(self, tp: RolloutTensorParallel) -> None:
+        self.tp = tp
+
+    def __call__(self, module: nn.Linear, args, output: torch.Tensor) -> torch.Tensor:
+        if module.bias is None:
+            return self.tp.all_reduce(output)
+        return self.tp.all_reduce(output - module.bias) + module.bias
+
+
+def place_sharded_model(
+    model: nn.Module | str | os.PathLike, dtype: str | torch.dtype, tp: RolloutTensorParallel
+) -> tuple[nn.Module, torch.device]:
+    """This rank's shard of `model` (`build_sharded_causal_lm`) on this rank's device, and the device: in the
+    module's own dtype, or `dtype` for a checkpoint."""
+    from hybridflow.env import dist_local_rank
+    from hybridflow.models.loader import to_torch_dtype
+    from hybridflow.utils.device import get_torch_device
+
+    device = get_torch_device(dist_local_rank())
+    torch_dtype = next(model.parameters()).dtype if isinstance(model, nn.Module) else to_torch_dtype(dtype)
+    return build_sharded_causal_lm(model, torch_dtype, tp, device), device
+
+
 def split_experts_over_group(model: nn.Module, tp: RolloutTensorParallel) -> None:
     """Make each experts module (its weights already this rank's E / k experts) take global expert ids: routes to
     other ranks' experts are masked, and the partial outputs are summed over the group (`AllReduceEP`)."""
@@ -145,6 +219,25 @@ def _recording(named: Iterable[tuple[str, torch.Tensor]], names: list[str]) -> I
     for name, tensor in named:
         names.append(name)
         yield name, tensor
+
+
+def full_weights_of(
+    model: nn.Module, tp: RolloutTensorParallel, names: Collection[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(hf_name, full tensor)` of a sharded module's parameters (those in `names` when given), reassembled from the
+    group's shards one at a time (collective: every rank of the group must iterate the same names)."""
+    plan = rollout_plan_for(model.config.model_type)
+    return named_full_from_shards(named_parameters_in(model, names), plan, tp.mesh)
+
+
+def named_parameters_in(model: nn.Module, names: Collection[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`model.named_parameters()`, only those in `names` when given."""
+    return ((name, param) for name, param in model.named_parameters() if names is None or name in names)
+
+
+def load_full_weights(model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], tp: RolloutTensorParallel) -> int:
+    """Copy this rank's shard of each `(hf_name, full tensor)` into a sharded module (see `load_shards`)."""
+    return load_shards(model, named_full, rollout_plan_for(model.config.model_type), tp)
 
 
 def load_shards(
