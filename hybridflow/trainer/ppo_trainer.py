@@ -35,6 +35,7 @@ from hybridflow.trainer.generation_dump import dump_generations, generation_rows
 from hybridflow.trainer.guards import StepGuards, WeightVersionWatch, served_versions
 from hybridflow.trainer.guards.memory import arm_within_step_watch
 from hybridflow.trainer.reward_stage import RewardStage, build_reward_stage
+from hybridflow.trainer.profiling import StepProfiling
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, timer, total_steps, worker_metrics
 from hybridflow.trainer.tracking import Tracking
@@ -84,6 +85,7 @@ class RayPPOTrainer:
         self.workers: WorkerGroups | None = None
         self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
         self.rewards: RewardStage | None = None  # outcome scores (and PRIME's implicit PRM), with the workers
+        self.profiling: StepProfiling | None = None  # global_profiler's steps, with the workers
         # Agent loops read every row field of the prompts they are sent.
         self.pass_rows = config.actor_rollout_ref.rollout.mode == "async"
 
@@ -95,6 +97,7 @@ class RayPPOTrainer:
         logger.info("memory budget watched within steps in %d worker processes", armed)
         self.generator = build_generator(self.config, self.workers.generation, self.reward_fn.tokenizer)
         self.rewards = build_reward_stage(self.config, self.reward_fn, self.workers.reward_model)
+        self.profiling = StepProfiling(self.config, self.workers.processes)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -120,12 +123,19 @@ class RayPPOTrainer:
             )
         progress = progress_bar(self.total_training_steps, self.global_steps)
         batches = self._batches()
+        profiling = self.profiling
+        if profiling is not None:
+            profiling.warn_unreached(self.total_training_steps)
         while self.global_steps < self.total_training_steps:
             self.global_steps += 1
             is_last = self.global_steps >= self.total_training_steps
             metrics, timing = heartbeat(self.idle_processes(), trainer_cfg.heartbeat_timeout_s), {}
+            if profiling is not None:
+                profiling.begin(self.global_steps)
             with timer("step", timing):
                 batch = self.train_step(batches, metrics, timing)
+            if profiling is not None:
+                metrics.update(profiling.end(self.global_steps, is_last))
             if self.val_dataloader is not None and due(trainer_cfg.test_freq, self.global_steps, is_last):
                 with timer("testing", timing):
                     val_metrics = self.validate()

@@ -105,10 +105,13 @@ class WorkerProcesses:
     """The processes that host a trainer's workers: in the driver (local mode) or Ray actors in one pool."""
 
     def __init__(
-        self, run: RunConfig, worker: RayClassWithInitArgs, name_prefix: str, pool: RayResourcePool | None = None
+        self, run: RunConfig, worker: RayClassWithInitArgs, name_prefix: str, pool: RayResourcePool | None = None,
+        roles: Sequence[str] = (),
     ) -> None:
-        """Start one process per rank of `pool` (default: `trainer.nnodes x n_gpus_per_node`) for `worker`."""
+        """Start one process per rank of `pool` (default: `trainer.nnodes x n_gpus_per_node`) for `worker`, which
+        hosts `roles` (the config's role names: actor, rollout, ref, critic, reward_model)."""
         self.name = name_prefix
+        self.roles = tuple(roles)
         self.pool: RayResourcePool | None = None
         if run.local_mode:
             self.group: Any = LocalWorkerGroup(worker, world_size=1)

@@ -133,7 +133,7 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
             try:
                 processes.append(WorkerProcesses(
                     config.trainer, create_colocated_worker_cls(classes), name_prefix=f"hybridflow_{pool_name}",
-                    pool=pool,
+                    pool=pool, roles=roles,
                 ))
             except BaseException:
                 if pool is not None:

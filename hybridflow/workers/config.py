@@ -22,6 +22,7 @@ from hybridflow.engines.training.config import (
 )
 from hybridflow.models.config import ModelConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
+from hybridflow.utils.profiler_config import RoleProfilerConfig
 
 __all__ = [
     "ActorConfig",
@@ -112,6 +113,8 @@ class ActorConfig(PPOLossConfig):
     """What actor checkpoints hold."""
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     """MoE router replay (R3: train with the rollout's experts)."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiling of the processes hosting the actor (see global_profiler)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -185,6 +188,8 @@ class RefConfig:
     """Reference weights: the actor's model unless set. Another checkpoint with the policy's tokenizer is a
     teacher: actor.use_kl_loss / algorithm.use_kl_in_reward then give on-policy distillation (the per-token
     reverse KL of the policy's own samples to the teacher)."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiling of the processes hosting the reference (see global_profiler)."""
 
     def __post_init__(self) -> None:
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
@@ -301,6 +306,8 @@ class CriticConfig:
     """Forward the samples of one prompt with a single copy of the prompt (values and update)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """What critic checkpoints hold."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiling of the processes hosting the critic (see global_profiler)."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)
@@ -375,6 +382,8 @@ class RewardModelWorkerConfig:
     """Engine: fsdp2 (fsdp is accepted as a synonym)."""
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     """Reward-model weights, tokenizer and sharding."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiling of the processes hosting the reward model (see global_profiler)."""
     micro_batch_size_per_gpu: Optional[int] = None
     """Sequences per reward-model forward on one rank; None: the rank's whole share at once."""
     micro_batch_size: Optional[int] = unsupported(None, "give micro_batch_size_per_gpu instead")

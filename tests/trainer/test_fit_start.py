@@ -30,6 +30,7 @@ def trainer_resumed_at(step: int, total: int, overrides: list[str]) -> RayPPOTra
     trainer.initial_val_metrics = {}
     trainer.validations = 0
     trainer._resume = lambda: step
+    trainer.profiling = None  # no workers: nothing is profiled
 
     def validate() -> dict:
         trainer.validations += 1

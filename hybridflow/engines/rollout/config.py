@@ -20,6 +20,7 @@ from hybridflow.utils.config import (
     check_range,
     unsupported,
 )
+from hybridflow.utils.profiler_config import RoleProfilerConfig
 
 __all__ = ["AgentLoopConfig", "MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
 
@@ -200,6 +201,9 @@ class RolloutConfig(SamplingConfig):
     """Agent loops (mode=async)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Tools, interactions and turn limits of the tool agent loop."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiling of the processes hosting the rollout (see global_profiler; enable, all_ranks and ranks default to
+    the actor's)."""
     enable_rollout_routing_replay: bool = False
     """MoE models: record each position's experts per layer (`routed_experts`) for router replay (R3, with
     actor.router_replay.mode=R3); the hf engine in sync mode records them."""

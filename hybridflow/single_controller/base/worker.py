@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,9 @@ from hybridflow.single_controller.base.stacks import install_stack_dump
 from hybridflow.utils import shared_path
 from hybridflow.utils.process_memory import MemoryReport, read_memory_report
 from hybridflow.utils.device import get_dist_backend, get_torch_device
+
+if TYPE_CHECKING:
+    from hybridflow.utils.step_profiler import ProfileRequest
 
 
 def find_free_port() -> int:
@@ -194,6 +197,26 @@ class Worker:
         """This process's RSS and peak RSS since its last report (and device peak): the driver's memory watch asks
         after every step."""
         return read_memory_report(get_node_ip())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, request: ProfileRequest) -> bool:
+        """Start recording this process for a profiled step, if its rank is one of `request.ranks`
+        (`global_profiler`); True when it records."""
+        from hybridflow.utils.step_profiler import StepProfiler
+
+        if self._rank not in request.ranks:
+            return False
+        if getattr(self, "_step_profiler", None) is not None:
+            raise RuntimeError(f"rank {self._rank}: start_profile while a profile is recording; stop_profile first")
+        self._step_profiler = StepProfiler(request, self._rank, get_torch_device(self._local_rank))
+        self._step_profiler.start()
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> list[str]:
+        """End this process's recording and write its files; their paths (none when it was not recording)."""
+        profiler, self._step_profiler = getattr(self, "_step_profiler", None), None
+        return [] if profiler is None else profiler.stop()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_pid(self) -> int:

@@ -27,13 +27,14 @@ from hybridflow.trainer.config.model_checks import (
     check_teacher,
 )
 from hybridflow.trainer.config.parallel_checks import check_parallelism, check_rollout_parallelism, check_token_budgets
+from hybridflow.trainer.config.profiler_checks import check_profiling
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
 
 
 def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     """Run every cross-component check; return the derived batch sizes per updated model."""
-    from hybridflow.trainer.placement import check_placement  # here: the trainer package imports the runtime
+    from hybridflow.trainer.placement import check_placement, run_roles  # here: the trainer package imports the runtime
 
     # The config alone first, then the files it names; torch and transformers load only where a check needs them
     # (a vision-language model, a model's shape for tp/sp, and last the device count and the rollout backend), so
@@ -41,6 +42,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_names(cfg)
     _check_algorithm(cfg)
     check_placement(cfg)
+    check_profiling(cfg, set(run_roles(cfg)))
     _check_files(cfg)
     _check_rewards(cfg)
     _check_agent_loops(cfg)
