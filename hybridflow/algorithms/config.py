@@ -160,6 +160,26 @@ class FilterGroupsConfig:
             raise ConfigFieldError("metric", "metric is empty; use acc, score, seq_reward or seq_final_reward")
 
 
+PFPPOReweightMethod = Literal["pow", "max_min", "max_random"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PFPPOConfig:
+    """PF-PPO's policy filtration (`algorithm.pf_ppo.*`, with `algorithm.use_pf_ppo`): after GAE, the batch is
+    resampled with replacement, each sample weighted by its summed reward score, so the update sees mostly the
+    samples whose reward is most reliable (`hybridflow.algorithms.pf_ppo`)."""
+
+    reweight_method: PFPPOReweightMethod = "pow"
+    """pow: |score|^weight_pow; max_min: only the batch's highest and lowest scores; max_random: the highest scores
+    weigh 0.4, the others 0.1."""
+    weight_pow: float = 2.0
+    """The power of the pow method."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+        check_at_least("weight_pow", self.weight_pow, 0.0)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutCorrectionConfig:
     """Off-policy correction between the rollout's and the trainer's log-probs (`algorithm.rollout_correction.*`).
@@ -257,8 +277,11 @@ class AlgorithmConfig:
     """KL estimator of the reward penalty."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Penalty coefficient controller."""
-    use_pf_ppo: bool = unsupported(False, "preference-feedback PPO reweighting is not implemented")
-    """Reweight samples by reward before the update (PF-PPO)."""
+    use_pf_ppo: bool = False
+    """PF-PPO (policy filtration): resample the batch by reward score after GAE advantages (adv_estimator=gae, as
+    in verl), before the updates; see pf_ppo."""
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    """PF-PPO's reweighting."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
@@ -272,3 +295,9 @@ class AlgorithmConfig:
         check_range("gamma", self.gamma, 0.0, 1.0)
         check_range("lam", self.lam, 0.0, 1.0)
         check_choice("kl_penalty", self.kl_penalty, KL_PENALTY_TYPES)
+        if self.use_pf_ppo and self.adv_estimator != "gae":
+            raise ConfigFieldError(
+                "use_pf_ppo",
+                f"use_pf_ppo=True with adv_estimator={self.adv_estimator!r}: PF-PPO resamples the batch after GAE "
+                "advantages (verl applies it there only); use adv_estimator=gae or use_pf_ppo=False",
+            )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from hybridflow.algorithms import apply_kl_penalty, compute_advantage_by_name
 from hybridflow.algorithms.kl import KLController
+from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.protocol import DataProto
 
 
@@ -46,3 +49,19 @@ def apply_kl_in_reward(data: DataProto, kl_ctrl: KLController, kl_penalty: str) 
     )
     batch["token_level_rewards"] = rewards
     return metrics
+
+
+def apply_pf_ppo(data: DataProto, reweight_method: str, weight_pow: float, seed: int) -> tuple[DataProto, dict[str, float]]:
+    """PF-PPO: the batch resampled with replacement by its samples' summed reward scores (same size, tensors and
+    per-sample columns alike); metrics say how many distinct samples it kept and the mean score before and after.
+    `seed` makes the draw reproducible (and different every step)."""
+    scores = data.batch["token_level_scores"].sum(-1)
+    generator = torch.Generator().manual_seed(seed)
+    indices = pf_ppo_resample_indices(scores.cpu(), reweight_method, weight_pow, generator)
+    resampled = data.select_idxs(indices)
+    metrics = {
+        "pf_ppo/unique_fraction": float(indices.unique().numel() / max(len(indices), 1)),
+        "pf_ppo/score_mean_before": float(scores.float().mean()),
+        "pf_ppo/score_mean_after": float(scores.cpu()[indices].float().mean()),
+    }
+    return resampled, metrics

@@ -27,7 +27,7 @@ from hybridflow.algorithms import (
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer import checkpointing
-from hybridflow.trainer.advantage import apply_kl_in_reward, compute_advantage
+from hybridflow.trainer.advantage import apply_kl_in_reward, apply_pf_ppo, compute_advantage
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
@@ -204,6 +204,10 @@ class RayPPOTrainer:
             batch = compute_advantage(
                 batch, algo.adv_estimator, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo, extra_inputs
             )
+            if algo.use_pf_ppo:
+                seed = self.config.trainer.seed * 1_000_003 + self.global_steps
+                batch, pf_metrics = apply_pf_ppo(batch, algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow, seed)
+                metrics.update(pf_metrics)
         if self.use_critic:
             with timer("update_critic", timing):
                 self._collect(critic.update_critic(batch), metrics)

@@ -99,6 +99,20 @@ def test_ppo_with_gae_trains_a_critic(workspace):
     assert list_steps(workspace / "ppo") == [] and not any(key.startswith("val-") for key in step)
 
 
+@pytest.mark.slow  # the suite's time budget; the resampling itself is tests/algorithms/test_pf_ppo.py's
+def test_ppo_with_pf_ppo_resamples_before_the_updates(workspace):
+    records = by_step(run(overrides(
+        workspace, workspace / "pf_ppo",
+        "algorithm.adv_estimator=gae", "algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=pow",
+        "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        f"critic.model.path={workspace / 'tiny'}", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=1",
+        "trainer.total_training_steps=1", "trainer.val_before_train=False",
+    )))
+    step = records[1]
+    assert 0 < step["pf_ppo/unique_fraction"] <= 1 and "critic/vf_loss" in step and "actor/pg_loss" in step
+    assert step["pf_ppo/score_mean_after"] >= 0  # pow weights favour large |score|; the tiny task scores 0 or 1
+
+
 @pytest.mark.slow  # the suite's time budget; tests/workers/test_old_log_prob_sources.py covers the source choice
 def test_on_policy_grpo_skips_the_old_log_prob_pass(workspace):
     """One epoch, one mini-batch: the update's own forward gives the old log-probs; entropy and the gap between
