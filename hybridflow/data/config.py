@@ -82,6 +82,9 @@ class RLHFDataConfig(DataFilesConfig):
     """verl: processes that filter over-long prompts."""
     return_raw_chat: bool = False
     """Keep the chat messages per sample as raw_prompt (agent loops need them)."""
+    trust_remote_code: bool = False
+    """Run the model repository's own code for the tokenizer and processor that prepare the prompts (verl's key;
+    actor_rollout_ref.model.trust_remote_code allows it too)."""
     image_key: str = "images"
     """Column of each row's images (a list of {bytes} / {path} dicts or paths), one `<image>` placeholder in the
     prompt per image; read with a vision-language model's processor."""

@@ -96,6 +96,10 @@ class ModelConfig:
     """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works). Mixture-of-experts models take a list of Linear layers (e.g. [q_proj,k_proj,v_proj,o_proj]) and their experts through target_parameters."""
     target_parameters: Optional[list[str]] = None
     """A mixture-of-experts model's 3-D expert weights that get LoRA adapters as well (peft's target_parameters), e.g. [mlp.experts.gate_up_proj,mlp.experts.down_proj]: one rank-lora_rank adapter per expert, merged into the experts for the rollout and on export. Not with expert_parallel_size > 1."""
+    exclude_modules: Optional[str | list[str]] = None
+    """Modules kept without LoRA adapters although target_modules matches them (verl's key, peft's
+    exclude_modules): a list of names [o_proj,down_proj] (a comma-separated string also works), or a regex string
+    matched against the full module name."""
     lora_adapter_path: Optional[str] = None
     """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
     override_config: dict[str, Any] = field(default_factory=dict)
@@ -114,7 +118,8 @@ class ModelConfig:
     """Causal LMs: compute log-probs and entropy straight from the final hidden states, projecting
     fused_kernel_options.chunk_size positions to the vocabulary at a time and recomputing each chunk's logits in the
     backward, so the (positions x vocab) logits never exist at once (verl's fused linear-for-PPO). verl's
-    entropy_from_logits_with_chunking and entropy_checkpointing save part of the same memory; they are not keys here."""
+    actor.entropy_from_logits_with_chunking and actor.entropy_checkpointing save part of the same memory: both are
+    taken with it, and refused without it."""
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
     """Backend and chunk size of the fused projection."""
 
@@ -130,6 +135,11 @@ class ModelConfig:
                 "weights: set lora_rank > 0 (or leave target_parameters unset)",
             )
         check_override_config(self.override_config)
+        if self.exclude_modules is not None and self.lora_rank <= 0 and self.lora_adapter_path is None:
+            raise ConfigFieldError(
+                "exclude_modules", f"exclude_modules={self.exclude_modules!r} limits LoRA adapters: set lora_rank > 0 "
+                "(or leave exclude_modules unset)",
+            )
 
     @property
     def hf_config_overrides(self) -> dict[str, Any]:
@@ -156,6 +166,17 @@ class ModelConfig:
         return tuple(name.strip() for name in names if name.strip())
 
     @property
+    def lora_exclude_modules(self) -> str | tuple[str, ...] | None:
+        """`exclude_modules` as peft takes it: None, a regex string, or a tuple of module names."""
+        modules = self.exclude_modules
+        if modules is None:
+            return None
+        if isinstance(modules, str) and not _is_name_list(modules):
+            return modules
+        names = modules.split(",") if isinstance(modules, str) else modules
+        return tuple(name.strip() for name in names if name.strip())
+
+    @property
     def lora_target_parameters(self) -> tuple[str, ...]:
         """`target_parameters` as a tuple of weight names (a comma-separated string also works)."""
         names = self.target_parameters or ()
@@ -166,3 +187,8 @@ class ModelConfig:
     def tokenizer_location(self) -> str:
         """Where the tokenizer is loaded from."""
         return self.tokenizer_path or self.path
+
+
+def _is_name_list(text: str) -> bool:
+    """Whether `text` is module names separated by commas (o_proj,down_proj) rather than a regex (.*o_proj)."""
+    return all(part.strip().isidentifier() for part in text.split(",") if part.strip())

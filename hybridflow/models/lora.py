@@ -84,6 +84,7 @@ def apply_lora(
     target_modules: str | list[str] = "all-linear",
     adapter_path: str | os.PathLike | None = None,
     target_parameters: Sequence[str] = (),
+    exclude_modules: str | Sequence[str] | None = None,
 ) -> nn.Module:
     """Wrap `model` in a peft LoRA model whose only trainable parameters are the adapters.
 
@@ -97,6 +98,7 @@ def apply_lora(
             to continue training that adapter.
         target_parameters: a mixture-of-experts model's 3-D expert weights to adapt as well, e.g.
             ['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'] (one rank-r adapter per expert).
+        exclude_modules: modules `target_modules` matches that get no adapter (names, or a regex string).
     """
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -116,6 +118,8 @@ def apply_lora(
         config = LoraConfig(
             r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none",
             task_type="CAUSAL_LM", target_parameters=list(target_parameters) or None,
+            exclude_modules=exclude_modules if exclude_modules is None or isinstance(exclude_modules, str)
+            else list(exclude_modules),
         )
         if target_parameters:
             check_expert_targets(model, target_parameters)

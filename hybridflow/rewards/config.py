@@ -47,12 +47,33 @@ class OverlongBufferConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SandboxFusionConfig:
+    """verl's SandboxFusion service for code rewards (`reward_model.sandbox_fusion.*`). hybridflow runs model-written
+    code in its own local sandbox instead (reward_model.scoring.sandbox: a separate process with time, memory and
+    file-system limits), so only the defaults are taken."""
+
+    url: Optional[str] = unsupported(
+        None, "code rewards run in hybridflow's local sandbox (reward_model.scoring.sandbox), not a SandboxFusion server"
+    )
+    """verl: the SandboxFusion endpoint."""
+    max_concurrent: int = unsupported(64, "there is no SandboxFusion server; reward_model.scoring sets the scorer pool")
+    """verl: concurrent requests to the server."""
+    memory_limit_mb: int = unsupported(
+        1024, "there is no SandboxFusion server; reward_model.scoring.sandbox limits each program's memory"
+    )
+    """verl: memory limit of each sandboxed program."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RewardModelConfig:
     """How responses are scored by rules: a reward manager over per-`data_source` scorers (the learned reward
     model's settings are the worker's, `workers.config.RewardModelWorkerConfig`)."""
 
     reward_manager: str = "naive"
-    """naive | batch | dapo, or a registered custom manager."""
+    """naive | batch | dapo | prime (verl's name for per-sample scoring in a process pool with a timeout: naive's
+    behaviour), or a registered custom manager."""
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    """verl's remote code sandbox (refused: hybridflow's is local, reward_model.scoring.sandbox)."""
     launch_reward_fn_async: bool = unsupported(False, "scoring runs in the driver's scorer pool between stages")
     """Score in the background while the next stage runs."""
     scoring: ScoringConfig = field(default_factory=ScoringConfig)

@@ -14,5 +14,8 @@ for _name, _target in (
     ("naive", "hybridflow.rewards.manager.naive:NaiveRewardManager"),
     ("batch", "hybridflow.rewards.manager.batch:BatchRewardManager"),
     ("dapo", "hybridflow.rewards.manager.dapo:DAPORewardManager"),
+    # verl's `prime` manager is per-sample rule scoring in a process pool with a per-call timeout (a failed or
+    # timed-out call scores 0): what `naive` does here, through the scorer pool (`rewards/pool.py`).
+    ("prime", "hybridflow.rewards.manager.naive:NaiveRewardManager"),
 ):
     REWARD_MANAGERS.register_lazy(_name, _target)

@@ -59,11 +59,11 @@ def run_ppo(
     """Run the job with `trainer_cls`; returns the final validation metrics. Workers are shut down however it ends."""
     for name, sizes in batch_sizes.items():
         logger.info("batch arithmetic\n%s", sizes.table(name))
-    tokenizer = build_tokenizer(config.actor_rollout_ref.model)
     data = config.data
+    tokenizer = build_tokenizer(config.actor_rollout_ref.model, data.trust_remote_code)
     if config.reward_model.enable:  # the reward model re-templates conversations from each row's chat messages
         data = dataclasses.replace(data, return_raw_chat=True)
-    processor = build_processor(config.actor_rollout_ref.model, tokenizer)
+    processor = build_processor(config.actor_rollout_ref.model, tokenizer, data.trust_remote_code)
     train_loader, val_loader = build_dataloaders(data, tokenizer, processor)
     reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
     val_reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)

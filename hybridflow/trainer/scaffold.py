@@ -34,21 +34,24 @@ from hybridflow.workers.config import WorkerRuntimeConfig
 logger = logging.getLogger(__name__)
 
 
-def build_tokenizer(model: ModelConfig) -> Any:
-    """The driver's tokenizer (catalogue models: the tokenizer only, without converting the weights here)."""
+def build_tokenizer(model: ModelConfig, trust_remote_code: bool = False) -> Any:
+    """The driver's tokenizer (catalogue models: the tokenizer only, without converting the weights here); the
+    repository's own code runs when `model.trust_remote_code` or `trust_remote_code` (data.trust_remote_code) allows."""
     location = model.tokenizer_location
     if location in MODEL_CATALOGUE:
         return load_tokenizer(catalogue_tokenizer_path(location))
-    return load_tokenizer(resolve_model_path(location), trust_remote_code=model.trust_remote_code)
+    trusted = model.trust_remote_code or trust_remote_code
+    return load_tokenizer(resolve_model_path(location), trust_remote_code=trusted)
 
 
-def build_processor(model: ModelConfig, tokenizer: Any) -> Any:
+def build_processor(model: ModelConfig, tokenizer: Any, trust_remote_code: bool = False) -> Any:
     """The driver's `VisionProcessor` for a vision-language model (images in the data), None for a text model."""
     if model.path in MODEL_CATALOGUE:  # the catalogue holds text models only
         return None
     from hybridflow.models.vision import load_processor
 
-    return load_processor(resolve_model_path(model.path), tokenizer, trust_remote_code=model.trust_remote_code)
+    trusted = model.trust_remote_code or trust_remote_code
+    return load_processor(resolve_model_path(model.path), tokenizer, trust_remote_code=trusted)
 
 
 def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
@@ -92,13 +95,16 @@ def use_accelerator(run: RunConfig) -> bool:
     return available
 
 
-def worker_runtime(run: RunConfig, total_training_steps: int, num_processes: int | None = None) -> WorkerRuntimeConfig:
-    """Seed, schedule length and torch threads of each worker (CPU workers share the machine's cores: the
-    `num_processes` of all pools, `run.world_size` by default)."""
+def worker_runtime(
+    run: RunConfig, total_training_steps: int, num_processes: int | None = None, collective_timeout_s: int | None = None
+) -> WorkerRuntimeConfig:
+    """Seed, schedule length, torch threads and collective timeout of each worker (CPU workers share the machine's
+    cores: the `num_processes` of all pools, `run.world_size` by default)."""
     threads = run.num_threads_per_worker
     if threads == 0 and not use_accelerator(run):
         threads = max(1, (os.cpu_count() or 1) // (num_processes or run.world_size))
-    return WorkerRuntimeConfig(total_training_steps=total_training_steps, seed=run.seed, num_threads=threads)
+    return WorkerRuntimeConfig(total_training_steps=total_training_steps, seed=run.seed, num_threads=threads,
+                               collective_timeout_s=collective_timeout_s)
 
 
 class WorkerProcesses:

@@ -124,7 +124,7 @@ def build_worker_groups(config: PPOConfig, total_training_steps: int) -> WorkerG
     manager = build_pool_manager(config, use_gpu=use_accelerator(config.trainer))
     logger.info("%s", describe_placement(config))
     num_processes = sum(sum(counts) for counts in manager.resource_pool_spec.values())
-    runtime = worker_runtime(config.trainer, total_training_steps, num_processes)
+    runtime = worker_runtime(config.trainer, total_training_steps, num_processes, config.actor_rollout_ref.nccl_timeout)
     groups, processes = {}, []
     try:
         for pool_name, roles in manager.roles_by_pool().items():

@@ -86,7 +86,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Load the models of this role (collective when the group has several ranks)."""
         runtime, model = self.runtime, self.config.model
-        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
+        model_path, self.tokenizer = prepare_worker_process(self, runtime, model)
         self._model_path = model_path
         actor = self.config.actor
         if self.is_actor:

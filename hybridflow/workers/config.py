@@ -102,6 +102,9 @@ class ActorConfig(PPOLossConfig):
     entropy_checkpointing: bool = False
     """verl: recompute the entropy's logits in the backward instead of keeping them. True needs
     model.use_fused_kernels (the default), whose head already recomputes each chunk's logits in the backward."""
+    entropy_from_logits_with_chunking: bool = False
+    """verl: compute the entropy a chunk of positions at a time. True needs model.use_fused_kernels (the default),
+    whose head computes log-probs and entropy chunk by chunk (fused_kernel_options.chunk_size positions)."""
     use_prefix_grouper: bool = False
     """Forward the samples of one prompt with a single copy of the prompt (update, old and reference log-probs):
     the same results, with each prompt computed once per group in a micro-batch."""
@@ -170,6 +173,10 @@ class RefConfig:
     """Engine: fsdp2 (fsdp is accepted as a synonym)."""
     use_torch_compile: bool = unsupported(False, "the training engine runs eagerly")
     """Compile the model's forward."""
+    entropy_checkpointing: bool = False
+    """verl: as the actor's (True needs model.use_fused_kernels, whose head works chunk by chunk)."""
+    entropy_from_logits_with_chunking: bool = False
+    """verl: as the actor's (True needs model.use_fused_kernels, whose head works chunk by chunk)."""
     log_prob_micro_batch_size_per_gpu: int = 8
     """Samples per forward when computing reference log-probs (the PPO trainer sets it from
     rollout.log_prob_micro_batch_size_per_gpu unless given; 8 applies to a reference built on its own)."""
@@ -230,15 +237,23 @@ class ActorRolloutRefConfig:
     """Generation."""
     ref: RefConfig = field(default_factory=RefConfig)
     """Reference policy."""
+    nccl_timeout: Optional[int] = None
+    """Seconds a collective of the workers' process groups (nccl on GPUs, gloo on CPUs) may wait before it fails
+    with an error instead of hanging (verl's key, whose default is 600); None: torch's default (10 min for nccl,
+    30 min for gloo). Every pool's process group takes it."""
 
     def __post_init__(self) -> None:
         self._check_router_replay()
-        if self.actor.entropy_checkpointing and not self.model.use_fused_kernels:
-            raise ConfigFieldError(
-                "actor.entropy_checkpointing",
-                "actor_rollout_ref.actor.entropy_checkpointing=True with actor_rollout_ref.model.use_fused_kernels="
-                "False: the logits are recomputed in the backward by the fused head only; set use_fused_kernels=True",
-            )
+        check_positive("nccl_timeout", self.nccl_timeout, allow_none=True)
+        for section, name in (("actor", "entropy_checkpointing"), ("actor", "entropy_from_logits_with_chunking"),
+                              ("ref", "entropy_checkpointing"), ("ref", "entropy_from_logits_with_chunking")):
+            if getattr(getattr(self, section), name) and not self.model.use_fused_kernels:
+                raise ConfigFieldError(
+                    f"{section}.{name}",
+                    f"actor_rollout_ref.{section}.{name}=True with actor_rollout_ref.model.use_fused_kernels=False: "
+                    "the fused head is what computes the logits chunk by chunk (and again in the backward); set "
+                    "use_fused_kernels=True",
+                )
 
     def _check_router_replay(self) -> None:
         """R3 replays what the rollout records: both keys on, or both off (a recording nobody replays is refused)."""
@@ -478,3 +493,6 @@ class WorkerRuntimeConfig:
     """Seed of weights init and sampling (trainer.seed)."""
     num_threads: int = 0
     """torch intra-op threads of this worker; 0 leaves torch's default."""
+    collective_timeout_s: Optional[int] = None
+    """Seconds a collective of the worker's process group may wait before it fails (actor_rollout_ref.nccl_timeout);
+    None: torch's default."""

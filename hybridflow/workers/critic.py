@@ -30,7 +30,7 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         """Load the backbone with a fresh value head (collective when sharded)."""
         critic, runtime = self.config, self.runtime
-        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, critic.model)
+        model_path, self.tokenizer = prepare_worker_process(self, runtime, critic.model)
         engine_config = critic.engine_config(runtime.total_training_steps)
         self.engine = build_fsdp_engine(model_path, engine_config, model_kind="value", tokenizer=self.tokenizer)
         self.layout = ParallelLayout(

@@ -36,7 +36,7 @@ class PrimeRewardModelWorker(Worker):
     def init_model(self) -> None:
         """Load the implicit PRM with its optimizer and the frozen reference (collective when sharded)."""
         config, runtime, model = self.config, self.runtime, self.config.model
-        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
+        model_path, self.tokenizer = prepare_worker_process(self, runtime, model)
         prm_config, ref_config = config.prime_engine_configs(runtime.total_training_steps)
         self.prm = build_fsdp_engine(model_path, prm_config, tokenizer=self.tokenizer)
         ref_path = resolve_model_path(model.ref_path) if model.ref_path is not None else model_path

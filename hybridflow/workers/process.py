@@ -8,19 +8,20 @@ import torch
 
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.config import ModelConfig
+from hybridflow.workers.config import WorkerRuntimeConfig
 from hybridflow.single_controller import Worker
 
 
-def prepare_worker_process(worker: Worker, num_threads: int, seed: int, model: ModelConfig) -> tuple[str, Any]:
-    """Threads, seed and process group of a worker's process; returns (resolved model path, tokenizer).
+def prepare_worker_process(worker: Worker, runtime: WorkerRuntimeConfig, model: ModelConfig) -> tuple[str, Any]:
+    """Threads, seed and process group of a worker's process (`runtime`); returns (resolved model path, tokenizer).
 
     Threads: Ray gives 1-CPU actors OMP_NUM_THREADS=1, so torch's count is set deliberately (0 keeps torch's).
     """
-    if num_threads > 0:
-        torch.set_num_threads(num_threads)
-    torch.manual_seed(seed)
+    if runtime.num_threads > 0:
+        torch.set_num_threads(runtime.num_threads)
+    torch.manual_seed(runtime.seed)
     if worker.world_size > 1:
-        worker.init_distributed()
+        worker.init_distributed(timeout_s=runtime.collective_timeout_s)
     model_path = resolve_model_path(model.path)
     tokenizer_path = resolve_model_path(model.tokenizer_path) if model.tokenizer_path else model_path
     return model_path, load_tokenizer(tokenizer_path, trust_remote_code=model.trust_remote_code)

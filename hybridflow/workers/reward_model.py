@@ -81,7 +81,7 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         """Load the reward model and tokenizers (collective when sharded); fails on a checkpoint without a head."""
         config, runtime = self.config, self.runtime
-        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, config.model)
+        model_path, self.tokenizer = prepare_worker_process(self, runtime, config.model)
         if config.model.input_tokenizer is not None:
             source = load_tokenizer(resolve_model_path(config.model.input_tokenizer))
             if not same_tokenization(source, self.tokenizer):

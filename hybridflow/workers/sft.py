@@ -54,7 +54,7 @@ class SFTWorker(Worker):
     def init_model(self) -> None:
         """Load the model (LoRA-wrapped if configured) and its optimizer (collective with several ranks)."""
         runtime, model = self.runtime, self.engine_config.model
-        model_path, self.tokenizer = prepare_worker_process(self, runtime.num_threads, runtime.seed, model)
+        model_path, self.tokenizer = prepare_worker_process(self, runtime, model)
         self.engine = build_fsdp_engine(model_path, self.engine_config, tokenizer=self.tokenizer)
         layout = self.engine.layout
         self.register_dispatch_collect_info(SFT_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank))

@@ -145,6 +145,18 @@ def test_target_modules_pick_the_adapted_layers(model_dir, target_modules):
     assert ModelConfig(lora_rank=4).lora_target_modules == "all-linear"
 
 
+@pytest.mark.parametrize("exclude", [["o_proj", "down_proj"], "o_proj,down_proj", r".*\.(o_proj|down_proj)"])
+def test_exclude_modules_keep_matched_layers_without_adapters(model_dir, exclude):
+    """verl's model.exclude_modules: all-linear minus the excluded layers (names, or a regex on full names)."""
+    model = ModelConfig(lora_rank=4, exclude_modules=exclude)
+    engine = build_fsdp_engine(model_dir, FSDPEngineConfig(model=model))
+    adapted = {name.split(".lora_A.")[0].rsplit(".", 1)[-1] for name, _ in engine.module.named_parameters()
+               if ".lora_A." in name}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    with pytest.raises(ValueError, match="exclude_modules=.*limits LoRA adapters: set lora_rank > 0"):
+        ModelConfig(exclude_modules=["o_proj"])
+
+
 def test_lora_misuse_is_refused(model_dir, batch):
     with pytest.raises(ValueError, match="causal LMs only"):
         build_fsdp_engine(model_dir, LORA, model_kind="value")

@@ -205,8 +205,9 @@ def test_registry() -> None:
     assert get_reward_manager_cls("naive") is NaiveRewardManager
     assert get_reward_manager_cls("batch") is BatchRewardManager
     assert get_reward_manager_cls("dapo") is DAPORewardManager
-    with pytest.raises(KeyError, match=r"unknown reward manager 'prime'; known: \['batch', 'dapo', 'naive'\]"):
-        get_reward_manager_cls("prime")
+    assert get_reward_manager_cls("prime") is NaiveRewardManager  # verl's name for pooled per-sample scoring
+    with pytest.raises(KeyError, match=r"unknown reward manager 'prim'; known: \['batch', 'dapo', 'naive', 'prime'\]"):
+        get_reward_manager_cls("prim")
 
 
 @pytest.mark.parametrize("name", ["naive", "batch", "dapo"])

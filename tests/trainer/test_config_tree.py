@@ -522,7 +522,8 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
             "actor_rollout_ref.actor.entropy_checkpointing=True", "actor_rollout_ref.rollout.layered_summon=True",
             "reward_model.use_reward_loop=True", "trainer.use_legacy_worker_impl=disable",
             "actor_rollout_ref.model.use_shm=False", "actor_rollout_ref.model.use_liger=False",
-            "data.filter_overlong_prompts_workers=1"]
+            "data.filter_overlong_prompts_workers=1", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+            "actor_rollout_ref.ref.entropy_checkpointing=True", "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True"]
     cfg = load_config([*line, *held])
     assert cfg.actor_rollout_ref.actor.entropy_checkpointing and cfg.reward_model.use_reward_loop
     refused = {
@@ -534,6 +535,10 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
     for override, reason in refused.items():
         with pytest.raises(ValueError, match=reason):
             load_config([*line, override])
+    with pytest.raises(ValueError, match=r"ref.entropy_from_logits_with_chunking=True with actor_rollout_ref.model."
+                                         r"use_fused_kernels=False"):
+        load_config([*line, "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True",
+                     "actor_rollout_ref.model.use_fused_kernels=False"])
     with pytest.raises(ValueError, match=r"entropy_checkpointing=True with actor_rollout_ref.model.use_fused_kernels"):
         load_config([*line, "actor_rollout_ref.actor.entropy_checkpointing=True",
                      "actor_rollout_ref.model.use_fused_kernels=False"])
@@ -552,3 +557,16 @@ def test_a_key_verl_adds_with_plus_is_an_override_where_hybridflow_has_it(files)
         load_config([*line, "+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
     with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.no_such_key"):
         load_config([*line, "+actor_rollout_ref.actor.no_such_key=1"])
+
+
+def test_data_trust_remote_code_reaches_the_drivers_tokenizer_and_processor(files, monkeypatch):
+    """verl's data.trust_remote_code is the trust given to the tokenizer and processor that prepare the prompts."""
+    from hybridflow.trainer import scaffold
+
+    seen = []
+    monkeypatch.setattr(scaffold, "load_tokenizer", lambda path, trust_remote_code=False: seen.append(trust_remote_code))
+    cfg = load_config([f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+                       "data.trust_remote_code=True"])
+    scaffold.build_tokenizer(cfg.actor_rollout_ref.model, cfg.data.trust_remote_code)
+    scaffold.build_tokenizer(cfg.actor_rollout_ref.model)
+    assert seen == [True, False]

@@ -133,6 +133,20 @@ _VLLM_ONLY_KEYS = (
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointEngineConfig:
+    """verl's weight-transfer settings (`rollout.checkpoint_engine.*`). The hand-over to a colocated rollout copies one
+    full tensor at a time in memory, and a split pool's broadcast sends one tensor at a time, so only the defaults
+    are taken."""
+
+    backend: str = unsupported("naive", "weights are handed over in memory (colocated) or broadcast (split pools)")
+    """verl: the transfer backend."""
+    update_weights_bucket_megabytes: int = unsupported(2048, "weights travel one tensor at a time, not in buckets")
+    """verl: the size of each transfer bucket."""
+    engine_kwargs: dict[str, Any] = unsupported({}, "there is no separate transfer engine to configure")
+    """verl: the backend's own settings."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig(SamplingConfig):
     """Generation of responses: the engine, its sampling, and how log-probs are recomputed."""
 
@@ -211,6 +225,17 @@ class RolloutConfig(SamplingConfig):
     """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size (native and hf
     engines), whose tensor-parallel group then holds each mixture-of-experts layer's experts whole, E / tp per rank
     (a mixture-of-experts model under rollout tensor parallelism needs it)."""
+    data_parallel_size: int = unsupported(
+        1, "replicas are data-parallel already (the pool's ranks / tensor_model_parallel_size); data-parallel "
+        "attention inside one replica is not wired"
+    )
+    """verl: data-parallel ranks inside one rollout replica (vLLM's data-parallel attention)."""
+    over_sample_rate: float = unsupported(0.0, "every rollout request runs to its end; none is aborted early")
+    """verl: abort the slowest requests once (1 - over_sample_rate) of them have finished."""
+    multi_stage_wake_up: bool = unsupported(False, "a staged wake-up is SGLang's, which is not one of hybridflow's engines")
+    """verl: wake SGLang's weights and KV cache in stages."""
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=lambda: CheckpointEngineConfig())
+    """verl: how weights travel to the rollout (hybridflow hands them over one tensor at a time)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

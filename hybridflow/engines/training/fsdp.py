@@ -129,7 +129,7 @@ def _build_module(
             module = apply_lora(
                 module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
                 target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
-                target_parameters=model.lora_target_parameters,
+                target_parameters=model.lora_target_parameters, exclude_modules=model.lora_exclude_modules,
             )
     return module
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 from pathlib import Path
@@ -106,8 +107,9 @@ class Worker:
     def local_rank(self) -> int:
         return self._local_rank
 
-    def init_distributed(self, backend: str | None = None) -> None:
-        """Join the group's torch.distributed process group (gloo on CPU, nccl on CUDA) once per process."""
+    def init_distributed(self, backend: str | None = None, timeout_s: float | None = None) -> None:
+        """Join the group's torch.distributed process group (gloo on CPU, nccl on CUDA) once per process; its
+        collectives fail after `timeout_s` seconds of waiting (None: torch's default)."""
         if self._local_mode and self._world_size > 1:
             raise RuntimeError(
                 f"local mode runs all {self._world_size} ranks in one process, so collectives cannot work; "
@@ -139,6 +141,7 @@ class Worker:
             rank=self._rank,
             world_size=self._world_size,
             device_id=device if device.type == "cuda" else None,
+            **({} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}),
         )
 
     def register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, dp_size: int, is_collect: bool) -> None:
