@@ -279,3 +279,19 @@ def test_rollout_expert_parallelism_is_the_rollout_tensor_parallel_group(tmp_pat
         with pytest.raises(ValueError, match=r"expert_parallel_size=2 with \S*tensor_model_parallel_size=1.*set "
                                              r"\S*tensor_model_parallel_size=2 or"):
             check(moe + ["actor_rollout_ref.rollout.expert_parallel_size=2"])
+
+
+def test_shape_checks_read_the_model_as_override_config_changes_it(tmp_path, train_file):
+    """The layout checks before Ray read the HF config the engines will build: with override_config applied (a
+    tiny model of 4 heads and 2 key/value heads; overriding the latter to 4 lets tensor_parallel_size=4 divide)."""
+    from hybridflow.models import save_tiny_model
+
+    line = grpo_overrides(train_file) + [
+        f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'dense')}", "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.train_batch_size=4",
+    ]
+    with nothing_started():
+        with pytest.raises(ValueError, match="does not divide the model's num_key_value_heads=2"):
+            check(line)
+        check([*line, "+actor_rollout_ref.model.override_config.num_key_value_heads=4"])

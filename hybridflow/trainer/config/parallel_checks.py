@@ -64,7 +64,7 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         if layout.group_size > 1 or layout.ep > 1:
             fsdp_key, prefix = sizes[role][:2]
             model = engines[role][1].model
-            model_config = hf_model_config(model.path, trust_remote_code=model.trust_remote_code)
+            model_config = model_section_config(model)
             check_tp_layout(model_config, layout.tp, f"{fsdp_key}.tensor_parallel_size")
             check_sp_layout(model_config, layout.sp, f"{prefix}.ulysses_sequence_parallel_size")
             check_ep_layout(model_config, layout.ep, f"{fsdp_key}.expert_parallel_size")
@@ -77,7 +77,7 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         except ValueError as err:
             raise ValueError(f"{key}={ref_ep} over {world} ranks: {err}") from err
         ref_model = engines["ref"][1].model
-        check_ep_layout(hf_model_config(ref_model.path, trust_remote_code=ref_model.trust_remote_code), ref_ep, key)
+        check_ep_layout(model_section_config(ref_model), ref_ep, key)
     if cfg.uses_reference:
         actor_layout = layouts["actor"]
         ref_sizes = (ref.fsdp_config.tensor_parallel_size, ref.ulysses_sequence_parallel_size)
@@ -112,7 +112,7 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
             f"{key}={tp} does not divide the {world} ranks of the colocated pool (trainer.nnodes x "
             f"trainer.n_gpus_per_node): each rollout replica takes {tp} consecutive ranks; pick a divisor of {world}"
         )
-    model_config = hf_model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
+    model_config = model_section_config(arr.model)
     check_rollout_tp_layout(model_config, tp, key)
     ep, ep_key = arr.rollout.expert_parallel_size, "actor_rollout_ref.rollout.expert_parallel_size"
     check_ep_layout(model_config, ep, ep_key)  # a dense model has no experts to split
@@ -123,12 +123,18 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
         )
 
 
-def hf_model_config(path: str, trust_remote_code: bool = False) -> Any:
-    """A model's HF config. Imported here, not at the top: transformers and torch take seconds to import, and only
-    the checks that read a model's shape need them (a config error prints before they load)."""
+def hf_model_config(path: str, trust_remote_code: bool = False, overrides: Any = None) -> Any:
+    """A model's HF config, with `overrides` (a model section's override_config) set on it as the engines set them.
+    Imported here, not at the top: transformers and torch take seconds to import, and only the checks that read a
+    model's shape need them (a config error prints before they load)."""
     from hybridflow.models.loader import load_model_config
 
-    return load_model_config(path, trust_remote_code=trust_remote_code)
+    return load_model_config(path, trust_remote_code=trust_remote_code, overrides=overrides)
+
+
+def model_section_config(model: Any) -> Any:
+    """The HF config a model section (`*.model`) trains with: its checkpoint's, with its override_config."""
+    return hf_model_config(model.path, model.trust_remote_code, getattr(model, "hf_config_overrides", None))
 
 
 def check_token_budgets(cfg: PPOConfig) -> None:

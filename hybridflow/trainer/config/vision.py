@@ -75,7 +75,7 @@ def _vision_language_config(cfg: PPOConfig) -> Any:
         return None
     from hybridflow.models.loader import load_model_config  # transformers: only for a vision-language model
 
-    return load_model_config(model.path, trust_remote_code=model.trust_remote_code)
+    return load_model_config(model.path, trust_remote_code=model.trust_remote_code, overrides=model.hf_config_overrides)
 
 
 def _check_no_images(cfg: PPOConfig) -> None:

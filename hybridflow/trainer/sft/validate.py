@@ -70,7 +70,8 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
     except ValueError as err:
         raise ValueError(f"the SFT training engine: {err}") from err
     if layout.group_size > 1 or layout.ep > 1:
-        model_config = load_model_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        model_config = load_model_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code,
+                                         overrides=cfg.model.hf_config_overrides)
         check_tp_layout(model_config, tp, "model.fsdp_config.tensor_parallel_size")
         check_sp_layout(model_config, sp, "ulysses_sequence_parallel_size")
         check_ep_layout(model_config, ep, "model.fsdp_config.expert_parallel_size")
