@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional
 
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 
-__all__ = ["DataFilesConfig", "MultiturnConfig", "RLHFDataConfig", "SFTDataConfig", "expand_path"]
+__all__ = ["CustomDatasetClassConfig", "DataFilesConfig", "MultiturnConfig", "RLHFDataConfig", "SFTDataConfig", "expand_path"]
 
 _TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "tokenize")
 
@@ -20,6 +20,26 @@ _TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "tokenize")
 def expand_path(path: str) -> Path:
     """A config path as every loader opens it: `~` expanded."""
     return Path(path).expanduser()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomDatasetClassConfig:
+    """A user's dataset class (verl's `data.custom_cls.*`), loaded from a Python file."""
+
+    path: Optional[str] = None
+    """Python file defining the class (`~` is expanded); None uses hybridflow.data.RLHFDataset."""
+    name: Optional[str] = None
+    """The class's name in that file. It must subclass torch.utils.data.Dataset and take RLHFDataset's arguments
+    (data_files, tokenizer, config, max_samples, processor) and give its items (subclass RLHFDataset to change
+    how rows become prompts)."""
+
+    def __post_init__(self) -> None:
+        if (self.path is None) != (self.name is None):
+            raise ConfigFieldError(
+                "path" if self.path is None else "name",
+                f"path={self.path!r} and name={self.name!r}: a custom dataset class needs both (the file and the "
+                "class in it), or neither",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +105,8 @@ class RLHFDataConfig(DataFilesConfig):
     trust_remote_code: bool = False
     """Run the model repository's own code for the tokenizer and processor that prepare the prompts (verl's key;
     actor_rollout_ref.model.trust_remote_code allows it too)."""
+    custom_cls: CustomDatasetClassConfig = field(default_factory=CustomDatasetClassConfig)
+    """A dataset class of your own instead of RLHFDataset (verl's key)."""
     image_key: str = "images"
     """Column of each row's images (a list of {bytes} / {path} dicts or paths), one `<image>` placeholder in the
     prompt per image; read with a vision-language model's processor."""

@@ -8,16 +8,14 @@ file once on first use.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import importlib.util
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from hybridflow.utils.file_module import import_file
 
 __all__ = ["FileRewardFunction", "load_custom_reward_fn"]
 
@@ -27,15 +25,7 @@ _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}  # per process: (path, n
 def _load_function(path: str, name: str) -> Callable[..., Any]:
     key = (path, name)
     if key not in _LOADED:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"custom_reward_function.path not found: {path}")
-        module_name = "hybridflow_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"custom_reward_function.path is not a loadable Python file: {path}")
-        module: ModuleType = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # lets the file's own functions and dataclasses pickle by reference
-        spec.loader.exec_module(module)
+        module = import_file(path, "hybridflow_custom_reward_", "custom_reward_function.path")
         function = getattr(module, name, None)
         if function is None:
             raise AttributeError(f"custom_reward_function.name={name!r} is not defined in {path}")

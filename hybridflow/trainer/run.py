@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.data import RLHFDataset, collate_fn
 from hybridflow.data.config import RLHFDataConfig
+from hybridflow.data.dataset_class import rl_dataset_class
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.trainer.config import BatchSizes, PPOConfig
@@ -36,12 +37,17 @@ def build_dataloaders(
     """Training loader of generation batches (seeded, resumable sampler, full batches only: `data.gen_batch_size`
     prompts with dynamic sampling, else `train_batch_size`) and validation loader of `data.*`; `processor`: a
     vision-language model's (`build_processor`), which reads the rows' images."""
-    train_set = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples, processor=processor)
+    dataset_cls = rl_dataset_class(data)  # RLHFDataset, or data.custom_cls
+    if dataset_cls is not RLHFDataset:
+        logger.info("prompts are read by %s (data.custom_cls)", dataset_cls.__name__)
+    train_set = dataset_cls(data_files=data.train_files, tokenizer=tokenizer, config=data,
+                            max_samples=data.train_max_samples, processor=processor)
     batch_size = data.gen_batch_size or data.train_batch_size
     train_loader = build_train_loader(train_set, batch_size, data.shuffle, data.seed, collate_fn)
     if not data.val_files:
         return train_loader, None
-    val_set = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples, processor=processor)
+    val_set = dataset_cls(data_files=data.val_files, tokenizer=tokenizer, config=data,
+                          max_samples=data.val_max_samples, processor=processor)
     return train_loader, build_val_loader(val_set, data.val_batch_size, collate_fn)
 
 

@@ -205,6 +205,13 @@ def _check_files(cfg: PPOConfig) -> None:
     custom = cfg.custom_reward_function
     if custom.path is not None and not expand_path(custom.path).is_file():
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
+    if cfg.data.custom_cls.path is not None:  # imports the user's file (and torch) only when one is named
+        from hybridflow.data.dataset_class import rl_dataset_class
+
+        try:
+            rl_dataset_class(cfg.data)
+        except (FileNotFoundError, AttributeError, TypeError) as err:
+            raise ValueError(str(err)) from err
     check_model_location("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
     check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path, weights=False)
     check_teacher(cfg)
