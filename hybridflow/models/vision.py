@@ -50,6 +50,24 @@ def is_vision_language_config(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+"""Attribute names of a vision-language model's vision tower (Qwen2-VL's `visual`), on the model or its `model`."""
+
+
+def vision_tower_of(module: Any) -> Any:
+    """The vision tower of an HF vision-language module (through a peft wrapper); ValueError when it has none."""
+    for owner in (module, getattr(module, "model", None), getattr(getattr(module, "base_model", None), "model", None)):
+        for holder in (owner, getattr(owner, "model", None)):
+            for name in VISION_TOWER_NAMES:
+                tower = getattr(holder, name, None) if holder is not None else None
+                if tower is not None:
+                    return tower
+    raise ValueError(
+        f"{type(module).__name__} has no vision tower ({' / '.join(VISION_TOWER_NAMES)}): freeze_vision_tower=True "
+        "needs a vision-language model"
+    )
+
+
 def check_vision_language_support(config: Any, where: str) -> None:
     """ValueError naming `where` (a config key) if `config` is a vision-language model hybridflow cannot run."""
     model_type = getattr(config, "model_type", None)

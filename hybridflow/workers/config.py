@@ -108,6 +108,9 @@ class ActorConfig(PPOLossConfig):
     use_prefix_grouper: bool = False
     """Forward the samples of one prompt with a single copy of the prompt (update, old and reference log-probs):
     the same results, with each prompt computed once per group in a micro-batch."""
+    freeze_vision_tower: bool = False
+    """A vision-language policy: train the language model only, the vision tower's weights stay as loaded (verl's
+    key); refused for a text model."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of the actor."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -144,6 +147,7 @@ class ActorConfig(PPOLossConfig):
             total_training_steps=total_training_steps,
             share_prompts=self.use_prefix_grouper,
             ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
+            freeze_vision_tower=self.freeze_vision_tower,
         )
 
 

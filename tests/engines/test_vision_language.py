@@ -107,6 +107,19 @@ def test_engine_update_trains_the_vision_tower(tiny_vlm_dir, prompts):
         packed.compute_log_prob(with_responses(prompts))
 
 
+def test_a_frozen_vision_tower_keeps_its_weights_while_the_language_model_trains(tiny_vlm_dir, prompts):
+    """verl's actor.freeze_vision_tower: the tower takes no gradient and no optimizer state."""
+    engine = build_fsdp_engine(tiny_vlm_dir, FSDPEngineConfig(micro_batch_size_per_gpu=2, freeze_vision_tower=True))
+    before = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+    metrics = engine.train_batch(with_responses(prompts), seq_mean_nll)
+    assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+    changed = {name for name, p in engine.module.named_parameters() if not torch.equal(p, before[name])}
+    assert not any(name.startswith("model.visual.") for name in changed)
+    assert any(name.startswith("model.language_model.") for name in changed)
+    optimized = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    assert not any(id(p) in optimized for name, p in engine.module.named_parameters() if name.startswith("model.visual."))
+
+
 def test_hf_rollout_greedy_equals_hf_generate_and_keeps_images_and_mrope_positions(tiny_vlm_dir, prompts):
     model = build_causal_lm(tiny_vlm_dir).eval()
     tokenizer = load_tokenizer(tiny_vlm_dir)

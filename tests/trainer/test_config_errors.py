@@ -295,3 +295,12 @@ def test_shape_checks_read_the_model_as_override_config_changes_it(tmp_path, tra
         with pytest.raises(ValueError, match="does not divide the model's num_key_value_heads=2"):
             check(line)
         check([*line, "+actor_rollout_ref.model.override_config.num_key_value_heads=4"])
+
+
+def test_freezing_a_vision_tower_needs_one(tmp_path, train_file):
+    from hybridflow.models import save_tiny_model
+
+    line = grpo_overrides(train_file) + [f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'dense')}",
+                                         "actor_rollout_ref.actor.freeze_vision_tower=True"]
+    with nothing_started(), pytest.raises(ValueError, match="freeze_vision_tower=True, but .* is a text model"):
+        check(line)

@@ -180,6 +180,8 @@ class FSDPEngineConfig:
 
     ulysses_sequence_parallel_size: int = 1
     """Ranks that split each packed row (Ulysses all-to-all around attention); needs use_remove_padding."""
+    freeze_vision_tower: bool = False
+    """A vision-language model: keep its vision tower's weights as loaded (no gradients, no optimizer state)."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)

@@ -64,6 +64,7 @@ from hybridflow.models.lora import apply_lora, expert_adapters_of, is_lora_model
 from hybridflow.models.lora import merge_lora_named_tensors
 from hybridflow.models.lora import save_hf_model_from_state_dict, save_lora_adapter
 from hybridflow.models.value_head import build_value_model, compute_sequence_scores
+from hybridflow.models.vision import vision_tower_of
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
 from hybridflow.utils.flops import ForwardWork
@@ -131,6 +132,8 @@ def _build_module(
                 target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
                 target_parameters=model.lora_target_parameters, exclude_modules=model.lora_exclude_modules,
             )
+    if config.freeze_vision_tower:
+        vision_tower_of(module).requires_grad_(False)
     return module
 
 

@@ -24,6 +24,12 @@ def check_vision_language(cfg: PPOConfig) -> None:
     images, or when a text actor is given rows with images."""
     config = _vision_language_config(cfg)
     if config is None:
+        if cfg.actor_rollout_ref.actor.freeze_vision_tower:
+            raise ValueError(
+                f"actor_rollout_ref.actor.freeze_vision_tower=True, but {_MODEL_KEY}="
+                f"{cfg.actor_rollout_ref.model.path!r} is a text model (its config has no vision_config): there is "
+                "no vision tower to freeze; set freeze_vision_tower=False"
+            )
         _check_no_images(cfg)
         return
     from hybridflow.models.vision import check_vision_language_support
