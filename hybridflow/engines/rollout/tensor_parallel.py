@@ -89,8 +89,12 @@ class RolloutTensorParallel:
         logits = logits.contiguous()
         rows, width = logits.shape
         gathered = torch.empty((self.size * rows, width), dtype=logits.dtype, device=logits.device)
-        dist.all_gather_into_tensor(gathered, logits, group=self.group)  # rank r's slice in rows [r * rows, ...)
+        _all_gather_single(gathered, logits, group=self.group)  # rank r's slice in rows [r * rows, ...)
         return gathered.view(self.size, rows, width).permute(1, 0, 2).reshape(rows, self.size * width)
+
+
+# torch 2.13 deprecates all_gather_into_tensor for all_gather_single, which torch 2.11 (the GPU machines') lacks.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def build_sharded_causal_lm(
