@@ -44,6 +44,15 @@ def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster, engine):
     _check_run(records, digests)
 
 
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
+def test_grpo_with_lora_hands_merged_shards_to_an_hf_tensor_parallel_rollout(workspace, ray_cluster):
+    records, digests = train(overrides(
+        workspace, workspace / "rollout_tp2_hf_lora", "actor_rollout_ref.rollout.name=hf", TP2[1], *DIAGNOSTICS,
+        "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.optim.lr=1e-2",
+    ))
+    _check_run(records, digests)
+
+
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
     # Training TP=2 hands each DTensor over as its full tensor; the rollout keeps its own TP=2 block of it.
