@@ -33,7 +33,6 @@ from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import (
     BaseRollout,
     SamplingParams,
-    copy_named_tensors,
     place_rollout_model,
     sleep_rollout_model,
     wake_up_rollout_model,
@@ -42,11 +41,10 @@ from hybridflow.engines.rollout.memory_budget import kv_bytes_per_token_of, roll
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.tensor_parallel import (
     RolloutTensorParallel,
-    full_weights_of,
-    named_parameters_in,
     install_hf_collectives,
-    load_full_weights,
+    load_rollout_weights,
     place_sharded_model,
+    rollout_weights_of,
 )
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.models.moe import ROUTED_EXPERTS_KEY, moe_shape_of, record_routing
@@ -244,18 +242,13 @@ class HFRollout(BaseRollout):
         """The rollout model's parameters by HF name (those in `names` when given); under tensor parallelism the
         full tensors reassembled from the group's shards, one at a time (collective: every rank of the group must
         iterate them)."""
-        if self.tp is None:
-            return named_parameters_in(self.model, names)
-        return full_weights_of(self.model, self.tp, names)
+        return rollout_weights_of(self.model, self.tp, names)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each `(name, tensor)` into the parameter or buffer of that HF name (casting dtype/device); under
         tensor parallelism only this rank's shard of it."""
-        if self.tp is None:
-            num_loaded = copy_named_tensors(self.model, named_tensors)
-        else:
-            num_loaded = load_full_weights(self.model, named_tensors, self.tp)
+        num_loaded = load_rollout_weights(self.model, named_tensors, self.tp)
         logger.debug("hf rollout: updated %d tensors", num_loaded)
 
     def sleep(self) -> None:

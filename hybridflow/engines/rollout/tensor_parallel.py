@@ -234,13 +234,26 @@ def full_weights_of(
     return named_full_from_shards(named_parameters_in(model, names), plan, tp.mesh)
 
 
+def rollout_weights_of(
+    model: nn.Module, tp: RolloutTensorParallel | None, names: Collection[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A rollout engine's parameters by HF name (those in `names` when given): the module's own, or under tensor
+    parallelism (`tp` not None) the full tensors reassembled from the group's shards (`full_weights_of`)."""
+    return named_parameters_in(model, names) if tp is None else full_weights_of(model, tp, names)
+
+
 def named_parameters_in(model: nn.Module, names: Collection[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
     """`model.named_parameters()`, only those in `names` when given."""
     return ((name, param) for name, param in model.named_parameters() if names is None or name in names)
 
 
-def load_full_weights(model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], tp: RolloutTensorParallel) -> int:
-    """Copy this rank's shard of each `(hf_name, full tensor)` into a sharded module (see `load_shards`)."""
+def load_rollout_weights(
+    model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], tp: RolloutTensorParallel | None
+) -> int:
+    """Copy each `(hf_name, full tensor)` into a rollout engine's module, in place; under tensor parallelism (`tp`
+    not None) only this rank's shard of it (`load_shards`). Returns how many."""
+    if tp is None:
+        return copy_named_tensors(model, named_full)
     return load_shards(model, named_full, rollout_plan_for(model.config.model_type), tp)
 
 

@@ -25,7 +25,6 @@ from torch import nn
 from hybridflow.engines.rollout.base import (
     BaseRollout,
     SamplingParams,
-    copy_named_tensors,
     place_rollout_model,
     sleep_rollout_model,
     wake_up_rollout_model,
@@ -39,10 +38,9 @@ from hybridflow.engines.rollout.native.model import LlamaFamilyForward
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.tensor_parallel import (
     RolloutTensorParallel,
-    full_weights_of,
-    named_parameters_in,
-    load_full_weights,
+    load_rollout_weights,
     place_sharded_model,
+    rollout_weights_of,
 )
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.protocol import DataProto
@@ -276,18 +274,13 @@ class NativeRollout(BaseRollout):
         """The rollout model's parameters by HF name (those in `names` when given); under tensor parallelism the
         full tensors reassembled from the group's shards, one at a time (collective: every rank of the group must
         iterate them)."""
-        if self.tp is None:
-            return named_parameters_in(self.model, names)
-        return full_weights_of(self.model, self.tp, names)
+        return rollout_weights_of(self.model, self.tp, names)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each `(name, full tensor)` into the parameter or buffer of that HF name, in place; under tensor
         parallelism only this rank's shard of it (sliced as it arrives, so one full tensor is alive at a time)."""
-        if self.tp is None:
-            num_loaded = copy_named_tensors(self.model, named_tensors)
-        else:
-            num_loaded = load_full_weights(self.model, named_tensors, self.tp)
+        num_loaded = load_rollout_weights(self.model, named_tensors, self.tp)
         self.forward.release()  # rope tables follow `inv_freq` if it was among the tensors
         logger.debug("native rollout: updated %d tensors", num_loaded)
 
