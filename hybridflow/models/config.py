@@ -110,8 +110,10 @@ class ModelConfig:
     rollout's copy and the vllm engine (hf_overrides); refused with rollout tensor parallelism."""
     external_lib: Optional[str] = unsupported(None, "models are loaded from transformers' own classes only")
     """Python module imported to register custom model classes."""
-    use_shm: bool = unsupported(False, "the model is read from its path, not copied to /dev/shm first")
-    """verl: copy the checkpoint to shared memory before loading it."""
+    use_shm: bool = False
+    """Copy the checkpoint to shared memory (/dev/shm) once per node and load it from there (verl's key): RAM-speed
+    reads for every worker of the node, at the checkpoint's size in RAM. A catalogue name is its converted
+    directory."""
     use_liger: bool = unsupported(False, "Liger kernels are not used; use_fused_kernels is the fused log-prob head")
     """verl: patch the model with Liger kernels."""
     use_fused_kernels: bool = True

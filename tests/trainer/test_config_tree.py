@@ -527,7 +527,6 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
     cfg = load_config([*line, *held])
     assert cfg.actor_rollout_ref.actor.entropy_checkpointing and cfg.reward_model.use_reward_loop
     refused = {
-        "actor_rollout_ref.model.use_shm=True": "not copied to /dev/shm",
         "actor_rollout_ref.ref.use_torch_compile=True": "runs eagerly",
         "data.filter_overlong_prompts_workers=64": "filtered in the driver process",
         "actor_rollout_ref.model.use_liger=True": "Liger kernels are not used",
