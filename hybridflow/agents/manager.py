@@ -54,7 +54,10 @@ class AgentLoopManager:
         AGENT_LOOPS.get(default)  # an unknown name fails here, listing the known loops
         self.default_agent = default
         self.context = AgentLoopContext(
-            server=AsyncLLMServerManager(worker_group.direct_callers("generate_tokens")),
+            # A tensor-parallel replica takes requests on its first rank only (the others follow it).
+            server=AsyncLLMServerManager(
+                worker_group.direct_callers("generate_tokens")[:: rollout.tensor_model_parallel_size]
+            ),
             tokenizer=tokenizer,
             response_length=response_length,
             multi_turn=rollout.multi_turn,
@@ -76,7 +79,8 @@ class AgentLoopManager:
         try:
             outputs = asyncio.run(self._run_all(prompts, params))
         finally:
-            server_stats = self.worker_group.sleep_rollout_server()
+            # a tensor-parallel replica's stats are its leader's (the followers take no requests of their own)
+            server_stats = self.worker_group.sleep_rollout_server()[:: self.rollout.tensor_model_parallel_size]
         output = build_output(outputs, self.tokenizer.pad_token_id, self.response_length, self.rollout.prompt_length)
         metrics = agent_metrics(outputs)
         metrics["timing_s/update_weights"] = float(np.mean([w["timing_s/update_weights"] for w in wake]))

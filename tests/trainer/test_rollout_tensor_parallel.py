@@ -45,6 +45,17 @@ def test_grpo_with_tensor_parallel_rollout(workspace, ray_cluster, engine):
 
 
 @pytest.mark.slow  # the default suite's time budget; run with -m slow
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_agent_loops_with_a_tensor_parallel_rollout_server(workspace, ray_cluster, engine):
+    """rollout.mode=async: each replica's first rank serves the agent loops' requests and drives its peer."""
+    records, digests = train(overrides(
+        workspace, workspace / f"async_tp2_{engine}", f"actor_rollout_ref.rollout.name={engine}", TP2[1],
+        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True", *DIAGNOSTICS,
+    ))
+    _check_run(records, digests)
+
+
+@pytest.mark.slow  # the default suite's time budget; run with -m slow
 def test_grpo_with_lora_hands_merged_shards_to_an_hf_tensor_parallel_rollout(workspace, ray_cluster):
     records, digests = train(overrides(
         workspace, workspace / "rollout_tp2_hf_lora", "actor_rollout_ref.rollout.name=hf", TP2[1], *DIAGNOSTICS,
@@ -69,7 +80,6 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size"),
         (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
          "only ['hf', 'native'] split a replica"),
-        ([*TP2, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"], "mode='async'"),
         (["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
          "does not divide the 2 ranks"),
         ([*TP2[:1], "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4"],
@@ -77,6 +87,7 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
         ([*TP2, *SPLIT], "hybrid_engine=False"),
         (list(TP2), None),
         (["actor_rollout_ref.rollout.name=hf", TP2[1]], None),
+        ([*TP2, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"], None),  # the leader drives
     ],
 )
 def test_rollout_layouts_are_refused_before_ray_starts(workspace, extra, words):

@@ -171,8 +171,9 @@ class RolloutConfig(SamplingConfig):
     """Return the sampled tokens' log-probs (`rollout_log_probs`, which rollout correction and bypass mode read);
     the hf, native and vllm engines always return them, at no extra forward, so both values work."""
     tensor_model_parallel_size: int = 1
-    """Tensor-parallel ranks of one rollout replica (native and hf engines, sync mode): consecutive groups of this
-    many ranks each decode one replica, every rank holding its share of the heads, the MLP and the vocabulary."""
+    """Tensor-parallel ranks of one rollout replica (native and hf engines): consecutive groups of this many ranks
+    each decode one replica, every rank holding its share of the heads, the MLP and the vocabulary. With
+    mode=async the group's first rank takes the replica's requests and drives the others."""
     gpu_memory_utilization: float = 0.5
     """Fraction of this device's memory (a GPU's; on CPU the host's RAM divided by the worker group's ranks on that
     node) the rollout's weights and KV cache may take. vllm sizes its KV cache from it; hf and native decode at most
@@ -258,13 +259,6 @@ class RolloutConfig(SamplingConfig):
                 "tensor_model_parallel_size",
                 f"tensor_model_parallel_size={tp} with name={self.name!r}: only {splitting} split a replica over "
                 f"ranks{spec.tensor_parallel_note}; use name={splitting[0]} or tensor_model_parallel_size=1",
-            )
-        if tp > 1 and self.mode != "sync":
-            raise ConfigFieldError(
-                "tensor_model_parallel_size",
-                f"tensor_model_parallel_size={tp} with mode={self.mode!r}: each rank's generation server takes its "
-                "own requests, so tensor-parallel peers cannot decode in lock-step; use mode=sync or "
-                "tensor_model_parallel_size=1",
             )
         self._check_moe()
         if spec.reads_engine_keys:

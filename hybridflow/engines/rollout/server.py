@@ -17,6 +17,14 @@ K/V and prefills only the new tokens.
 
 The server lives in the rollout worker's process (the hybrid engine: it generates with the weights the actor
 just handed over); `hybridflow.agents.server_manager` routes a conversation's requests to one replica.
+
+A replica split over a tensor-parallel group (`rollout.tensor_model_parallel_size`, an engine with a `tp`) has a
+server on every rank, but only the group's first rank (the leader) takes requests. Its engine thread tells the
+others what it runs, through a broadcast in the group before each step that decides anything (a batch and its
+sampling parameters; in a streaming run, the requests each decode step admits), and the followers run the same
+calls with the same RNG state (the worker seeds the peers alike), so the group decodes in lock-step; only the
+leader answers. A follower waits for the leader inside that broadcast, so a server left idle for longer than the
+process group's timeout (`actor_rollout_ref.nccl_timeout`) fails.
 """
 
 from __future__ import annotations
@@ -120,6 +128,7 @@ class GenerationServer:
         if max_model_len is not None and max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.rollout = rollout
+        self.tp = getattr(rollout, "tp", None)  # a tensor-parallel replica: the leader drives its peers
         self.max_model_len = max_model_len
         self.prefix_reuse = prefix_reuse
         self.streaming = max_model_len is not None and getattr(rollout, "supports_streaming", False)
@@ -183,6 +192,11 @@ class GenerationServer:
             )
         if not self.running:
             raise RuntimeError("the generation server is not running: wake the rollout up first")
+        if self.tp is not None and not self.tp.is_leader:
+            raise RuntimeError(
+                f"rank {self.tp.rank} of a tensor-parallel replica follows its leader: send requests to the replica's "
+                "first rank"
+            )
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put(_Request(request_id, list(prompt_ids), sampling_params, future))
         return future
@@ -199,9 +213,42 @@ class GenerationServer:
 
     # ------------------------------------------------------------------ the engine thread
     def _serve(self) -> None:
-        if self.streaming:
-            self._serve_streaming()
+        if self.tp is not None and not self.tp.is_leader:
+            self._follow()
             return
+        try:
+            self._serve_streaming() if self.streaming else self._serve_batches()
+        finally:
+            self._tell_followers(("stop",))
+
+    def _tell_followers(self, message: tuple) -> None:
+        """A tensor-parallel leader: what its followers must run next (see the module docstring)."""
+        if self.tp is not None:
+            self.tp.broadcast_from_leader(message)
+
+    def _follow(self) -> None:
+        """A tensor-parallel follower's engine thread: run what the leader runs, answering nobody."""
+        message = self.tp.broadcast_from_leader()
+        while message[0] != "stop":
+            kind, *args = message
+            try:
+                if kind == "generate":
+                    prompt_ids, params = args
+                    prompts = build_prompt_batch(prompt_ids, self.pad_token_id)
+                    prompts.meta_info.update(params.as_overrides())
+                    self.rollout.generate_sequences(prompts)
+                elif kind == "serve":
+                    self.rollout.serve(_FollowerSource(self.tp), args[0], self.max_model_len, self.max_batch_size,
+                                       self.prefix_reuse)
+            except _LeaderMovedOn as moved:  # the leader's run ended early (it failed there): follow its next step
+                logger.warning("tensor-parallel follower: the leader left its %s run early", kind)
+                message = moved.message
+                continue
+            except Exception:  # noqa: BLE001 - the leader runs the same call and answers its callers with the error
+                logger.exception("tensor-parallel follower: %s failed", kind)
+            message = self.tp.broadcast_from_leader()
+
+    def _serve_batches(self) -> None:
         stopping = False
         while not stopping:
             first = self._queue.get()
@@ -235,6 +282,7 @@ class GenerationServer:
             try:
                 prompts = build_prompt_batch([r.prompt_ids for r in requests], self.pad_token_id)
                 prompts.meta_info.update(params.as_overrides())
+                self._tell_followers(("generate", [r.prompt_ids for r in requests], params))
                 outputs = split_token_outputs(self.rollout.generate_sequences(prompts), params.max_new_tokens)
                 outputs = [cut_to_budget(out, r.params.max_new_tokens) for out, r in zip(outputs, requests)]
             except Exception as error:  # noqa: BLE001 - handed to every waiting caller, who re-raises it
@@ -262,7 +310,11 @@ class GenerationServer:
             params = dataclasses.replace(source.key, max_new_tokens=self.max_model_len - 1)
             start = time.perf_counter()
             try:
-                stats = self.rollout.serve(source, params, self.max_model_len, self.max_batch_size, self.prefix_reuse)
+                self._tell_followers(("serve", params))
+                engine_source = source if self.tp is None else _LeaderSource(source, self.tp)
+                stats = self.rollout.serve(
+                    engine_source, params, self.max_model_len, self.max_batch_size, self.prefix_reuse
+                )
             except Exception as error:  # noqa: BLE001 - handed to the callers in flight, who re-raise it
                 logger.exception("streaming generation run failed with %d requests in flight", len(source.in_flight))
                 for request in source.in_flight.values():
@@ -326,3 +378,42 @@ class _RunSource:
         request = self.in_flight.pop(key)
         self.num_finished += 1
         request.future.set_result(TokenOutput(token_ids, log_probs, finish_reason))
+
+
+class _LeaderMovedOn(Exception):
+    """A follower's run got the leader's next message instead of admissions: the leader ended the run."""
+
+    def __init__(self, message: tuple) -> None:
+        super().__init__(message[0])
+        self.message = message
+
+
+class _LeaderSource:
+    """A tensor-parallel leader's `RequestSource`: its run's source, with each decode step's admissions sent to the
+    followers."""
+
+    def __init__(self, source: _RunSource, tp) -> None:
+        self.source, self.tp = source, tp
+
+    def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
+        _, requests = self.tp.broadcast_from_leader(("take", self.source.take(limit, block)))
+        return requests
+
+    def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
+        self.source.finish(key, token_ids, log_probs, finish_reason)
+
+
+class _FollowerSource:
+    """A tensor-parallel follower's `RequestSource`: the leader's admissions, step by step; responses go nowhere."""
+
+    def __init__(self, tp) -> None:
+        self.tp = tp
+
+    def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
+        message = self.tp.broadcast_from_leader()
+        if message[0] != "take":  # the leader left this run (it failed there): never decode out of step
+            raise _LeaderMovedOn(message)
+        return message[1]
+
+    def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
+        pass

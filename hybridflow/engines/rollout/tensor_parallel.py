@@ -67,6 +67,17 @@ class RolloutTensorParallel:
     def group(self) -> dist.ProcessGroup:
         return self.mesh.get_group()
 
+    @property
+    def is_leader(self) -> bool:
+        """Whether this rank is the group's first, which takes a generation server's requests for the replica."""
+        return self.rank == 0
+
+    def broadcast_from_leader(self, value: object = None) -> object:
+        """The leader's `value` (any picklable object) on every rank of the group; the others pass nothing."""
+        box = [value if self.is_leader else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return box[0]
+
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum of each rank's `partial` (any shape), on every rank."""
         partial = partial.contiguous()

@@ -225,13 +225,9 @@ class NativeRollout(BaseRollout):
         max_seqs: int | None = None,
         prefix_reuse: bool = True,
     ) -> dict[str, float]:
-        """Continuous batching of streamed requests for the generation server (`ContinuousBatcher.serve`)."""
-        if self.tp is not None:
-            # Each rank's server takes its own requests, so tensor-parallel peers could not stay in lock-step.
-            raise ValueError(
-                "the native rollout's generation server (rollout.mode=async) needs tensor_model_parallel_size=1, "
-                f"got {self.tp.size}"
-            )
+        """Continuous batching of streamed requests for the generation server (`ContinuousBatcher.serve`). Under
+        tensor parallelism every rank of the group calls it with a source giving the same requests at the same
+        steps (the server's leader and followers, `engines/rollout/server.py`)."""
         stop_ids = self._stop_ids(params)
         pad_id = self.tokenizer.pad_token_id
         budget = self._slots_within_budget(max_len, 1)
