@@ -105,6 +105,14 @@ class ActorConfig(PPOLossConfig):
     entropy_from_logits_with_chunking: bool = False
     """verl: compute the entropy a chunk of positions at a time. True needs model.use_fused_kernels (the default),
     whose head computes log-probs and entropy chunk by chunk (fused_kernel_options.chunk_size positions)."""
+    calculate_sum_pi_squared: bool = unsupported(
+        False, "the optimal-token-baseline estimator that reads sum(pi^2) is not implemented"
+    )
+    """verl: compute each position's sum of squared probabilities (for its optimal_token_baseline estimator)."""
+    sum_pi_squared_checkpointing: bool = unsupported(
+        False, "the optimal-token-baseline estimator that reads sum(pi^2) is not implemented"
+    )
+    """verl: recompute sum(pi^2) in the backward."""
     use_prefix_grouper: bool = False
     """Forward the samples of one prompt with a single copy of the prompt (update, old and reference log-probs):
     the same results, with each prompt computed once per group in a micro-batch."""

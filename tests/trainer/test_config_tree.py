@@ -523,13 +523,21 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
             "reward_model.use_reward_loop=True", "trainer.use_legacy_worker_impl=disable",
             "actor_rollout_ref.model.use_shm=False", "actor_rollout_ref.model.use_liger=False",
             "data.filter_overlong_prompts_workers=1", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
-            "actor_rollout_ref.ref.entropy_checkpointing=True", "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True"]
+            "actor_rollout_ref.ref.entropy_checkpointing=True", "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True",
+            "actor_rollout_ref.actor.fsdp_config.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.use_orig_params=True",
+            "actor_rollout_ref.rollout.skip_tokenizer_init=True", "reward_model.reward_manager=prime",
+            "actor_rollout_ref.model.use_shm=True", "data.trust_remote_code=True", "actor_rollout_ref.nccl_timeout=1800"]
     cfg = load_config([*line, *held])
     assert cfg.actor_rollout_ref.actor.entropy_checkpointing and cfg.reward_model.use_reward_loop
     refused = {
         "actor_rollout_ref.ref.use_torch_compile=True": "runs eagerly",
         "data.filter_overlong_prompts_workers=64": "filtered in the driver process",
         "actor_rollout_ref.model.use_liger=True": "Liger kernels are not used",
+        "actor_rollout_ref.actor.calculate_sum_pi_squared=True": "optimal-token-baseline estimator",
+        "reward_model.sandbox_fusion.url=http://sandbox": "local sandbox",
+        "actor_rollout_ref.rollout.data_parallel_size=2": "replicas are data-parallel already",
+        "actor_rollout_ref.rollout.over_sample_rate=0.1": "runs to its end",
+        "actor_rollout_ref.actor.fsdp_config.full_determinism=True": "deterministic kernels",
     }
     for override, reason in refused.items():
         with pytest.raises(ValueError, match=reason):

@@ -22,6 +22,13 @@ from hybridflow.utils.config import (
 )
 from hybridflow.utils.profiler_config import RoleProfilerConfig
 
+VLLM_RESERVED_KWARGS = (
+    "model", "tokenizer", "generation_config", "logprobs_mode", "seed", "distributed_executor_backend",
+    "tensor_parallel_size", "worker_extension_cls", "hf_overrides", "kv_cache_memory_bytes",
+)
+"""`vllm.LLM` arguments that hybridflow's vllm engine sets from its own state (`vllm_convert.compute_vllm_engine_kwargs`):
+not settable through rollout.engine_kwargs.vllm."""
+
 __all__ = ["AgentLoopConfig", "MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
 
 OTHER_LIBRARIES_ENGINES = {
@@ -208,8 +215,10 @@ class RolloutConfig(SamplingConfig):
     """vllm engine: how vLLM loads weights at start-up. dummy: random weights, the actor's arrive with the first
     update_weights (GPU only: on CPU new weights are reloaded with vLLM's own file loader, which dummy lacks).
     verl's default is dummy; auto here, because dummy cannot run on CPU and saves only one checkpoint read."""
-    engine_kwargs: dict[str, Any] = unsupported({}, "extra engine arguments are not passed to the rollout engines")
-    """Extra keyword arguments per engine."""
+    engine_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra keyword arguments per engine (verl's key): engine_kwargs.vllm.* go to `vllm.LLM` as given (with
+    name=vllm; the arguments hybridflow sets for its own wiring are refused). Other engines take none: a non-empty
+    entry for an engine this run does not use is refused."""
     val_kwargs: SamplingConfig = field(default_factory=_val_sampling)
     """Sampling of validation rollouts (greedy by default)."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
@@ -235,6 +244,10 @@ class RolloutConfig(SamplingConfig):
     """verl: abort the slowest requests once (1 - over_sample_rate) of them have finished."""
     multi_stage_wake_up: bool = unsupported(False, "a staged wake-up is SGLang's, which is not one of hybridflow's engines")
     """verl: wake SGLang's weights and KV cache in stages."""
+    skip_tokenizer_init: bool = unsupported(
+        True, "hybridflow's engines take token ids and return token ids; decoding is the trainer's and the reward's"
+    )
+    """verl: the engine starts without a tokenizer (token ids in, token ids out), as hybridflow's always work."""
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=lambda: CheckpointEngineConfig())
     """verl: how weights travel to the rollout (hybridflow hands them over one tensor at a time)."""
 
@@ -261,6 +274,7 @@ class RolloutConfig(SamplingConfig):
                 f"ranks{spec.tensor_parallel_note}; use name={splitting[0]} or tensor_model_parallel_size=1",
             )
         self._check_moe()
+        self._check_engine_kwargs()
         if spec.reads_engine_keys:
             self._check_vllm_engine()
         else:
@@ -307,6 +321,28 @@ class RolloutConfig(SamplingConfig):
                     key,
                     f"{key}={value!r} sets the vllm engine, but name={self.name!r} does not read it; use name=vllm or "
                     "leave it at its default",
+                )
+
+    def _check_engine_kwargs(self) -> None:
+        """engine_kwargs: only the running engine's entry may be set, only vllm reads one, and not the arguments
+        hybridflow's vllm wiring sets (`VLLM_RESERVED_KWARGS`)."""
+        for engine, extra in self.engine_kwargs.items():
+            if not extra:
+                continue
+            if engine != self.name or engine != "vllm":
+                reason = (f"name={self.name!r} does not read them" if engine != self.name
+                          else f"the {engine} engine takes no extra arguments")
+                raise ConfigFieldError(
+                    "engine_kwargs",
+                    f"engine_kwargs.{engine}={dict(extra)} sets the {engine} engine, but {reason}; leave "
+                    f"engine_kwargs.{engine} empty",
+                )
+            owned = sorted(set(extra) & set(VLLM_RESERVED_KWARGS))
+            if owned:
+                raise ConfigFieldError(
+                    "engine_kwargs",
+                    f"engine_kwargs.vllm sets {owned}, which hybridflow sets itself to drive vLLM (weights, log-probs, "
+                    "placement); use the rollout keys for what they control (e.g. max_num_seqs, dtype), or drop them",
                 )
 
     def _check_vllm_engine(self) -> None:

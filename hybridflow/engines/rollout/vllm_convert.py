@@ -181,6 +181,7 @@ def compute_vllm_engine_kwargs(
     }
     if hf_overrides:
         kwargs["hf_overrides"] = dict(hf_overrides)
+    kwargs.update(config.engine_kwargs.get("vllm") or {})  # rollout.engine_kwargs.vllm (its reserved keys refused)
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 2**30
         return kwargs

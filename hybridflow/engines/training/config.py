@@ -127,6 +127,17 @@ class FSDPConfig:
     """FSDP2 CPU offload of parameters, gradients and optimizer state."""
     forward_prefetch: bool = unsupported(False, "explicit forward prefetching is not implemented")
     """Prefetch the next layer's all-gather during forward."""
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp"
+    """verl's engine-config copy of the section's strategy: fsdp and fsdp2 both shard with FSDP2 here."""
+    use_orig_params: bool = False
+    """verl's FSDP1 choice between flat and per-parameter sharding. FSDP2 shards each original parameter, which is
+    what True asks of FSDP1; both values run that way."""
+    wrap_policy: dict[str, Any] = unsupported(
+        {"min_num_params": 0}, "FSDP2 wraps each decoder layer and the root module; size-based wrapping is not built"
+    )
+    """verl: FSDP1's auto-wrap policy."""
+    full_determinism: bool = unsupported(False, "deterministic kernels (torch.use_deterministic_algorithms) are not set")
+    """verl: run torch's deterministic algorithms only."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)

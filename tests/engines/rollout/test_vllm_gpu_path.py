@@ -71,6 +71,22 @@ def test_engine_kwargs_cuda_defaults_run_in_process_with_the_extension():
     assert getattr(importlib.import_module(module), name) is HybridflowWorkerExtension
 
 
+def test_rollout_engine_kwargs_reach_vllm_and_only_vllm():
+    """verl's rollout.engine_kwargs.vllm.* go to vllm.LLM as given; what hybridflow's wiring sets is refused, and
+    another engine's entry (or a vllm entry with another engine) is refused as unread."""
+    gpu = _kwargs(CUDA, engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True, "swap_space": 2},
+                                       "sglang": {}})
+    assert gpu["disable_mm_preprocessor_cache"] is True and gpu["swap_space"] == 2
+    assert gpu["distributed_executor_backend"] == "external_launcher"  # hybridflow's wiring stays
+    with pytest.raises(ConfigFieldError, match=r"engine_kwargs.vllm sets \['seed', 'tensor_parallel_size'\]"):
+        RolloutConfig(name="vllm", engine_kwargs={"vllm": {"tensor_parallel_size": 2, "seed": 1}})
+    with pytest.raises(ConfigFieldError, match=r"engine_kwargs.sglang=.* sets the sglang engine, but name='vllm'"):
+        RolloutConfig(name="vllm", engine_kwargs={"sglang": {"attention_backend": "fa3"}})
+    with pytest.raises(ConfigFieldError, match=r"engine_kwargs.vllm=.* sets the vllm engine, but name='hf' does not"):
+        RolloutConfig(name="hf", engine_kwargs={"vllm": {"swap_space": 2}})
+    RolloutConfig(name="hf", engine_kwargs={"vllm": {}, "sglang": {}, "trtllm": {}})  # verl's empty defaults
+
+
 def test_engine_kwargs_follow_the_config_section():
     gpu = _kwargs(
         CUDA, dtype="float16", enforce_eager=True, max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096,
