@@ -27,7 +27,6 @@ import contextlib
 import logging
 import math
 import os
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from hybridflow.engines.training.batches import INPUT_KEYS, as_data_proto, get, 
 from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
 from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
+from hybridflow.engines.training.engine_module import build_engine_module
 from hybridflow.engines.training.expert_parallel import apply_expert_parallel
 from hybridflow.engines.training.head import build_head
 from hybridflow.engines.training.forward_check import check_engine_forward
@@ -59,12 +59,11 @@ from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_fro
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
 from hybridflow.env import dist_local_rank
-from hybridflow.models.loader import build_causal_lm, resolve_dtype
-from hybridflow.models.lora import apply_lora, expert_adapters_of, is_lora_model, lora_scaling_of
+from hybridflow.models.loader import resolve_dtype
+from hybridflow.models.lora import expert_adapters_of, is_lora_model, lora_scaling_of
 from hybridflow.models.lora import merge_lora_named_tensors
 from hybridflow.models.lora import save_hf_model_from_state_dict, save_lora_adapter
-from hybridflow.models.value_head import build_value_model, compute_sequence_scores
-from hybridflow.models.vision import vision_tower_of
+from hybridflow.models.value_head import compute_sequence_scores
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
 from hybridflow.utils.flops import ForwardWork
@@ -95,14 +94,14 @@ def build_fsdp_engine(
     if config.model.use_lora and model_kind != "causal_lm":
         raise ValueError("LoRA (lora_rank > 0) is supported for causal LMs only, not value models")
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        module = _build_module(model_path, config, model_kind, empty=False)
+        module = build_engine_module(model_path, config, model_kind, empty=False)
         return FSDPEngine(module, config, model_kind=_engine_kind(model_kind), tokenizer=tokenizer)
     # Rank 0 reads the weights; every rank shards an empty twin (moving a loaded module to meta would untie its
     # tied embeddings).
-    loaded = _build_module(model_path, config, model_kind, empty=False) if dist.get_rank() == 0 else None
+    loaded = build_engine_module(model_path, config, model_kind, empty=False) if dist.get_rank() == 0 else None
     rank0_weights = weights_of(loaded) if loaded is not None else Rank0Weights()
     del loaded
-    module = _build_module(model_path, config, model_kind, empty=True)
+    module = build_engine_module(model_path, config, model_kind, empty=True)
     return FSDPEngine(
         module, config, model_kind=_engine_kind(model_kind), tokenizer=tokenizer, rank0_weights=rank0_weights
     )
@@ -111,30 +110,6 @@ def build_fsdp_engine(
 def _engine_kind(model_kind: str) -> ModelKind:
     """A reward model runs as a value model."""
     return "value" if model_kind == "reward" else model_kind
-
-
-def _build_module(
-    model_path: str | os.PathLike, config: FSDPEngineConfig, model_kind: str, *, empty: bool
-) -> nn.Module:
-    """The HF module of `model_kind` (with LoRA adapters when configured): loaded, or `empty` on the meta device."""
-    model = config.model
-    load = dict(dtype="float32", attn_implementation=config.attn_implementation,
-                trust_remote_code=model.trust_remote_code, empty=empty, config_overrides=model.hf_config_overrides)
-    if model_kind == "causal_lm":
-        module = build_causal_lm(model_path, **load)
-    else:  # a reward model is a value model that must bring its trained head
-        module = build_value_model(model_path, require_trained_head=model_kind == "reward", **load)
-    if model.use_lora:
-        with warnings.catch_warnings():  # an adapter's weights read into meta tensors: rank 0 sends them later
-            warnings.filterwarnings("ignore", message=".*to a meta parameter in the current model.*")
-            module = apply_lora(
-                module, lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
-                target_modules=model.lora_target_modules, adapter_path=model.lora_adapter_path,
-                target_parameters=model.lora_target_parameters, exclude_modules=model.lora_exclude_modules,
-            )
-    if config.freeze_vision_tower:
-        vision_tower_of(module).requires_grad_(False)
-    return module
 
 
 class FSDPEngine:
