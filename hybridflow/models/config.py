@@ -96,7 +96,7 @@ class ModelConfig:
     """Modules that get LoRA adapters: all-linear (every linear layer but the head) or a list of names [q_proj,v_proj] (a comma-separated string also works). Mixture-of-experts models take a list of Linear layers (e.g. [q_proj,k_proj,v_proj,o_proj]) and their experts through target_parameters."""
     target_parameters: Optional[list[str]] = None
     """A mixture-of-experts model's 3-D expert weights that get LoRA adapters as well (peft's target_parameters), e.g. [mlp.experts.gate_up_proj,mlp.experts.down_proj]: one rank-lora_rank adapter per expert, merged into the experts for the rollout and on export. Not with expert_parallel_size > 1."""
-    exclude_modules: Optional[str | list[str]] = None
+    exclude_modules: str | list[str] | None = None
     """Modules kept without LoRA adapters although target_modules matches them (verl's key, peft's
     exclude_modules): a list of names [o_proj,down_proj] (a comma-separated string also works), or a regex string
     matched against the full module name."""
