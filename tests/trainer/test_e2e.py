@@ -254,7 +254,11 @@ def test_grpo_with_expert_parallelism_and_ulysses(workspace):
         assert records[step]["training/rollout_probs_diff_max"] < 1e-3, (step, records[step]["training/rollout_probs_diff_max"])
 
 
-@pytest.mark.parametrize("arch", ["mixtral", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
+# Slow tier (the default suite's time budget): expert-parallel training equals one process in
+# tests/engines/training/test_expert_parallel.py, and the default suite's LoRA-on-experts run below hands a tiny
+# Mixtral's experts from 2 FSDP ranks to the native rollout.
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3"])
 def test_grpo_on_a_moe_with_the_native_rollout_hands_the_experts_over(workspace, arch):
     """Two GRPO steps of a tiny MoE on 2 FSDP ranks with expert parallelism (each rank trains 2 of the 4
     experts): the native rollout runs the model's own routing (DeepSeek-V3: and its latent attention), and after

@@ -159,6 +159,22 @@ def test_flex_attention_block_masks_give_the_sdpa_log_probs(tiny_llama_dir, tiny
         torch.testing.assert_close(results["flex_attention"][0][mask], results["sdpa"][0][mask], rtol=1e-5, atol=1e-5)
 
 
+def test_a_cpu_engine_with_flex_attention_refuses_to_train_before_any_forward(tiny_llama_dir, tiny_tokenizer):
+    """The guard itself, on an sdpa engine whose forward is switched to flex_attention (building a real flex engine
+    compiles its start-up check, about 10 s: that end-to-end case is in the slow tier below)."""
+    import dataclasses
+
+    from tests.engines.helpers import seq_mean_nll
+
+    engine = build_fsdp_engine(tiny_llama_dir, FSDPEngineConfig(optim=OptimConfig(lr=1e-3)))
+    if engine.device.type != "cpu":
+        pytest.skip("the refusal is for CPU ranks")
+    engine.forward_model = dataclasses.replace(engine.forward_model, attn_kernel="flex_attention")
+    with pytest.raises(NotImplementedError, match="flex_attention.*backward.*CPU.*sdpa"):
+        engine.train_batch(_shared_prompt_batch(len(tiny_tokenizer)), seq_mean_nll)
+
+
+@pytest.mark.slow  # building a flex_attention engine compiles its start-up check (about 10 s on CPU)
 def test_flex_attention_update_on_cpu_is_refused_with_the_reason(tiny_llama_dir, tiny_tokenizer):
     from tests.engines.helpers import seq_mean_nll
 
