@@ -99,7 +99,8 @@ class ModelConfig:
     exclude_modules: str | list[str] | None = None
     """Modules kept without LoRA adapters although target_modules matches them (verl's key, peft's
     exclude_modules): a list of names [o_proj,down_proj] (a comma-separated string also works), or a regex string
-    matched against the full module name."""
+    matched against the full module name. Like target_modules it shapes the adapters, so without LoRA
+    (lora_rank=0) there is nothing for it to change (verl's own test scripts pass DONT_EXCLUDE then)."""
     lora_adapter_path: Optional[str] = None
     """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
     override_config: dict[str, Any] = field(default_factory=dict)
@@ -137,11 +138,6 @@ class ModelConfig:
                 "weights: set lora_rank > 0 (or leave target_parameters unset)",
             )
         check_override_config(self.override_config)
-        if self.exclude_modules is not None and self.lora_rank <= 0 and self.lora_adapter_path is None:
-            raise ConfigFieldError(
-                "exclude_modules", f"exclude_modules={self.exclude_modules!r} limits LoRA adapters: set lora_rank > 0 "
-                "(or leave exclude_modules unset)",
-            )
 
     @property
     def hf_config_overrides(self) -> dict[str, Any]:
