@@ -98,8 +98,9 @@ class RLHFDataConfig(DataFilesConfig):
     last tokens) | right (keep the first) | middle (keep both ends)."""
     filter_overlong_prompts: bool = True
     """Drop over-long prompts when the dataset is built (one warning with the count)."""
-    filter_overlong_prompts_workers: int = unsupported(1, "over-long prompts are filtered in the driver process")
-    """verl: processes that filter over-long prompts."""
+    filter_overlong_prompts_workers: int = 1
+    """Processes that measure the prompts' lengths for filter_overlong_prompts / truncation='error' (forked from the
+    driver, at most its CPU count; a file of fewer than 2048 prompts is measured in the driver)."""
     return_raw_chat: bool = False
     """Keep the chat messages per sample as raw_prompt (agent loops need them)."""
     trust_remote_code: bool = False
@@ -122,6 +123,7 @@ class RLHFDataConfig(DataFilesConfig):
         if not self.prompt_key:
             raise ConfigFieldError("prompt_key", "prompt_key must name a column, got an empty string")
         check_positive("max_prompt_length", self.max_prompt_length)
+        check_positive("filter_overlong_prompts_workers", self.filter_overlong_prompts_workers)
         check_positive("max_response_length", self.max_response_length)
         check_positive("train_batch_size", self.train_batch_size)
         check_positive("gen_batch_size", self.gen_batch_size, allow_none=True)

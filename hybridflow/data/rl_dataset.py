@@ -24,12 +24,12 @@ from torch.utils.data import Dataset
 
 from hybridflow.data.config import RLHFDataConfig, expand_path
 from hybridflow.data.multimodal import check_vision_row, encode_vision_prompt, vision_prompt_length
+from hybridflow.data.prompt_lengths import chat_prompt_lengths
 
 __all__ = ["RLHFDataset", "collate_fn", "compute_position_ids"]
 
 logger = logging.getLogger(__name__)
 
-_TOKENIZE_CHUNK = 1024  # prompts per batched tokenizer call when measuring lengths
 
 
 def compute_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -133,13 +133,9 @@ class RLHFDataset(Dataset):
         """Tokens of each row's prompt (with a processor: image tokens expanded)."""
         if self.processor is not None:
             return [self._vision_prompt_length(index) for index in range(len(self._rows))]
-        lengths: list[int] = []
-        for start in range(0, len(self._rows), _TOKENIZE_CHUNK):
-            texts = [self._render(row[self.config.prompt_key]) for row in self._rows[start:start + _TOKENIZE_CHUNK]]
-            if texts:
-                encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-                lengths.extend(len(ids) for ids in encoded)
-        return lengths
+        conversations = [_clean_messages(row[self.config.prompt_key]) for row in self._rows]
+        return chat_prompt_lengths(self.tokenizer, conversations, dict(self.config.apply_chat_template_kwargs),
+                                   self.config.filter_overlong_prompts_workers)
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:

@@ -522,7 +522,7 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
             "actor_rollout_ref.actor.entropy_checkpointing=True", "actor_rollout_ref.rollout.layered_summon=True",
             "reward_model.use_reward_loop=True", "trainer.use_legacy_worker_impl=disable",
             "actor_rollout_ref.model.use_shm=False", "actor_rollout_ref.model.use_liger=False",
-            "data.filter_overlong_prompts_workers=1", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+            "data.filter_overlong_prompts_workers=64", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
             "actor_rollout_ref.ref.entropy_checkpointing=True", "actor_rollout_ref.ref.entropy_from_logits_with_chunking=True",
             "actor_rollout_ref.actor.fsdp_config.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.use_orig_params=True",
             "actor_rollout_ref.rollout.skip_tokenizer_init=True", "reward_model.reward_manager=prime",
@@ -531,7 +531,6 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
     assert cfg.actor_rollout_ref.actor.entropy_checkpointing and cfg.reward_model.use_reward_loop
     refused = {
         "actor_rollout_ref.ref.use_torch_compile=True": "runs eagerly",
-        "data.filter_overlong_prompts_workers=64": "filtered in the driver process",
         "actor_rollout_ref.model.use_liger=True": "Liger kernels are not used",
         "actor_rollout_ref.actor.calculate_sum_pi_squared=True": "optimal-token-baseline estimator",
         "reward_model.sandbox_fusion.url=http://sandbox": "local sandbox",
