@@ -91,6 +91,10 @@ CANDIDATES: dict[str, tuple[int, list[str]]] = {
     # the same cut to 28 steps: its steps cost about 1.7x the demo's (two generation batches of 128 samples), so
     # 28 of them take about the demo's 40 steps' time
     "ent3e-3_cos_dyn16_28": (28, [*ENTROPY_COSINE, *DYNAMIC_SAMPLING_16]),
+    # The demo's base recipe on SmolLM2 upcycled into a 4-expert top-2 Mixtral (`python -m hybridflow.models.upcycle
+    # --target_dir outputs/smollm2_moe`, which starts as the dense model's function): issue 29's held-out gain of the
+    # laptop MoE, against the same dense base model.
+    "moe_upcycled_ent3e-3_cos_40": (40, [*ENTROPY_COSINE, f"actor_rollout_ref.model.path={REPO / 'outputs' / 'smollm2_moe'}"]),
     "n16_p4_40": (40, [*PLAIN, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=16",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]),
