@@ -126,8 +126,10 @@ class HFRollout(BaseRollout):
             install_hf_collectives(self.model, rollout_plan_for(self.model.config.model_type), self.tp)
         self.memory_budget = rollout_memory_budget(self.model, self.device, memory_utilization)
         weights_dtype = next(self.model.parameters()).dtype
-        # KV cache of every position, plus the last position's logits (model dtype) and their fp32 copy
-        self._kv_bytes_per_token = kv_bytes_per_token_of(self.model.config, weights_dtype)
+        # KV cache of every position (under tensor parallelism this rank's share of the heads), plus the last
+        # position's logits (model dtype, gathered whole) and their fp32 copy
+        tp_size = self.tp.size if self.tp is not None else 1
+        self._kv_bytes_per_token = kv_bytes_per_token_of(self.model.config, weights_dtype) // tp_size
         self._logits_bytes_per_row = text_config(self.model.config).vocab_size * (weights_dtype.itemsize + 4)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params

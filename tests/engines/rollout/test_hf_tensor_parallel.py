@@ -33,8 +33,10 @@ def _hf_tensor_parallel(rank: int, world_size: int, dense_dir: str, newer_dir: s
     prompts = encode_prompts(tokenizer, PROMPTS)
     original = dict(build_causal_lm(dense_dir).named_parameters())
     expected = HFRollout(build_causal_lm(dense_dir), tokenizer, GREEDY).generate_sequences(prompts)
+    whole = HFRollout(build_causal_lm(dense_dir), tokenizer, GREEDY)
     for source in (dense_dir, build_causal_lm(dense_dir)):  # checkpoint slices / a module's tensors
         rollout = HFRollout(source, tokenizer, GREEDY, tp_mesh=mesh)
+        assert rollout._kv_bytes_per_token * world_size == whole._kv_bytes_per_token  # its share of the heads' cache
         plan = rollout_plan_for(rollout.model.config.model_type)
         for name, local in rollout.model.named_parameters():  # only this rank's shard
             assert local.shape == shard_shape(original[name].shape, param_shard_dim(name, plan), world_size), name
