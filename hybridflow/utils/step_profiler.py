@@ -69,7 +69,7 @@ class StepProfiler:
         self._profile.export_chrome_trace(str(trace))
         table = self.stem.with_suffix(".txt")
         on_cuda = any(activity == torch.profiler.ProfilerActivity.CUDA for activity in self._profile.activities)
-        sort_by = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
+        sort_by = "self_device_time_total" if on_cuda else "self_cpu_time_total"
         table.write_text(self._profile.key_averages().table(sort_by=sort_by, row_limit=TOP_OPS) + "\n")
         return [str(trace), str(table)]
 
