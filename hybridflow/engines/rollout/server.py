@@ -23,8 +23,8 @@ server on every rank, but only the group's first rank (the leader) takes request
 others what it runs, through a broadcast in the group before each step that decides anything (a batch and its
 sampling parameters; in a streaming run, the requests each decode step admits), and the followers run the same
 calls with the same RNG state (the worker seeds the peers alike), so the group decodes in lock-step; only the
-leader answers. A follower waits for the leader inside that broadcast, so a server left idle for longer than the
-process group's timeout (`actor_rollout_ref.nccl_timeout`) fails.
+leader answers. A follower waits for the leader inside that broadcast; an idle leader sends a keep-alive every
+`KEEPALIVE_S`, so the wait stays far below the process group's timeout (`actor_rollout_ref.nccl_timeout`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +47,13 @@ from hybridflow.engines.rollout.base import BaseRollout, SamplingParams
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
+
+
+KEEPALIVE_S = 60.0
+"""A tensor-parallel leader with nothing to run tells its followers so this often, so that their wait for its next
+step stays far below the process group's timeout however long the server idles."""
+_IDLE = object()
+"""`_RunSource.take`'s answer when a timed wait found no request (the leader then sends a keep-alive)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,8 @@ class GenerationServer:
         self.decoded_rows = 0
         self.prompt_tokens = 0
         self.reused_tokens = 0
+        self.keepalives = 0
+        """Keep-alives a tensor-parallel leader sent its followers while idle (`KEEPALIVE_S`)."""
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -225,12 +234,16 @@ class GenerationServer:
         """A tensor-parallel leader: what its followers must run next (see the module docstring)."""
         if self.tp is not None:
             self.tp.broadcast_from_leader(message)
+            self.keepalives += message[0] == "idle"
 
     def _follow(self) -> None:
         """A tensor-parallel follower's engine thread: run what the leader runs, answering nobody."""
         message = self.tp.broadcast_from_leader()
         while message[0] != "stop":
             kind, *args = message
+            if kind == "idle":
+                message = self.tp.broadcast_from_leader()
+                continue
             try:
                 if kind == "generate":
                     prompt_ids, params = args
@@ -248,10 +261,19 @@ class GenerationServer:
                 logger.exception("tensor-parallel follower: %s failed", kind)
             message = self.tp.broadcast_from_leader()
 
+    def _next_request(self) -> _Request | None:
+        """The next queued request (None: stop); a tensor-parallel leader keeps its followers' wait short while it
+        waits (`KEEPALIVE_S`)."""
+        while True:
+            try:
+                return self._queue.get(timeout=KEEPALIVE_S if self.tp is not None else None)
+            except queue.Empty:
+                self._tell_followers(("idle",))
+
     def _serve_batches(self) -> None:
         stopping = False
         while not stopping:
-            first = self._queue.get()
+            first = self._next_request()
             if first is None:
                 break
             batch = [first]
@@ -302,7 +324,7 @@ class GenerationServer:
         stopping = False
         while pending or not stopping:
             if not pending:
-                first = self._queue.get()
+                first = self._next_request()
                 if first is None:
                     break
                 pending.append(first)
@@ -311,7 +333,7 @@ class GenerationServer:
             start = time.perf_counter()
             try:
                 self._tell_followers(("serve", params))
-                engine_source = source if self.tp is None else _LeaderSource(source, self.tp)
+                engine_source = source if self.tp is None else _LeaderSource(source, self.tp, self._tell_followers)
                 stats = self.rollout.serve(
                     engine_source, params, self.max_model_len, self.max_batch_size, self.prefix_reuse
                 )
@@ -349,15 +371,21 @@ class _RunSource:
         self.num_finished = 0
         self._ids = itertools.count()
 
-    def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
+    def take(
+        self, limit: int, block: bool, timeout: float | None = None
+    ) -> list[tuple[Hashable, list[int], int]] | None | object:
+        """`RequestSource.take`; with `timeout`, a blocking wait that finds nothing in that time returns `_IDLE`."""
         taken = [r for r in self.pending if _params_key(r.params) == self.key][:limit]
         for request in taken:
             self.pending.remove(request)
         while len(taken) < limit and not self.stopping:
             others_waiting = bool(self.pending)
-            try:  # wait only when the run is idle and nothing else is waiting
-                request = self.requests.get() if block and not taken and not others_waiting else self.requests.get_nowait()
+            waits = block and not taken and not others_waiting  # wait only when the run is idle and nothing else waits
+            try:
+                request = self.requests.get(timeout=timeout) if waits else self.requests.get_nowait()
             except queue.Empty:
+                if waits:
+                    return _IDLE
                 break
             if request is None:
                 self.stopping = True
@@ -392,12 +420,15 @@ class _LeaderSource:
     """A tensor-parallel leader's `RequestSource`: its run's source, with each decode step's admissions sent to the
     followers."""
 
-    def __init__(self, source: _RunSource, tp) -> None:
-        self.source, self.tp = source, tp
+    def __init__(self, source: _RunSource, tp, tell: Callable[[tuple], None]) -> None:
+        self.source, self.tp, self.tell = source, tp, tell
 
     def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
-        _, requests = self.tp.broadcast_from_leader(("take", self.source.take(limit, block)))
-        return requests
+        while True:
+            requests = self.source.take(limit, block, timeout=KEEPALIVE_S)
+            if requests is not _IDLE:
+                return self.tp.broadcast_from_leader(("take", requests))[1]
+            self.tell(("idle",))
 
     def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
         self.source.finish(key, token_ids, log_probs, finish_reason)
@@ -411,6 +442,8 @@ class _FollowerSource:
 
     def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
         message = self.tp.broadcast_from_leader()
+        while message[0] == "idle":
+            message = self.tp.broadcast_from_leader()
         if message[0] != "take":  # the leader left this run (it failed there): never decode out of step
             raise _LeaderMovedOn(message)
         return message[1]

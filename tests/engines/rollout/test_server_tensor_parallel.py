@@ -1,12 +1,13 @@
 """The generation server of a tensor-parallel replica on 2 gloo ranks (rollout.mode=async with
 tensor_model_parallel_size=2): the leader takes the requests and drives its follower step by step (per-batch mode
 with the hf engine, continuous batching with the native engine); its answers equal one rank's server, and the
-follower refuses requests."""
+follower refuses requests; an idle leader's keep-alives keep the follower in step."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 
 import pytest
 import torch
@@ -31,12 +32,16 @@ def _answers(server: GenerationServer, prompts: list[list[int]]) -> list:
         return await asyncio.gather(*greedy)
 
     answers = asyncio.run(together())
+    time.sleep(0.3)  # idle: the leader sends keep-alives (KEEPALIVE_S is cut to 0.05 s in the test)
     torch.manual_seed(3)
     answers.append(server.generate("s", prompts[0], SamplingParams(max_new_tokens=4, temperature=0.8)))
     return answers
 
 
 def _serve_tp(rank: int, world_size: int, model_dir: str) -> None:
+    from hybridflow.engines.rollout import server as server_module
+
+    server_module.KEEPALIVE_S = 0.05
     tokenizer = load_tokenizer(model_dir)
     prompts = [tokenizer(text)["input_ids"] for text in TEXTS]
     mesh = _rollout_tp_mesh(world_size)
@@ -64,6 +69,7 @@ def _serve_tp(rank: int, world_size: int, model_dir: str) -> None:
             server.stop()
         assert not server.running
         if rank == 0:
+            assert server.keepalives > 0  # the pause before the sampled request
             assert len({len(a.token_ids) for a in answers}) > 1  # the budgets cut the responses differently
             for got, want in zip(answers[:-1], expected[:-1], strict=True):
                 assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason, max_model_len
