@@ -48,6 +48,10 @@ def _worker_lengths(chunk: list[list[dict[str, Any]]], template_kwargs: dict[str
 def _lengths(tokenizer: Any, chunk: list[list[dict[str, Any]]], template_kwargs: dict[str, Any]) -> list[int]:
     if not chunk:
         return []
-    texts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
-             for messages in chunk]
+    texts = [render_chat_prompt(tokenizer, messages, template_kwargs) for messages in chunk]
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def render_chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> str:
+    """A conversation as the policy sees its prompt: the chat template with the generation prompt, not tokenized."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)

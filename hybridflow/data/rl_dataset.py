@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from hybridflow.data.config import RLHFDataConfig, expand_path
 from hybridflow.data.multimodal import check_vision_row, encode_vision_prompt, vision_prompt_length
-from hybridflow.data.prompt_lengths import chat_prompt_lengths
+from hybridflow.data.prompt_lengths import chat_prompt_lengths, render_chat_prompt
 
 __all__ = ["RLHFDataset", "collate_fn", "compute_position_ids"]
 
@@ -95,10 +95,7 @@ class RLHFDataset(Dataset):
 
     # ------------------------------------------------------------------ building
     def _render(self, messages: list[dict[str, Any]]) -> str:
-        return self.tokenizer.apply_chat_template(
-            _clean_messages(messages), add_generation_prompt=True, tokenize=False,
-            **self.config.apply_chat_template_kwargs,
-        )
+        return render_chat_prompt(self.tokenizer, _clean_messages(messages), self.config.apply_chat_template_kwargs)
 
     def _check_lengths(self) -> None:
         """Filter (or, with truncation='error', reject) prompts longer than max_prompt_length."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, unsupported
@@ -158,33 +159,31 @@ class ModelConfig:
     def lora_target_modules(self) -> str | tuple[str, ...]:
         """`target_modules` as peft takes it: 'all-linear' or a tuple of module names."""
         modules = self.target_modules
-        if modules == "all-linear":
-            return modules
-        names = modules.split(",") if isinstance(modules, str) else modules
-        return tuple(name.strip() for name in names if name.strip())
+        return modules if modules == "all-linear" else _name_tuple(modules)
 
     @property
     def lora_exclude_modules(self) -> str | tuple[str, ...] | None:
         """`exclude_modules` as peft takes it: None, a regex string, or a tuple of module names."""
         modules = self.exclude_modules
-        if modules is None:
-            return None
-        if isinstance(modules, str) and not _is_name_list(modules):
+        if modules is None or (isinstance(modules, str) and not _is_name_list(modules)):
             return modules
-        names = modules.split(",") if isinstance(modules, str) else modules
-        return tuple(name.strip() for name in names if name.strip())
+        return _name_tuple(modules)
 
     @property
     def lora_target_parameters(self) -> tuple[str, ...]:
         """`target_parameters` as a tuple of weight names (a comma-separated string also works)."""
-        names = self.target_parameters or ()
-        names = names.split(",") if isinstance(names, str) else names
-        return tuple(name.strip() for name in names if name.strip())
+        return _name_tuple(self.target_parameters or ())
 
     @property
     def tokenizer_location(self) -> str:
         """Where the tokenizer is loaded from."""
         return self.tokenizer_path or self.path
+
+
+def _name_tuple(names: str | Sequence[str]) -> tuple[str, ...]:
+    """Names given as a list or as one comma-separated string, stripped, empty ones dropped."""
+    names = names.split(",") if isinstance(names, str) else names
+    return tuple(name.strip() for name in names if name.strip())
 
 
 def _is_name_list(text: str) -> bool:

@@ -24,8 +24,7 @@ def pool_request(config: Any, roles: Sequence[str], pool_size: int, label: str) 
     request's directory is filled in per step."""
     profilers = role_profilers(config)
     enabled = [profilers[role] for role in roles if role in profilers and profilers[role].enable]
-    ranks = sorted(set().union(*(profiler.ranks_of(pool_size) for profiler in enabled))) if enabled else []
-    ranks = [rank for rank in ranks if rank < pool_size]
+    ranks = sorted(rank for rank in set().union(*(p.ranks_of(pool_size) for p in enabled)) if rank < pool_size)
     if not ranks:
         return None
     memory = config.global_profiler.global_tool_config.torch_memory

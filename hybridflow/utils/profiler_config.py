@@ -19,6 +19,15 @@ from typing import Any, Literal, Optional
 
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields
 
+PROFILED_SECTIONS = {
+    "actor": "actor_rollout_ref.actor",
+    "rollout": "actor_rollout_ref.rollout",
+    "ref": "actor_rollout_ref.ref",
+    "critic": "critic",
+    "reward_model": "reward_model",
+}
+"""The config section holding each role's `profiler`, by the role names worker pools are built with."""
+
 ProfilerTool = Literal["torch", "torch_memory", "nsys", "npu"]
 TorchContent = Literal["cuda", "cpu", "memory", "shapes", "stack"]
 RUNNABLE_TOOLS = ("torch", "torch_memory")

@@ -333,7 +333,7 @@ class GenerationServer:
             start = time.perf_counter()
             try:
                 self._tell_followers(("serve", params))
-                engine_source = source if self.tp is None else _LeaderSource(source, self.tp, self._tell_followers)
+                engine_source = source if self.tp is None else _LeaderSource(source, self._tell_followers)
                 stats = self.rollout.serve(
                     engine_source, params, self.max_model_len, self.max_batch_size, self.prefix_reuse
                 )
@@ -420,15 +420,14 @@ class _LeaderSource:
     """A tensor-parallel leader's `RequestSource`: its run's source, with each decode step's admissions sent to the
     followers."""
 
-    def __init__(self, source: _RunSource, tp, tell: Callable[[tuple], None]) -> None:
-        self.source, self.tp, self.tell = source, tp, tell
+    def __init__(self, source: _RunSource, tell: Callable[[tuple], None]) -> None:
+        self.source, self.tell = source, tell
 
     def take(self, limit: int, block: bool) -> list[tuple[Hashable, list[int], int]] | None:
-        while True:
-            requests = self.source.take(limit, block, timeout=KEEPALIVE_S)
-            if requests is not _IDLE:
-                return self.tp.broadcast_from_leader(("take", requests))[1]
+        while (requests := self.source.take(limit, block, timeout=KEEPALIVE_S)) is _IDLE:
             self.tell(("idle",))
+        self.tell(("take", requests))
+        return requests
 
     def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
         self.source.finish(key, token_ids, log_probs, finish_reason)

@@ -236,44 +236,27 @@ def _recording(named: Iterable[tuple[str, torch.Tensor]], names: list[str]) -> I
         yield name, tensor
 
 
-def full_weights_of(
-    model: nn.Module, tp: RolloutTensorParallel, names: Collection[str] | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(hf_name, full tensor)` of a sharded module's parameters (those in `names` when given), reassembled from the
-    group's shards one at a time (collective: every rank of the group must iterate the same names)."""
-    plan = rollout_plan_for(model.config.model_type)
-    return named_full_from_shards(named_parameters_in(model, names), plan, tp.mesh)
-
-
 def rollout_weights_of(
     model: nn.Module, tp: RolloutTensorParallel | None, names: Collection[str] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """A rollout engine's parameters by HF name (those in `names` when given): the module's own, or under tensor
-    parallelism (`tp` not None) the full tensors reassembled from the group's shards (`full_weights_of`)."""
-    return named_parameters_in(model, names) if tp is None else full_weights_of(model, tp, names)
-
-
-def named_parameters_in(model: nn.Module, names: Collection[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """`model.named_parameters()`, only those in `names` when given."""
-    return ((name, param) for name, param in model.named_parameters() if names is None or name in names)
+    parallelism (`tp` not None) the full tensors reassembled from the group's shards, one at a time (collective:
+    every rank of the group must iterate the same names)."""
+    own = ((name, param) for name, param in model.named_parameters() if names is None or name in names)
+    if tp is None:
+        return own
+    return named_full_from_shards(own, rollout_plan_for(model.config.model_type), tp.mesh)
 
 
 def load_rollout_weights(
     model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], tp: RolloutTensorParallel | None
 ) -> int:
-    """Copy each `(hf_name, full tensor)` into a rollout engine's module, in place; under tensor parallelism (`tp`
-    not None) only this rank's shard of it (`load_shards`). Returns how many."""
-    if tp is None:
-        return copy_named_tensors(model, named_full)
-    return load_shards(model, named_full, rollout_plan_for(model.config.model_type), tp)
-
-
-def load_shards(
-    model: nn.Module, named_full: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], tp: RolloutTensorParallel
-) -> int:
-    """Copy this rank's shard of each `(hf_name, full tensor)` into `model`'s tensor of that name (in place, one at
-    a time); returns how many. KeyError for an unknown name, ValueError for a shape mismatch."""
-    return copy_named_tensors(model, named_shards(named_full, plan, tp.rank, tp.size))
+    """Copy each `(hf_name, full tensor)` into a rollout engine's module, in place (one at a time); under tensor
+    parallelism (`tp` not None) only this rank's shard of it. Returns how many. KeyError for an unknown name,
+    ValueError for a shape mismatch."""
+    if tp is not None:
+        named_full = named_shards(named_full, rollout_plan_for(model.config.model_type), tp.rank, tp.size)
+    return copy_named_tensors(model, named_full)
 
 
 def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype: torch.dtype, device) -> None:
@@ -312,7 +295,7 @@ def _checkpoint_shards(
     if files and not _names_in(files) <= module_names:  # e.g. per-expert tensors that transformers fuses on load
         reason = "stores tensors under other names than the module's (transformers converts them on load)"
     if reason is not None:
-        logger.warning("native rollout: %s %s; loading the full model once to slice this rank's shard", source, reason)
+        logger.warning("rollout: %s %s; loading the full model once to slice this rank's shard", source, reason)
         yield from named_shards(build_causal_lm(source, dtype=dtype).state_dict().items(), plan, tp.rank, tp.size)
         return
     from safetensors import safe_open

@@ -5,28 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.utils.profiler_config import RUNNABLE_TOOLS, UNAVAILABLE_TOOLS, RoleProfilerConfig
+from hybridflow.utils.profiler_config import PROFILED_SECTIONS, RUNNABLE_TOOLS, UNAVAILABLE_TOOLS, RoleProfilerConfig
 
-ROLE_KEYS = {
-    "actor": "actor_rollout_ref.actor.profiler",
-    "rollout": "actor_rollout_ref.rollout.profiler",
-    "ref": "actor_rollout_ref.ref.profiler",
-    "critic": "critic.profiler",
-    "reward_model": "reward_model.profiler",
-}
+ROLE_KEYS = {role: f"{section}.profiler" for role, section in PROFILED_SECTIONS.items()}
 """Each role's profiler key (for messages), by the role names pools are built with."""
 
 
 def role_profilers(config: Any) -> dict[str, RoleProfilerConfig]:
     """Each role's `profiler` section, by the role names pools are built with."""
-    arr = config.actor_rollout_ref
-    return {
-        "actor": arr.actor.profiler,
-        "rollout": arr.rollout.profiler,
-        "ref": arr.ref.profiler,
-        "critic": config.critic.profiler,
-        "reward_model": config.reward_model.profiler,
-    }
+    return {role: _section(config, key) for role, key in ROLE_KEYS.items()}
+
+
+def _section(config: Any, key: str) -> Any:
+    """The part of `config` at the dotted `key`."""
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
 
 
 def check_profiling(cfg: Any, roles_in_run: set[str]) -> None:

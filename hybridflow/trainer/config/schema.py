@@ -23,7 +23,7 @@ from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelCon
 from hybridflow.trainer import checkpoint_dirs
 from hybridflow.trainer.guards.config import GuardsConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
-from hybridflow.utils.profiler_config import GlobalProfilerConfig
+from hybridflow.utils.profiler_config import PROFILED_SECTIONS, GlobalProfilerConfig
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
 
 __all__ = [
@@ -393,8 +393,6 @@ class PPOConfig:
 _ACTOR = "actor_rollout_ref.actor"
 _ROLLOUT = "actor_rollout_ref.rollout"
 
-PROFILED_ROLES = (_ACTOR, _ROLLOUT, "actor_rollout_ref.ref", "critic", "reward_model")
-"""The sections with a `profiler` subsection (`hybridflow.utils.profiler_config`)."""
 PPO_DERIVED: dict[str, str] = {
     f"{_ROLLOUT}.prompt_length": "${data.max_prompt_length}",
     f"{_ROLLOUT}.response_length": "${data.max_response_length}",
@@ -433,9 +431,9 @@ PPO_DERIVED: dict[str, str] = {
     "reward_model.model.use_remove_padding": "${actor_rollout_ref.model.use_remove_padding}",
     "reward_model.use_dynamic_bsz": "${critic.use_dynamic_bsz}",
     "reward_model.forward_max_token_len_per_gpu": "${critic.forward_max_token_len_per_gpu}",
-    **{f"{role}.profiler.{key}": f"${{global_profiler.{key}}}" for role in PROFILED_ROLES for key in ("tool", "save_path")},
+    **{f"{role}.profiler.{key}": f"${{global_profiler.{key}}}" for role in PROFILED_SECTIONS.values() for key in ("tool", "save_path")},
     **{f"{role}.profiler.tool_config.{key}": f"${{global_profiler.global_tool_config.{key}}}"
-       for role in PROFILED_ROLES
+       for role in PROFILED_SECTIONS.values()
        for key in ("nsys.discrete", "torch_memory.trace_alloc_max_entries", "torch_memory.stack_depth")},
     **{f"{_ROLLOUT}.profiler.{key}": f"${{{_ACTOR}.profiler.{key}}}" for key in ("enable", "all_ranks", "ranks")},
 }

@@ -12,6 +12,7 @@ from typing import Any
 
 from hybridflow.data.config import expand_path
 from hybridflow.engines.rollout.registry import backends_with
+from hybridflow.trainer.config.parallel_checks import model_section_config
 from hybridflow.trainer.config.schema import PPOConfig
 
 __all__ = ["check_vision_language"]
@@ -79,9 +80,7 @@ def _vision_language_config(cfg: PPOConfig) -> Any:
         return None
     if not has_vision:
         return None
-    from hybridflow.models.loader import load_model_config  # transformers: only for a vision-language model
-
-    return load_model_config(model.path, trust_remote_code=model.trust_remote_code, overrides=model.hf_config_overrides)
+    return model_section_config(model)  # imports transformers: only for a vision-language model
 
 
 def _check_no_images(cfg: PPOConfig) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from hybridflow.engines.training.config import ParallelLayout
-from hybridflow.models.loader import load_model_config
 from hybridflow.models.parallel_plan import check_ep_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import SFTConfig
 from hybridflow.trainer.config.data_checks import check_data_files
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
+from hybridflow.trainer.config.parallel_checks import model_section_config
 from hybridflow.trainer.config.validate import check_optimizer_section
 
 
@@ -70,8 +70,7 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
     except ValueError as err:
         raise ValueError(f"the SFT training engine: {err}") from err
     if layout.group_size > 1 or layout.ep > 1:
-        model_config = load_model_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code,
-                                         overrides=cfg.model.hf_config_overrides)
+        model_config = model_section_config(cfg.model)
         check_tp_layout(model_config, tp, "model.fsdp_config.tensor_parallel_size")
         check_sp_layout(model_config, sp, "ulysses_sequence_parallel_size")
         check_ep_layout(model_config, ep, "model.fsdp_config.expert_parallel_size")
