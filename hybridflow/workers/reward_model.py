@@ -5,6 +5,11 @@ token is the score, placed on the last response token as `rm_scores` (bs, respon
 model's tokenizer or chat template differ from the policy's, each response is decoded with the policy's
 tokenizer and the conversation (`raw_prompt` + the response) is re-templated and re-tokenized for the reward
 model, as verl does.
+
+Under verl's reward loop (`reward_model.use_reward_loop=True`) the same worker serves the model as
+`reward_model.rollout` says: every conversation re-templated, replicas of `tensor_model_parallel_size` ranks,
+micro-batches of `max_num_batched_tokens` tokens, the `dtype` forward, and the weights on the host between scorings
+(`free_cache_engine`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
+from hybridflow.engines.rollout.memory_budget import MemoryBudget, rank_device_bytes
 from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.value_head import compute_token_level_scores
@@ -22,7 +29,10 @@ from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_datap
 from hybridflow.workers.config import RewardModelWorkerConfig, WorkerRuntimeConfig
 from hybridflow.workers.process import prepare_worker_process
 
-__all__ = ["RewardModelWorker", "encode_chat", "same_tokenization", "template_for_reward_model"]
+__all__ = [
+    "RewardModelWorker", "check_serving_memory", "encode_chat", "local_weight_bytes", "same_tokenization",
+    "template_for_reward_model",
+]
 
 
 def same_tokenization(a: Any, b: Any) -> bool:
@@ -84,9 +94,13 @@ class RewardModelWorker(Worker):
         model_path, self.tokenizer = prepare_worker_process(self, runtime, config.model)
         if config.model.input_tokenizer is not None:
             source = load_tokenizer(resolve_model_path(config.model.input_tokenizer))
-            if not same_tokenization(source, self.tokenizer):
+            # verl's reward loop re-templates every conversation, even for a reward model of the policy's tokenizer
+            if config.serves_in_reward_loop or not same_tokenization(source, self.tokenizer):
                 self.input_tokenizer = source
         self.engine = build_fsdp_engine(model_path, config.engine_config(), model_kind="reward", tokenizer=self.tokenizer)
+        if config.serves_in_reward_loop:
+            check_serving_memory(self.engine.module, self.engine.device, config.rollout.gpu_memory_utilization)
+            self._free_cache()
         layout = self.engine.layout  # tensor-parallel peers score the same rows
         self.register_dispatch_collect_info(
             REWARD_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)
@@ -106,13 +120,48 @@ class RewardModelWorker(Worker):
                 raise KeyError("the reward model re-templates conversations and needs each row's raw_prompt")
             inputs = template_for_reward_model(
                 data.non_tensor_batch["raw_prompt"], data.batch["responses"], response_mask,
-                self.input_tokenizer, self.tokenizer, self.config.max_length,
+                self.input_tokenizer, self.tokenizer, self.config.max_input_tokens,
             )
         else:
             inputs = {key: data.batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
-        scores = self.engine.compute_scores(
-            inputs,
-            micro_batch_size=self.config.micro_batch_size_per_gpu or len(data),
-            max_token_len=self.config.forward_token_budget,
-        )
+        if self.config.serves_in_reward_loop and self.config.rollout.free_cache_engine:
+            self.engine.load_to_device(model=True, optimizer=False)
+        scores = self.engine.compute_scores(inputs, **self._micro_batching(inputs["attention_mask"]))
+        self._free_cache()
         return DataProto.from_dict({"rm_scores": compute_token_level_scores(scores, response_mask)})
+
+    def _micro_batching(self, attention_mask: torch.Tensor) -> dict[str, int | None]:
+        """`compute_scores`' micro-batch arguments: the legacy worker's rows or token budget; the reward loop's
+        token budget (stretched to hold its longest conversation, which vLLM would prefill in chunks), with at
+        least one micro-batch per micro_batch_size_per_gpu rows when that is set."""
+        rows = self.config.micro_batch_size_per_gpu
+        if not self.config.serves_in_reward_loop:
+            return {"micro_batch_size": rows or len(attention_mask), "max_token_len": self.config.forward_token_budget}
+        longest = int(attention_mask.sum(-1).max()) if len(attention_mask) else 0
+        return {
+            "max_token_len": max(self.config.forward_token_budget, longest),
+            "min_micro_batches": -(-len(attention_mask) // rows) if rows else 1,
+        }
+
+    def _free_cache(self) -> None:
+        """The reward loop's free_cache_engine: the weights wait on the host between scorings (no-op on CPU)."""
+        if self.config.serves_in_reward_loop and self.config.rollout.free_cache_engine:
+            self.engine.offload_to_cpu(model=True, optimizer=False)
+
+
+def local_weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of this rank's parameters: the local shard of each DTensor, whole tensors otherwise."""
+    total = 0
+    for param in module.parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        total += local.numel() * local.element_size()
+    return total
+
+
+def check_serving_memory(module: torch.nn.Module, device: torch.device, utilization: float) -> None:
+    """ValueError naming reward_model.rollout.gpu_memory_utilization when this rank's weight shard takes more than
+    that share of the rank's device (`memory_budget.rank_device_bytes`)."""
+    try:
+        MemoryBudget(utilization, rank_device_bytes(device), local_weight_bytes(module))
+    except ValueError as err:
+        raise ValueError(f"reward model: reward_model.{err}") from err

@@ -548,9 +548,18 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
     with pytest.raises(ValueError, match=r"entropy_checkpointing=True with actor_rollout_ref.model.use_fused_kernels"):
         load_config([*line, "actor_rollout_ref.actor.entropy_checkpointing=True",
                      "actor_rollout_ref.model.use_fused_kernels=False"])
-    with pytest.raises(ValueError, match=r"reward_model.use_reward_loop=True with reward_model.enable=True"):
-        load_config([*line, "reward_model.use_reward_loop=True", "reward_model.enable=True",
-                     f"reward_model.model.path={files['model']}"])
+    loop = load_config([*line, "reward_model.use_reward_loop=True", "reward_model.enable=True",
+                        f"reward_model.model.path={files['model']}"]).reward_model
+    assert loop.serves_in_reward_loop and loop.layout_keys[0] == "reward_model.rollout.tensor_model_parallel_size"
+
+
+def test_step_counts_written_as_booleans_count_as_verl_counts_them(files):
+    """verl's e2e scripts write `trainer.test_freq=False`; verl compares it as a number (off)."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}"]
+    trainer = load_config([*line, "trainer.test_freq=False", "trainer.save_freq=True"]).trainer
+    assert (trainer.test_freq, trainer.save_freq) == (0, 1)
+    with pytest.raises(ValueError, match=r"trainer.total_epochs=False must be int"):
+        load_config([*line, "trainer.total_epochs=False"])
 
 
 def test_a_key_verl_adds_with_plus_is_an_override_where_hybridflow_has_it(files):

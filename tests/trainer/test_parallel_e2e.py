@@ -78,3 +78,26 @@ def test_invalid_layouts_are_refused_before_ray_starts(workspace, extra, words):
         return
     with pytest.raises(ValueError, match=words):
         validate_config(config)
+
+
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
+def test_reward_loop_serves_a_tensor_parallel_reward_model(workspace, ray_cluster):
+    """verl's reward loop on 2 ranks: the reward model is one replica of 2 tensor-parallel ranks, scores every
+    re-templated conversation, and its score alone is the training reward."""
+    from hybridflow.models import save_tiny_reward_model
+
+    rm_dir = workspace / "tiny_rm"
+    if not rm_dir.exists():
+        save_tiny_reward_model(rm_dir, num_layers=2, hidden=64, seed=5)
+    records, digests = train(overrides(
+        workspace, workspace / "reward_loop",
+        "custom_reward_function.path=null", "data.return_raw_chat=True",
+        "reward_model.enable=True", "reward_model.use_reward_loop=True", f"reward_model.model.path={rm_dir}",
+        "reward_model.rollout.name=hf", "reward_model.rollout.tensor_model_parallel_size=2",
+        "reward_model.rollout.prompt_length=256", "reward_model.rollout.response_length=64",
+        "reward_model.rollout.max_num_batched_tokens=512", "reward_model.num_workers=2",
+    ))
+    _check_run(records, digests)
+    for step in (1, 2):
+        assert records[step]["reward/rm_score/mean"] == pytest.approx(records[step]["critic/score/mean"], abs=1e-6)
+        assert records[step]["reward/rm_score/mean"] != 0.0

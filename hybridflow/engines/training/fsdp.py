@@ -404,14 +404,16 @@ class FSDPEngine:
 
     @torch.no_grad()
     def compute_scores(
-        self, batch: DataProto, *, micro_batch_size: int | None = None, max_token_len: int | None = None
+        self, batch: DataProto, *, micro_batch_size: int | None = None, max_token_len: int | None = None,
+        min_micro_batches: int = 1,
     ) -> torch.Tensor:
         """Reward-model scores (bs,) float32 on CPU: the value head's output at each sequence's last attended
-        token (a sequence classifier's pooled logit). Needs `input_ids`, `attention_mask`, `position_ids`."""
+        token (a sequence classifier's pooled logit). Needs `input_ids`, `attention_mask`, `position_ids`.
+        With `max_token_len`, at least `min_micro_batches` micro-batches of about that many tokens."""
         if self.model_kind != "value":
             raise TypeError("compute_scores needs a value-model engine (model_kind='value')")
         self.module.eval()
-        micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len)
+        micro_batches, order = self.split_micro_batches(batch, micro_batch_size, max_token_len, min_micro_batches)
         layout = "packed" if self.config.model.use_remove_padding else "padded"
         plans = self.plan_micro_batches(micro_batches, layout=layout, response_length=0)
         scores = []
@@ -424,14 +426,15 @@ class FSDPEngine:
         return in_row_order(torch.cat(scores).cpu(), order)
 
     def split_micro_batches(
-        self, batch: DataProto, micro_batch_size: int | None = None, max_token_len: int | None = None
+        self, batch: DataProto, micro_batch_size: int | None = None, max_token_len: int | None = None,
+        min_micro_batches: int = 1,
     ) -> tuple[list[DataProto], list[int] | None]:
         """This rank's micro-batches and the rows they hold in order (None: rows in their original order).
 
         With `max_token_len` (verl's `use_dynamic_bsz`), rows are grouped by token count into the number of
         micro-batches the fullest rank needs for about `max_token_len` tokens each: every rank runs the same
-        number of forwards (FSDP's collectives pair them up). Otherwise groups of `micro_batch_size` rows.
-        Shared-prompt engines keep each prompt group in one micro-batch and count its prompt once.
+        number of forwards (FSDP's collectives pair them up), and at least `min_micro_batches` (at most one per
+        row). Otherwise groups of `micro_batch_size` rows. Shared-prompt engines keep each prompt group in one micro-batch and count its prompt once.
         """
         batch = as_data_proto(batch)
         if max_token_len is None:
@@ -442,7 +445,7 @@ class FSDPEngine:
             mask[:, : mask.shape[1] - width].sum(-1).tolist(), mask[:, mask.shape[1] - width :].sum(-1).tolist(),
             groups, max_token_len,
         )
-        count = num_token_budget_partitions(tokens, max_token_len)
+        count = min(max(num_token_budget_partitions(tokens, max_token_len), min_micro_batches), len(units))
         if self.is_sharded:
             counts = torch.tensor([count], device=self.device)
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)

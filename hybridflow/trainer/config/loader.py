@@ -39,6 +39,9 @@ class ConfigTree:
     """Other spellings verl accepts for a key (`model.partial_pretrain` -> `model.path`), rewritten in overrides."""
     renamed: Mapping[str, str] = field(default_factory=dict)
     """Keys of earlier hybridflow versions -> their place now; refused with that hint."""
+    boolean_counts: frozenset[str] = frozenset()
+    """Step counts that verl's scripts also write as booleans (`trainer.test_freq=False`): verl compares them as
+    numbers, so False is 0 (off) and True is 1."""
 
     def as_written(self, message: str, overrides: Sequence[str]) -> str:
         """`message` with each aliased key spelled as the user wrote it in `overrides`."""
@@ -61,7 +64,10 @@ PPO_TREE = ConfigTree(
         **{f"reward_model.reward_kwargs.overlong_buffer_cfg.{key}": f"reward_model.overlong_buffer.{key}"
            for key in ("enable", "len", "penalty_factor", "log")},
         "reward_model.reward_kwargs.max_resp_len": "reward_model.overlong_buffer.max_resp_len",
+        # verl's reward-loop workers: the processes that compute rewards, hybridflow's scorer processes
+        "reward_model.num_workers": "reward_model.scoring.num_workers",
     },
+    boolean_counts=frozenset({"trainer.test_freq", "trainer.save_freq"}),
     renamed={
         "ray_init": "ray_kwargs.ray_init",
         "critic.fsdp_config": "critic.model.fsdp_config",
@@ -120,7 +126,10 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
             # where hybridflow has the key, Hydra would refuse to add it again: it is an override here
             known_keys = set(tree.all_keys()) if known_keys is None else known_keys
             prefix = "" if key in known_keys else prefix
-        rewritten.append(f"{prefix}{key}{match['rest'] or ''}")
+        rest = match["rest"] or ""
+        if key in tree.boolean_counts and rest.strip().lower() in ("=false", "=true"):
+            rest = "=0" if rest.strip().lower() == "=false" else "=1"
+        rewritten.append(f"{prefix}{key}{rest}")
     return rewritten
 
 

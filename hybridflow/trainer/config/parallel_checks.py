@@ -48,13 +48,15 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         sizes["critic"] = ("critic.model.fsdp_config", "critic", cfg.critic.model.fsdp_config,
                            cfg.critic.ulysses_sequence_parallel_size)
     if cfg.reward_model.enable:
-        sizes["reward_model"] = ("reward_model.model.fsdp_config", "reward_model", cfg.reward_model.model.fsdp_config, 1)
-    layouts = {}
+        sizes["reward_model"] = ("reward_model.model.fsdp_config", "reward_model", cfg.reward_model.serving_fsdp, 1)
+    layouts, keys = {}, {}
     for role, (fsdp_key, prefix, fsdp, sp) in sizes.items():
         ranks = (cfg.reward_model.num_pool_processes or world) if role == "reward_model" else world
-        tp, tp_key = fsdp.tensor_parallel_size, f"{fsdp_key}.tensor_parallel_size"
+        tp_key, ep_key = (cfg.reward_model.layout_keys if role == "reward_model" else
+                          (f"{fsdp_key}.tensor_parallel_size", f"{fsdp_key}.expert_parallel_size"))
+        keys[role] = tp_key, ep_key
+        tp, ep = fsdp.tensor_parallel_size, fsdp.expert_parallel_size
         sp_key = f"{prefix}.ulysses_sequence_parallel_size"
-        ep, ep_key = fsdp.expert_parallel_size, f"{fsdp_key}.expert_parallel_size"
         try:
             layouts[role] = ParallelLayout(ranks, tp, sp, ep)
         except ValueError as err:
@@ -62,12 +64,12 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
     engines = engine_configs(cfg)  # the engine's own rules, once the sizes fit the ranks
     for role, layout in layouts.items():
         if layout.group_size > 1 or layout.ep > 1:
-            fsdp_key, prefix = sizes[role][:2]
+            prefix, (tp_key, ep_key) = sizes[role][1], keys[role]
             model = engines[role][1].model
             model_config = model_section_config(model)
-            check_tp_layout(model_config, layout.tp, f"{fsdp_key}.tensor_parallel_size")
+            check_tp_layout(model_config, layout.tp, tp_key)
             check_sp_layout(model_config, layout.sp, f"{prefix}.ulysses_sequence_parallel_size")
-            check_ep_layout(model_config, layout.ep, f"{fsdp_key}.expert_parallel_size")
+            check_ep_layout(model_config, layout.ep, ep_key)
     ref = arr.ref
     if cfg.uses_reference and ref.fsdp_config.expert_parallel_size > 1:
         key = "actor_rollout_ref.ref.fsdp_config.expert_parallel_size"

@@ -256,13 +256,6 @@ class RewardSectionConfig(RewardModelConfig, RewardModelWorkerConfig):
                 f"rule_reward_coef={self.rule_reward_coef} weighs rule scores against a reward model's, but "
                 "reward_model.enable=False: enable the reward model or leave rule_reward_coef at 0",
             )
-        if self.use_reward_loop and self.enable:
-            raise ConfigFieldError(
-                "use_reward_loop",
-                "use_reward_loop=True with reward_model.enable=True: verl's reward loop serves the reward model "
-                "through reward_model.rollout, which hybridflow lacks; set use_reward_loop=False (the reward model "
-                "then scores on its own workers)",
-            )
 
 
 @dataclass(frozen=True, kw_only=True)

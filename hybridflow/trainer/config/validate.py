@@ -227,6 +227,7 @@ def _check_files(cfg: PPOConfig) -> None:
 
 
 def _check_rewards(cfg: PPOConfig) -> None:
+    _check_reward_loop(cfg)
     buffer, manager = cfg.reward_model.overlong_buffer, cfg.reward_model.reward_manager
     if not buffer.enable:
         return
@@ -235,6 +236,25 @@ def _check_rewards(cfg: PPOConfig) -> None:
             f"reward_model.overlong_buffer.enable=True needs reward_model.reward_manager=dapo, got {manager!r}"
         )
     buffer.check_len(cfg.data.max_response_length)
+
+
+def _check_reward_loop(cfg: PPOConfig) -> None:
+    """verl's reward loop with a reward model scores with the discriminative model; its generative-model form (a
+    custom function that queries the served model over HTTP) and PRIME's implicit PRM are not built."""
+    if not cfg.reward_model.serves_in_reward_loop:
+        return
+    if cfg.uses_prime:
+        raise ValueError(
+            "reward_model.use_reward_loop=True with PRIME's implicit reward model: the PRM is trained on its own "
+            "workers; set reward_model.use_reward_loop=False"
+        )
+    if cfg.custom_reward_function.path is not None:
+        raise ValueError(
+            f"custom_reward_function.path={cfg.custom_reward_function.path!r} with reward_model.enable=True and "
+            "use_reward_loop=True: verl then hands the function the reward model's HTTP address (a generative "
+            "reward model), which hybridflow does not serve; to add a rule score to the reward model's, set "
+            "use_reward_loop=False and reward_model.rule_reward_coef > 0"
+        )
 
 
 def _check_agent_loops(cfg: PPOConfig) -> None:
