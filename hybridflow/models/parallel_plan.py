@@ -114,22 +114,46 @@ def check_tp_layout(config: Any, tp_size: int, key: str) -> None:
 
 
 def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
-    """`check_tp_layout` for the native rollout: a dense model as there; a mixture-of-experts model splits whole
-    experts over the group (their count must divide), its heads and vocabulary as a dense one's, and the width of
-    its dense MLP layers where it has some."""
+    """The rollout's tensor-parallel layouts: the query heads, the vocabulary and the MLP's width (a mixture-of-experts
+    model's routed experts, split whole, and the width of its dense layers where it has some) divide by `tp_size`;
+    the key/value heads divide by it, or `tp_size` is a multiple of them (each head is then replicated on
+    `kv_replicas` ranks, as Megatron and vLLM do)."""
     if tp_size == 1:
         return
     rollout_plan_for(getattr(config, "model_type", "?"))
+    heads = _head_counts(config)
+    kv_heads = heads.pop("num_key_value_heads")
     shape = moe_shape_of(config)
+    sizes = {**heads, "vocab_size": config.vocab_size}
     if shape is None:
-        check_tp_layout(config, tp_size, key)
-        return
-    sizes = {**_head_counts(config), "vocab_size": config.vocab_size, "routed experts": shape.num_experts}
-    dense_layers = (getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1
-                    or getattr(config, "first_k_dense_replace", 0) > 0)
-    if dense_layers:
-        sizes["intermediate_size"] = config.intermediate_size  # its dense layers split as a dense model's
+        sizes["intermediate_size"] = config.intermediate_size
+    else:
+        sizes["routed experts"] = shape.num_experts
+        dense_layers = (getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) > 1
+                        or getattr(config, "first_k_dense_replace", 0) > 0)
+        if dense_layers:
+            sizes["intermediate_size"] = config.intermediate_size  # its dense layers split as a dense model's
     _check_whole_shares(sizes, tp_size, key)
+    if kv_heads % tp_size and tp_size % kv_heads:
+        raise ValueError(
+            f"{key}={tp_size} neither divides the model's num_key_value_heads={kv_heads} nor is a multiple of it: each "
+            "rank holds a whole share of the key/value heads, or one head replicated on tp / num_key_value_heads "
+            f"ranks; pick a divisor or a multiple of {kv_heads} that divides num_attention_heads"
+        )
+
+
+def kv_replicas(config: Any, tp_size: int) -> int:
+    """On how many ranks of a rollout tensor-parallel group each key/value head sits: 1 when the group splits the
+    heads, tp_size / num_key_value_heads when it has more ranks than heads (each rank then holds one head, the one
+    its query heads attend with)."""
+    kv_heads = _head_counts(config)["num_key_value_heads"]
+    return tp_size // kv_heads if tp_size > kv_heads else 1
+
+
+def kv_heads_per_rank(config: Any, tp_size: int) -> int:
+    """The key/value heads one rank of a rollout tensor-parallel group holds."""
+    kv_heads = _head_counts(config)["num_key_value_heads"]
+    return max(kv_heads // tp_size, 1)
 
 
 def _head_counts(config: Any) -> dict[str, int]:
@@ -151,15 +175,19 @@ def _check_whole_shares(sizes: dict[str, int], tp_size: int, key: str) -> None:
 
 def check_sp_layout(config: Any, sp_size: int, key: str) -> None:
     """Refuse a Ulysses size the model cannot take: the all-to-all gives each rank whole attention heads, so the
-    query heads and the key/value heads must divide by it."""
+    query heads must divide by it, and the key/value heads too, or it must be a multiple of them (each head is then
+    repeated on sp / kv ranks before the all-to-all, as verl does)."""
     if sp_size == 1:
         return
     for field_name, value in _head_counts(config).items():
+        if field_name == "num_key_value_heads" and sp_size > value and sp_size % value == 0:
+            continue
         if value % sp_size:
             raise ValueError(
                 f"{key}={sp_size} does not divide the model's {field_name}={value}: Ulysses gives each rank whole "
                 f"heads; pick a size that divides {field_name} "
                 f"({', '.join(str(d) for d in _divisors(value) if d > 1) or 'none above 1'})"
+                + (" or a multiple of it" if field_name == "num_key_value_heads" else "")
             )
 
 

@@ -8,6 +8,10 @@ tp dim uses the same plan) and the rollout's shards agree, and a hand-over betwe
 parameter to its full tensor on the source layout (`DTensor.full_tensor()`, collective), keep this rank's block on
 the target layout (`shard_of`, a view), drop the full tensor before the next one. No rank ever holds a full state
 dict, only one full tensor at a time.
+
+A key/value projection of a group with more ranks than key/value heads (`kv_replicas` > 1) is cut into
+`size / kv_replicas` blocks, one head each, and rank `r` holds block `r // kv_replicas`: the head its query heads
+attend with (Megatron's and vLLM's replication).
 """
 
 from __future__ import annotations
@@ -18,7 +22,12 @@ import torch
 
 from hybridflow.models.parallel_plan import Style, param_shard_dim
 
-__all__ = ["full_from_shard", "named_full_from_shards", "named_shards", "shard_of", "shard_shape"]
+__all__ = [
+    "full_from_shard", "named_full_from_shards", "named_shards", "param_blocks", "shard_of", "shard_shape",
+]
+
+KV_PROJECTIONS = ("k_proj", "v_proj")
+"""Modules whose output features are key/value heads (replicated when a group has more ranks than heads)."""
 
 
 def shard_shape(full_shape: torch.Size | tuple[int, ...], dim: int | None, size: int) -> tuple[int, ...]:
@@ -44,13 +53,24 @@ def shard_of(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch
     return full.narrow(dim, rank * length, length)
 
 
+def param_blocks(name: str, plan: dict[str, Style], rank: int, size: int, kv_replicas: int = 1) -> tuple[int | None, int, int]:
+    """`(dim, block, blocks)`: parameter `name` is cut into `blocks` along `dim` (None: held whole) and `rank` of a
+    `size`-rank group holds block `block`; a key/value projection's heads are replicated on `kv_replicas` ranks."""
+    dim, parts = param_shard_dim(name, plan), name.split(".")
+    if dim is not None and kv_replicas > 1 and len(parts) >= 2 and parts[-2] in KV_PROJECTIONS:
+        return dim, rank // kv_replicas, size // kv_replicas
+    return dim, rank, size
+
+
 def named_shards(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], rank: int, size: int
+    named_tensors: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], rank: int, size: int,
+    kv_replicas: int = 1,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """This rank's shard of each `(hf_name, full_tensor)`, as they come (lazily: one full tensor alive at a time
     when the source is lazy, e.g. `FSDPEngine.named_full_params()`)."""
     for name, tensor in named_tensors:
-        yield name, shard_of(tensor, param_shard_dim(name, plan), rank, size)
+        dim, block, blocks = param_blocks(name, plan, rank, size, kv_replicas)
+        yield name, shard_of(tensor, dim, block, blocks)
 
 
 def full_from_shard(local: torch.Tensor, dim: int | None, mesh) -> torch.Tensor:
@@ -67,9 +87,14 @@ def full_from_shard(local: torch.Tensor, dim: int | None, mesh) -> torch.Tensor:
 
 
 def named_full_from_shards(
-    named_locals: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], mesh
+    named_locals: Iterable[tuple[str, torch.Tensor]], plan: dict[str, Style], mesh, kv_replicas: int = 1
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """`(hf_name, full tensor)` for each `(hf_name, local shard)` of a tensor-parallel group, one at a time
-    (collective: every rank of `mesh` must iterate the same names in the same order)."""
+    (collective: every rank of `mesh` must iterate the same names in the same order). A replicated key/value
+    head is gathered from every rank and kept once."""
     for name, local in named_locals:
-        yield name, full_from_shard(local, param_shard_dim(name, plan), mesh)
+        dim, _, blocks = param_blocks(name, plan, 0, mesh.size(), kv_replicas)
+        full = full_from_shard(local, dim, mesh)
+        if dim is not None and blocks < mesh.size():  # (size x block) -> the first of each run of replicas
+            full = full.unflatten(dim, (blocks, kv_replicas, -1)).select(dim + 1, 0).flatten(dim, dim + 1)
+        yield name, full

@@ -82,8 +82,11 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
          "only ['hf', 'native'] split a replica"),
         (["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
          "does not divide the 2 ranks"),
-        ([*TP2[:1], "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4"],
-         "does not divide the model's num_key_value_heads=2"),  # the tiny model: 4 heads, 2 kv heads
+        ([*TP2[:1], "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+         None),  # the tiny model: 4 heads, 2 kv heads, each replicated on 2 ranks
+        ([*TP2[:1], "actor_rollout_ref.rollout.tensor_model_parallel_size=8", "trainer.n_gpus_per_node=8"],
+         "does not divide the model's num_attention_heads=4"),
         ([*TP2, *SPLIT], "hybrid_engine=False"),
         (list(TP2), None),
         (["actor_rollout_ref.rollout.name=hf", TP2[1]], None),

@@ -48,7 +48,7 @@ from hybridflow.engines.rollout.tensor_parallel import (
 )
 from hybridflow.models.loader import prepare_tokenizer
 from hybridflow.models.moe import ROUTED_EXPERTS_KEY, moe_shape_of, record_routing
-from hybridflow.models.parallel_plan import rollout_plan_for
+from hybridflow.models.parallel_plan import kv_heads_per_rank, rollout_plan_for
 from hybridflow.models.vision import multi_modal_model_inputs
 from hybridflow.protocol import DataProto
 from hybridflow.utils.flops import text_config
@@ -129,7 +129,10 @@ class HFRollout(BaseRollout):
         # KV cache of every position (under tensor parallelism this rank's share of the heads), plus the last
         # position's logits (model dtype, gathered whole) and their fp32 copy
         tp_size = self.tp.size if self.tp is not None else 1
-        self._kv_bytes_per_token = kv_bytes_per_token_of(self.model.config, weights_dtype) // tp_size
+        self._kv_bytes_per_token = kv_bytes_per_token_of(self.model.config, weights_dtype)
+        if tp_size > 1:  # this rank's heads: a share, or one replicated head when the group has more ranks
+            heads = kv_heads_per_rank(self.model.config, tp_size)
+            self._kv_bytes_per_token = self._kv_bytes_per_token * heads // self.model.config.num_key_value_heads
         self._logits_bytes_per_row = text_config(self.model.config).vocab_size * (weights_dtype.itemsize + 4)
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params

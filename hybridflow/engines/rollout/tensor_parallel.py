@@ -38,9 +38,10 @@ from torch import nn
 
 from hybridflow.engines.rollout.base import copy_named_tensors
 from hybridflow.models.moe_shape import moe_shape_of
-from hybridflow.models.parallel_plan import Style, check_rollout_tp_layout, module_style, param_shard_dim
+from hybridflow.models.parallel_plan import Style, check_rollout_tp_layout, kv_heads_per_rank, kv_replicas, module_style
+from hybridflow.models.parallel_plan import param_shard_dim
 from hybridflow.models.parallel_plan import rollout_plan_for
-from hybridflow.models.reshard import named_full_from_shards, named_shards, shard_shape
+from hybridflow.models.reshard import named_full_from_shards, named_shards, param_blocks, shard_shape
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +127,13 @@ def build_sharded_causal_lm(
     check_rollout_tp_layout(config, tp.size, TP_KEY)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    _allocate_shards(model, plan, tp.size, dtype, device)
+    replicas = kv_replicas(config, tp.size)
+    _allocate_shards(model, plan, tp.size, dtype, device, replicas)
     loaded: list[str] = []
     if isinstance(source, nn.Module):
-        shards = named_shards(source.state_dict().items(), plan, tp.rank, tp.size)
+        shards = named_shards(source.state_dict().items(), plan, tp.rank, tp.size, replicas)
     else:
-        shards = _checkpoint_shards(source, dtype, plan, tp, set(model.state_dict()))
+        shards = _checkpoint_shards(source, dtype, plan, tp, set(model.state_dict()), replicas)
     copy_named_tensors(model, _recording(shards, loaded))
     targets = model.state_dict(keep_vars=True)
     written = {id(targets[name]) for name in loaded}
@@ -140,7 +142,18 @@ def build_sharded_causal_lm(
         raise ValueError(f"{source}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     if moe_shape_of(config) is not None:
         split_experts_over_group(model, tp)
+    _set_local_kv_groups(model, config, tp.size)
     return model.eval()
+
+
+def _set_local_kv_groups(model: nn.Module, config, tp_size: int) -> None:
+    """Each attention module's query heads per key/value head on this rank (transformers reads
+    `num_key_value_groups` to repeat the keys): the model's ratio, or this rank's query heads over its one
+    replicated key/value head when the group has more ranks than key/value heads."""
+    groups = (config.num_attention_heads // tp_size) // kv_heads_per_rank(config, tp_size)
+    for module in model.modules():
+        if hasattr(module, "num_key_value_groups"):
+            module.num_key_value_groups = groups
 
 
 def install_hf_collectives(model: nn.Module, plan: dict[str, Style], tp: RolloutTensorParallel) -> int:
@@ -245,7 +258,8 @@ def rollout_weights_of(
     own = ((name, param) for name, param in model.named_parameters() if names is None or name in names)
     if tp is None:
         return own
-    return named_full_from_shards(own, rollout_plan_for(model.config.model_type), tp.mesh)
+    plan, replicas = rollout_plan_for(model.config.model_type), kv_replicas(model.config, tp.size)
+    return named_full_from_shards(own, plan, tp.mesh, replicas)
 
 
 def load_rollout_weights(
@@ -255,11 +269,14 @@ def load_rollout_weights(
     parallelism (`tp` not None) only this rank's shard of it. Returns how many. KeyError for an unknown name,
     ValueError for a shape mismatch."""
     if tp is not None:
-        named_full = named_shards(named_full, rollout_plan_for(model.config.model_type), tp.rank, tp.size)
+        plan, replicas = rollout_plan_for(model.config.model_type), kv_replicas(model.config, tp.size)
+        named_full = named_shards(named_full, plan, tp.rank, tp.size, replicas)
     return copy_named_tensors(model, named_full)
 
 
-def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype: torch.dtype, device) -> None:
+def _allocate_shards(
+    model: nn.Module, plan: dict[str, Style], size: int, dtype: torch.dtype, device, replicas: int
+) -> None:
     """Replace the meta parameters by empty ones of their shard shape (tied ones stay tied), and the persistent
     buffers (e.g. DeepSeek-V3's router score bias) by empty ones that the checkpoint fills; rebuild the rotary
     embedding, whose `inv_freq` is a non-persistent buffer that no checkpoint restores."""
@@ -268,7 +285,8 @@ def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype:
         owner_name, _, attr = name.rpartition(".")
         owner = model.get_submodule(owner_name)
         if id(param) not in allocated:
-            shape = shard_shape(param.shape, param_shard_dim(name, plan), size)
+            dim, _, blocks = param_blocks(name, plan, 0, size, replicas)
+            shape = shard_shape(param.shape, dim, blocks)
             allocated[id(param)] = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
         setattr(owner, attr, allocated[id(param)])
     persistent = set(model.state_dict())
@@ -283,7 +301,7 @@ def _allocate_shards(model: nn.Module, plan: dict[str, Style], size: int, dtype:
 
 def _checkpoint_shards(
     source: str | os.PathLike, dtype: torch.dtype, plan: dict[str, Style], tp: RolloutTensorParallel,
-    module_names: set[str],
+    module_names: set[str], replicas: int,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """`(hf_name, this rank's shard)` of each tensor of a checkpoint, read slice by slice from safetensors files
     whose tensor names are the module's (`module_names`); other checkpoints are loaded whole once, then sliced."""
@@ -296,7 +314,8 @@ def _checkpoint_shards(
         reason = "stores tensors under other names than the module's (transformers converts them on load)"
     if reason is not None:
         logger.warning("rollout: %s %s; loading the full model once to slice this rank's shard", source, reason)
-        yield from named_shards(build_causal_lm(source, dtype=dtype).state_dict().items(), plan, tp.rank, tp.size)
+        full = build_causal_lm(source, dtype=dtype).state_dict().items()
+        yield from named_shards(full, plan, tp.rank, tp.size, replicas)
         return
     from safetensors import safe_open
 
@@ -306,10 +325,10 @@ def _checkpoint_shards(
                 piece = handle.get_slice(name)  # reads only the indexed block
                 shape = piece.get_shape()
                 index = [slice(None)] * len(shape)
-                dim = param_shard_dim(name, plan)
+                dim, block, blocks = param_blocks(name, plan, tp.rank, tp.size, replicas)
                 if dim is not None:
-                    length = shard_shape(shape, dim, tp.size)[dim]
-                    index[dim] = slice(tp.rank * length, (tp.rank + 1) * length)
+                    length = shard_shape(shape, dim, blocks)[dim]
+                    index[dim] = slice(block * length, (block + 1) * length)
                 yield name, piece[tuple(index)]
 
 

@@ -34,6 +34,7 @@ from hybridflow.engines.rollout.native.mla import MLAShape, MLAWeights, expand_v
 from hybridflow.engines.rollout.native.ops import rms_norm, rotate
 from hybridflow.engines.rollout.native_support import NATIVE_ROPE_TYPES, native_unsupported_reason
 from hybridflow.engines.rollout.tensor_parallel import RolloutTensorParallel
+from hybridflow.models.parallel_plan import kv_heads_per_rank
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class LlamaFamilyForward:
         self.num_layers = config.num_hidden_layers
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = config.num_attention_heads // tp_size  # this rank's heads
-        self.num_kv_heads = config.num_key_value_heads // tp_size
+        self.num_kv_heads = kv_heads_per_rank(config, tp_size)  # one replicated head when tp > kv heads
         self.mla = MLAShape.of(config, tp_size)
         self.latent_values: int | None = None
         """The cache's `latent_values` (MLA: values are the keys' latent features), else None."""
