@@ -42,26 +42,31 @@ def loop_group(models, **serving) -> LocalWorkerGroup:
     return group
 
 
+@pytest.fixture(scope="module")
+def scored(models) -> tuple:
+    """The policy's batch and its scores from the loop's default worker (float32)."""
+    batch = policy_batch(load_tokenizer(models["policy"]))
+    return batch, loop_group(models).compute_rm_score(batch).batch["rm_scores"]
+
+
 def conversations(models) -> list[list[int]]:
     """Each row's whole conversation (prompt and answer) in the reward model's chat template."""
     tokenizer = load_tokenizer(models["rm"])
     return [encode_chat(tokenizer, [*m, {"role": "assistant", "content": a}]) for m, a in zip(MESSAGES, ANSWERS)]
 
 
-def test_the_loop_re_templates_even_for_the_policy_s_own_tokenizer(models):
+def test_the_loop_re_templates_even_for_the_policy_s_own_tokenizer(models, scored):
     """The reward model shares the policy's tokenizer, which the legacy worker feeds ids as they are; the loop
     decodes and re-templates like verl's (the policy's prompt template and the response's eos are not scored)."""
-    batch = policy_batch(load_tokenizer(models["policy"]))
-    scores = loop_group(models).compute_rm_score(batch).batch["rm_scores"]
+    batch, scores = scored
     expected = hf_scores(models["rm"], conversations(models))
     last = batch.batch["response_mask"].sum(-1) - 1
     assert scores[torch.arange(2), last].tolist() == pytest.approx(expected, abs=1e-5)
     assert scores.sum(-1).tolist() == pytest.approx(expected, abs=1e-5)
 
 
-def test_token_budget_and_max_model_len_cut_as_the_keys_say(models):
-    batch = policy_batch(load_tokenizer(models["policy"]))
-    whole = loop_group(models).compute_rm_score(batch).batch["rm_scores"]
+def test_token_budget_and_max_model_len_cut_as_the_keys_say(models, scored):
+    batch, whole = scored
     shortest = min(len(ids) for ids in conversations(models))  # the longer row is over the budget: scored alone
     small = loop_group(models, max_num_batched_tokens=shortest)
     assert torch.allclose(small.compute_rm_score(batch).batch["rm_scores"], whole, atol=1e-5), "one row at a time"
@@ -70,9 +75,8 @@ def test_token_budget_and_max_model_len_cut_as_the_keys_say(models):
     assert cut.tolist() == pytest.approx(expected, abs=1e-5), "a conversation over max_model_len keeps its end"
 
 
-def test_the_bfloat16_forward_stays_near_the_float32_one(models):
-    batch = policy_batch(load_tokenizer(models["policy"]))
-    full = loop_group(models).compute_rm_score(batch).batch["rm_scores"].sum(-1)
+def test_the_bfloat16_forward_stays_near_the_float32_one(models, scored):
+    batch, full = scored[0], scored[1].sum(-1)
     half = loop_group(models, dtype="bfloat16").compute_rm_score(batch).batch["rm_scores"].sum(-1)
     assert half.dtype == torch.float32 and not torch.equal(half, full), "the forward ran in bfloat16"
     assert torch.allclose(half, full, atol=0.05, rtol=0.05)

@@ -1,7 +1,7 @@
 """Rollout tensor parallelism over more ranks than key/value heads: each rank holds the one head its query heads
-attend with (replicated on tp / kv ranks, as Megatron and vLLM do). On 4 gloo ranks, a qwen2 with 2 key/value heads
-(and their biases) generates exactly as one rank does, in the native and the hf engine, and its weights go in and
-come back whole, bitwise."""
+attend with (replicated on tp / kv ranks, as Megatron and vLLM do). A qwen2 (key/value biases included) with one
+key/value head on 2 gloo ranks, or with 2 on 4 ranks, generates exactly as one rank does, in the native and the hf
+engine, and its weights go in and come back whole, bitwise."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _replicated_heads(rank: int, world_size: int, model_dir: str, newer_dir: str
     head_dim = config.hidden_size // config.num_attention_heads
     original = dict(build_causal_lm(model_dir).named_parameters())
     newer = {name: t.detach() for name, t in build_causal_lm(newer_dir).named_parameters()}
-    head = slice((rank // 2) * head_dim, (rank // 2 + 1) * head_dim)  # ranks 0, 1: head 0; ranks 2, 3: head 1
+    replicas = world_size // config.num_key_value_heads
+    head = slice((rank // replicas) * head_dim, (rank // replicas + 1) * head_dim)  # e.g. tp 4, kv 2: ranks 2, 3 hold 1
     engines = {"native": lambda source, **kw: NativeRollout(source, tokenizer, GREEDY, kernels="torch", **kw),
                "hf": lambda source, **kw: HFRollout(source, tokenizer, GREEDY, **kw)}
     for label, build in engines.items():
@@ -40,7 +41,7 @@ def _replicated_heads(rank: int, world_size: int, model_dir: str, newer_dir: str
         attention = rollout.model.get_submodule(K_PROJ.rpartition(".")[0])
         assert torch.equal(attention.k_proj.weight, original[f"{K_PROJ}.weight"][head]), label
         assert torch.equal(attention.k_proj.bias, original[f"{K_PROJ}.bias"][head]), label
-        assert attention.q_proj.weight.shape[0] == head_dim, label  # one query head per rank
+        assert attention.q_proj.weight.shape[0] * world_size == config.hidden_size, label  # its query heads
         _assert_same_output(rollout.generate_sequences(prompts), expected, label)
         for name, full in rollout.named_weights():  # the replicated head comes back once
             assert torch.equal(full, original[name]), (label, name)
@@ -50,14 +51,18 @@ def _replicated_heads(rank: int, world_size: int, model_dir: str, newer_dir: str
             assert torch.equal(full, newer[name]), (label, name)
 
 
-def test_tp4_over_two_key_value_heads_generates_as_one_rank(tmp_path, tiny_tokenizer):
-    assert len(tiny_tokenizer) % 4 == 0
+@pytest.mark.parametrize(
+    ("world_size", "kv_heads"), [(2, 1), pytest.param(4, 2, marks=pytest.mark.slow)], ids=["tp2_kv1", "tp4_kv2"]
+)
+def test_more_ranks_than_key_value_heads_generate_as_one_rank(tmp_path, tiny_tokenizer, world_size, kv_heads):
+    assert len(tiny_tokenizer) % world_size == 0
     dirs = []
     for seed in (1, 5):
-        model, tokenizer = build_tiny_model("qwen2", initializer_range=0.3, seed=seed, tokenizer=tiny_tokenizer)
-        assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (4, 2)
+        model, tokenizer = build_tiny_model("qwen2", num_kv_heads=kv_heads, initializer_range=0.3, seed=seed,
+                                            tokenizer=tiny_tokenizer)
+        assert model.config.num_attention_heads == 4 and model.config.num_key_value_heads == kv_heads
         dirs.append(str(save_model_and_tokenizer(model, tokenizer, tmp_path / f"qwen2_{seed}")))
-    run_distributed(_replicated_heads, 4, *dirs)
+    run_distributed(_replicated_heads, world_size, *dirs)
 
 
 def _config(heads: int, kv_heads: int) -> SimpleNamespace:
