@@ -83,8 +83,9 @@ class ActorConfig(PPOLossConfig):
     """Prompts per optimizer step (times rollout.n samples), before splitting over ranks."""
     ppo_micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward on one rank (gradient accumulation fills the mini-batch)."""
-    ppo_micro_batch_size: Optional[int] = unsupported(None, "give ppo_micro_batch_size_per_gpu instead")
-    """Old global form of ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size: Optional[int] = None
+    """verl's old global form of ppo_micro_batch_size_per_gpu: that key becomes this // the role's
+    data-parallel ranks when the config loads (verl's workers divide it so)."""
     use_dynamic_bsz: bool = False
     """Cut micro-batches by token count (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu rows."""
     ppo_max_token_len_per_gpu: int = 16384
@@ -193,8 +194,9 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
     """Samples per forward when computing reference log-probs (the PPO trainer sets it from
     rollout.log_prob_micro_batch_size_per_gpu unless given; 8 applies to a reference built on its own)."""
-    log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
-    """Old global form of log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size: Optional[int] = None
+    """verl's old global form of log_prob_micro_batch_size_per_gpu: that key becomes this // the role's
+    data-parallel ranks when the config loads (verl's workers divide it so)."""
     log_prob_use_dynamic_bsz: bool = False
     """Cut log-prob micro-batches by token count (log_prob_max_token_len_per_gpu) instead of rows."""
     log_prob_max_token_len_per_gpu: int = 16384
@@ -305,12 +307,14 @@ class CriticConfig:
     """Prompts per critic optimizer step (times rollout.n)."""
     ppo_micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward on one rank."""
-    ppo_micro_batch_size: Optional[int] = unsupported(None, "give ppo_micro_batch_size_per_gpu instead")
-    """Old global form of ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size: Optional[int] = None
+    """verl's old global form of ppo_micro_batch_size_per_gpu: that key becomes this // the role's
+    data-parallel ranks when the config loads (verl's workers divide it so)."""
     forward_micro_batch_size_per_gpu: int = 8
     """Samples per forward when computing values."""
-    forward_micro_batch_size: Optional[int] = unsupported(None, "give forward_micro_batch_size_per_gpu instead")
-    """Old global form of forward_micro_batch_size_per_gpu."""
+    forward_micro_batch_size: Optional[int] = None
+    """verl's old global form of forward_micro_batch_size_per_gpu: that key becomes this // the role's
+    data-parallel ranks when the config loads (verl's workers divide it so)."""
     use_dynamic_bsz: bool = False
     """Cut micro-batches by token count instead of rows (ppo_/forward_max_token_len_per_gpu)."""
     ppo_max_token_len_per_gpu: int = 32768
@@ -506,8 +510,9 @@ class RewardModelWorkerConfig:
     micro_batch_size_per_gpu: Optional[int] = None
     """Sequences per reward-model forward on one rank; None: the rank's whole share at once. Under the reward loop,
     micro-batches are cut by rollout.max_num_batched_tokens, at least one per this many rows."""
-    micro_batch_size: Optional[int] = unsupported(None, "give micro_batch_size_per_gpu instead")
-    """Old global form of micro_batch_size_per_gpu."""
+    micro_batch_size: Optional[int] = None
+    """verl's old global form of micro_batch_size_per_gpu: that key becomes this // the role's
+    data-parallel ranks when the config loads (verl's workers divide it so)."""
     max_length: Optional[int] = None
     """Most tokens of a re-templated conversation (the start is cut, the response end kept); None: no limit."""
     use_dynamic_bsz: bool = False

@@ -239,7 +239,8 @@ INVALID = [
      ["ulysses_sequence_parallel_size=2", "over 1 ranks", "multiple of it"]),
     ("reward_model.enable=True", ["reward_model.model.path", "not a reward model", "ForSequenceClassification"]),
     ("reward_model.rule_reward_coef=0.5", ["reward_model.rule_reward_coef=0.5", "reward_model.enable=False"]),
-    ("reward_model.micro_batch_size=4", ["reward_model.micro_batch_size", "micro_batch_size_per_gpu"]),
+    ("reward_model.micro_batch_size=4 reward_model.micro_batch_size_per_gpu=2",
+     ["reward_model.micro_batch_size=4", "reward_model.micro_batch_size_per_gpu=2 are both given"]),
     ("data.gen_batch_size=32", ["data.gen_batch_size=32", "algorithm.filter_groups.enable=True"]),
     ("algorithm.filter_groups.enable=True algorithm.filter_groups.metric=seq_final_reward algorithm.use_kl_in_reward=True",
      ["filter_groups.metric=seq_final_reward", "metric=seq_reward"]),
@@ -585,3 +586,28 @@ def test_data_trust_remote_code_reaches_the_drivers_tokenizer_and_processor(file
     scaffold.build_tokenizer(cfg.actor_rollout_ref.model, cfg.data.trust_remote_code)
     scaffold.build_tokenizer(cfg.actor_rollout_ref.model)
     assert seen == [True, False]
+
+
+def test_verl_s_old_global_micro_batch_keys_become_per_gpu_ones(files):
+    """`ppo_micro_batch_size` and the other global forms are divided over the role's data-parallel ranks, as verl's
+    workers divide them; the keys derived from a per-GPU one follow it."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+            "trainer.n_gpus_per_node=4"]
+    cfg = load_config([*line, "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+                       "actor_rollout_ref.ref.log_prob_micro_batch_size=8", "critic.forward_micro_batch_size=12",
+                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 8  # 16 over 4 ranks / sp 2
+    assert arr.rollout.log_prob_micro_batch_size_per_gpu == 8, "derived from the actor's per-GPU size"
+    assert arr.ref.log_prob_micro_batch_size_per_gpu == 4  # the reference's sp follows the actor's
+    assert (cfg.critic.ppo_micro_batch_size_per_gpu, cfg.critic.forward_micro_batch_size_per_gpu) == (8, 3)
+    assert arr.actor.ppo_micro_batch_size is None, "applied, not kept beside the per-GPU size"
+    rm = load_config([*line, "reward_model.micro_batch_size=8", "reward_model.enable_resource_pool=True",
+                      "reward_model.enable=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=2"])
+    assert rm.reward_model.micro_batch_size_per_gpu == 4, "the reward model's own pool of 2"
+    with pytest.raises(ValueError, match=r"ppo_micro_batch_size=16 and actor_rollout_ref.actor.ppo_micro_batch_size"
+                                         r"_per_gpu=2 are both given"):
+        load_config([*line, "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    with pytest.raises(ValueError, match=r"log_prob_micro_batch_size=2 over 4 data-parallel ranks leaves less than one"):
+        load_config([*line, "actor_rollout_ref.rollout.log_prob_micro_batch_size=2"])

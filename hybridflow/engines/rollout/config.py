@@ -168,8 +168,9 @@ class RolloutConfig(SamplingConfig):
     log_prob_micro_batch_size_per_gpu: int = 8
     """Samples per forward when recomputing old log-probs (the PPO trainer sets it from
     actor.ppo_micro_batch_size_per_gpu unless given; 8 applies to a rollout built on its own)."""
-    log_prob_micro_batch_size: Optional[int] = unsupported(None, "give log_prob_micro_batch_size_per_gpu instead")
-    """Old global form of log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size: Optional[int] = None
+    """verl's old global form of log_prob_micro_batch_size_per_gpu: that key becomes this // the role's
+    data-parallel ranks when the config loads (verl's workers divide it so)."""
     log_prob_use_dynamic_bsz: bool = False
     """Cut old-log-prob micro-batches by token count (log_prob_max_token_len_per_gpu) instead of rows."""
     log_prob_max_token_len_per_gpu: int = 16384

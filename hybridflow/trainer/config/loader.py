@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hybridflow.trainer.config.global_micro_batches import apply_global_micro_batches
 from hybridflow.trainer.config.schema import PPO_DERIVED, PPOConfig, SFTConfig
 from hybridflow.utils.config import build_config, defaults_tree, describe_fields
 
@@ -217,6 +218,8 @@ def _explain(err: Exception, tree: ConfigTree) -> str:
 
 def to_typed(cfg: DictConfig, tree: ConfigTree = PPO_TREE) -> Any:
     """The frozen dataclass tree of a composed config: interpolations resolved, every value checked."""
+    if tree is PPO_TREE:
+        apply_global_micro_batches(cfg, schema_defaults(tree))
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
