@@ -304,3 +304,18 @@ def test_freezing_a_vision_tower_needs_one(tmp_path, train_file):
                                          "actor_rollout_ref.actor.freeze_vision_tower=True"]
     with nothing_started(), pytest.raises(ValueError, match="freeze_vision_tower=True, but .* is a text model"):
         check(line)
+
+
+def test_hybrid_sharding_groups_are_checked_against_the_ranks(tmp_path, train_file):
+    """verl's fsdp_size: a divisor of the ranks passes (HSDP), another size is refused before Ray naming the key."""
+    from hybridflow.models import save_tiny_model
+
+    line = grpo_overrides(train_file) + [
+        f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'dense')}", "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=4",
+    ]
+    with nothing_started():
+        check([*line, "actor_rollout_ref.actor.fsdp_config.fsdp_size=2"])
+        with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.fsdp_config.fsdp_size=3, .* over 4 ranks: "
+                                             r"fsdp_size=3 does not divide the 4 ranks"):
+            check([*line, "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"])

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from hybridflow.models.config import ModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_range, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, check_range
+from hybridflow.utils.config import unsupported
 
 __all__ = ["FSDPConfig", "FSDPEngineConfig", "FSDPModelConfig", "OptimConfig", "ParallelLayout", "RouterReplayConfig"]
 
@@ -121,8 +122,11 @@ class FSDPConfig:
     """MoE models: ranks that split each layer's routed experts (each holds E / ep whole experts; tokens reach them
     by all-to-all). The ranks of an EP group still take different data; FSDP2 shards each rank's experts over the
     world / ep ranks that hold the same ones. Needs a model whose experts it divides (transformers' EP plan)."""
-    fsdp_size: int = unsupported(-1, "hybrid sharding groups are not implemented; every rank shards over all ranks")
-    """Ranks per FSDP sharding group (-1: all ranks)."""
+    fsdp_size: int = -1
+    """Ranks per FSDP sharding group (-1: all ranks). A divisor k of the ranks gives hybrid sharding (HSDP, verl's
+    key): each group of k consecutive ranks shards the weights, the world / k groups are replicas of each other,
+    and gradients are reduce-scattered in a group, then all-reduced over the replicas. Not with tensor or expert
+    parallelism."""
     offload_policy: bool = unsupported(False, "use param_offload, which applies FSDP2's CPUOffloadPolicy")
     """FSDP2 CPU offload of parameters, gradients and optimizer state."""
     forward_prefetch: bool = unsupported(False, "explicit forward prefetching is not implemented")
@@ -143,6 +147,15 @@ class FSDPConfig:
         check_literal_fields(self)
         check_at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
         check_at_least("expert_parallel_size", self.expert_parallel_size, 1)
+        if self.fsdp_size != -1:
+            check_positive("fsdp_size", self.fsdp_size)
+            for other in ("tensor_parallel_size", "expert_parallel_size"):
+                if getattr(self, other) > 1:
+                    raise ConfigFieldError(
+                        "fsdp_size",
+                        f"fsdp_size={self.fsdp_size} with {other}={getattr(self, other)}: hybrid sharding groups "
+                        f"with {other.split('_')[0]} parallelism are not implemented; use fsdp_size=-1 or {other}=1",
+                    )
         if self.expert_parallel_size > 1 and self.tensor_parallel_size > 1:
             raise ConfigFieldError(
                 "expert_parallel_size",
@@ -268,6 +281,8 @@ class ParallelLayout:
     tp: int = 1
     sp: int = 1
     ep: int = 1
+    fsdp_size: int = -1
+    """Ranks per FSDP2 sharding group (hybrid sharding when it is a divisor below the world; -1: all)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.sp < 1:
@@ -294,6 +309,16 @@ class ParallelLayout:
                 f"{self.world_size} ranks cannot form groups of tensor_parallel_size x ulysses_sequence_parallel_size "
                 f"= {self.tp * self.sp}; the number of ranks must be a multiple of it"
             )
+        if self.fsdp_size != -1 and (self.fsdp_size < 1 or self.world_size % self.fsdp_size):
+            raise ValueError(
+                f"fsdp_size={self.fsdp_size} does not divide the {self.world_size} ranks into sharding groups; use a "
+                "divisor of the ranks, or -1 (one group of all ranks)"
+            )
+
+    @property
+    def hybrid_shards(self) -> bool:
+        """Whether FSDP2 shards in groups of fsdp_size ranks replicated over the rest (HSDP)."""
+        return self.fsdp_size not in (-1, self.world_size)
 
     @property
     def group_size(self) -> int:

@@ -150,7 +150,7 @@ class FSDPEngine:
             enable_activation_checkpointing(module)
         layout = ParallelLayout(
             self.world_size, config.fsdp.tensor_parallel_size, config.ulysses_sequence_parallel_size,
-            config.fsdp.expert_parallel_size,
+            config.fsdp.expert_parallel_size, config.fsdp.fsdp_size,
         )
         if (layout.group_size > 1 or layout.ep > 1) and not self.is_sharded:
             raise RuntimeError(
@@ -524,7 +524,7 @@ class FSDPEngine:
             "rng": checkpoint.get_rng_state(),
             "layout": {
                 "tensor_parallel_size": self.layout.tp, "ulysses_sequence_parallel_size": self.layout.sp,
-                "expert_parallel_size": self.layout.ep,
+                "expert_parallel_size": self.layout.ep, "fsdp_size": self.sharding_group_size,
             },
         }
         checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
@@ -543,8 +543,9 @@ class FSDPEngine:
         path = Path(path)
         rank, world = self.rank, self.world_size
         extra = checkpoint.load_shard(checkpoint.shard_file(path, "extra_state", rank, world))
-        saved = extra.get("layout", {})
-        for key, used in (("tensor_parallel_size", self.layout.tp), ("expert_parallel_size", self.layout.ep)):
+        saved = {"fsdp_size": world, **extra.get("layout", {})}  # before fsdp_size was recorded: all ranks
+        for key, used in (("tensor_parallel_size", self.layout.tp), ("expert_parallel_size", self.layout.ep),
+                          ("fsdp_size", self.sharding_group_size)):
             if saved.get(key, 1) != used:  # shards of another split do not fit this one's
                 raise ValueError(
                     f"checkpoint {path} was written with {key}={saved.get(key, 1)}, this engine uses {used}: resume "
@@ -556,6 +557,11 @@ class FSDPEngine:
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         checkpoint.set_rng_state(extra["rng"])
         self._barrier()
+
+    @property
+    def sharding_group_size(self) -> int:
+        """Ranks one FSDP2 sharding group spans: fsdp_size under hybrid sharding, else the whole mesh."""
+        return self.layout.fsdp_size if self.layout.hybrid_shards else self.world_size
 
     def offload_to_cpu(self, *, model: bool = True, optimizer: bool = True) -> None:
         """Move parameters/gradients and/or optimizer state to CPU (no-op on CPU hosts)."""

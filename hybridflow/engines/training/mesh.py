@@ -5,7 +5,8 @@ Ranks are laid out data-parallel-major: the `tp` (or `sp`) ranks of one data-par
 they sit on one node when nodes hold a multiple of them. Tensor/sequence-parallel peers take the same data;
 `ParallelLayout` says which data shard a rank takes and whether its output is collected (the first of its group).
 Expert-parallel peers take different data: the `ep` consecutive ranks of a group split the experts, and the
-`efsdp` ranks holding the same experts shard them with FSDP2 (`expert_parallel.py`).
+`efsdp` ranks holding the same experts shard them with FSDP2 (`expert_parallel.py`). With hybrid sharding
+(`fsdp_size`), FSDP2's mesh is 2-D: groups of fsdp_size consecutive ranks shard, the groups replicate.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def build_training_meshes(device: torch.device, layout: ParallelLayout) -> Train
     if layout.tp > 1:
         mesh = init_device_mesh(device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
         return TrainingMeshes(layout, fsdp=mesh["dp"], tp=mesh["tp"])
-    fsdp = init_device_mesh(device.type, (layout.world_size,), mesh_dim_names=("fsdp",))
+    if layout.hybrid_shards:  # HSDP: a 2-D mesh, FSDP2 replicates over its first dim and shards over its second
+        shape = (layout.world_size // layout.fsdp_size, layout.fsdp_size)
+        fsdp = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+    else:
+        fsdp = init_device_mesh(device.type, (layout.world_size,), mesh_dim_names=("fsdp",))
     meshes = TrainingMeshes(layout, fsdp=fsdp)
     if layout.sp > 1:
         sp_mesh = init_device_mesh(device.type, (layout.dp, layout.sp), mesh_dim_names=("dp", "sp"))

@@ -58,9 +58,12 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
         tp, ep = fsdp.tensor_parallel_size, fsdp.expert_parallel_size
         sp_key = f"{prefix}.ulysses_sequence_parallel_size"
         try:
-            layouts[role] = ParallelLayout(ranks, tp, sp, ep)
+            layouts[role] = ParallelLayout(ranks, tp, sp, ep, fsdp.fsdp_size)
         except ValueError as err:
-            raise ValueError(f"{tp_key}={tp}, {sp_key}={sp}, {ep_key}={ep} over {ranks} ranks: {err}") from err
+            where = f"{tp_key}={tp}, {sp_key}={sp}, {ep_key}={ep}"
+            if fsdp.fsdp_size != -1:
+                where = f"{fsdp_key}.fsdp_size={fsdp.fsdp_size}, {where}"
+            raise ValueError(f"{where} over {ranks} ranks: {err}") from err
     engines = engine_configs(cfg)  # the engine's own rules, once the sizes fit the ranks
     for role, layout in layouts.items():
         if layout.group_size > 1 or layout.ep > 1:
@@ -71,6 +74,11 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
             check_sp_layout(model_config, layout.sp, f"{prefix}.ulysses_sequence_parallel_size")
             check_ep_layout(model_config, layout.ep, ep_key)
     ref = arr.ref
+    if cfg.uses_reference and ref.fsdp_config.fsdp_size != -1:
+        try:
+            ParallelLayout(world, fsdp_size=ref.fsdp_config.fsdp_size)
+        except ValueError as err:
+            raise ValueError(f"actor_rollout_ref.ref.fsdp_config.fsdp_size over {world} ranks: {err}") from err
     if cfg.uses_reference and ref.fsdp_config.expert_parallel_size > 1:
         key = "actor_rollout_ref.ref.fsdp_config.expert_parallel_size"
         ref_ep = ref.fsdp_config.expert_parallel_size

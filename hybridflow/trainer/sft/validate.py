@@ -57,13 +57,13 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
     """The tensor / sequence parallel layout: sizes that divide the ranks and the model, and the training engine's
     own rules (built by the same `SFTConfig.engine_config` the trainer uses)."""
     tp, sp = cfg.model.fsdp_config.tensor_parallel_size, cfg.ulysses_sequence_parallel_size
-    ep = cfg.model.fsdp_config.expert_parallel_size
+    ep, fsdp_size = cfg.model.fsdp_config.expert_parallel_size, cfg.model.fsdp_config.fsdp_size
     try:
-        layout = ParallelLayout(cfg.trainer.world_size, tp, sp, ep)
+        layout = ParallelLayout(cfg.trainer.world_size, tp, sp, ep, fsdp_size)
     except ValueError as err:
         raise ValueError(
             f"model.fsdp_config.tensor_parallel_size={tp}, ulysses_sequence_parallel_size={sp}, "
-            f"model.fsdp_config.expert_parallel_size={ep}: {err}"
+            f"model.fsdp_config.expert_parallel_size={ep}, model.fsdp_config.fsdp_size={fsdp_size}: {err}"
         ) from err
     try:
         cfg.engine_config(total_training_steps=1)  # the engine's own rules (packed rows for Ulysses, no LoRA with tp)
