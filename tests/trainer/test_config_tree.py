@@ -611,3 +611,19 @@ def test_verl_s_old_global_micro_batch_keys_become_per_gpu_ones(files):
                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     with pytest.raises(ValueError, match=r"log_prob_micro_batch_size=2 over 4 data-parallel ranks leaves less than one"):
         load_config([*line, "actor_rollout_ref.rollout.log_prob_micro_batch_size=2"])
+
+
+def test_entries_of_free_form_dicts_are_set_with_or_without_plus(files):
+    """verl's scripts set `rollout.engine_kwargs.sglang.attention_backend=triton` (no `+`) and
+    `+model.override_config.x=...`; both land in the dict, and an engine's entry this run does not read is refused."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}"]
+    cfg = load_config([*line, "actor_rollout_ref.model.override_config.attn_implementation=eager",
+                       "+critic.model.override_config.attn_implementation=sdpa"])
+    assert cfg.actor_rollout_ref.model.override_config == {"attn_implementation": "eager"}
+    assert cfg.critic.model.override_config == {"attn_implementation": "sdpa"}
+    vllm = load_config([*line, "actor_rollout_ref.rollout.name=vllm",
+                        "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"]).actor_rollout_ref.rollout
+    assert vllm.engine_kwargs == {"vllm": {"swap_space": 4}}
+    with pytest.raises(ValueError, match=r"engine_kwargs.sglang=\{'attention_backend': 'triton'\} sets the sglang "
+                                         r"engine, but actor_rollout_ref.rollout.name='hf' does not read them"):
+        load_config([*line, "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton"])

@@ -55,6 +55,11 @@ class ConfigTree:
         """Every leaf key of the tree."""
         return [item.key for item in describe_fields(self.root, derived=self.derived)]
 
+    def free_dict_keys(self) -> frozenset[str]:
+        """The leaf keys that hold free-form dicts (`engine_kwargs`, `override_config`, `reward_kwargs`, ...)."""
+        fields = describe_fields(self.root, derived=self.derived)
+        return frozenset(item.key for item in fields if item.type_name.startswith("dict"))
+
 
 PPO_TREE = ConfigTree(
     PPOConfig,
@@ -108,7 +113,7 @@ _OVERRIDE = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[^=~+][^=]*?)(?P<rest>=.
 def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
     """Overrides with aliases replaced by their key; a renamed key raises ValueError with its new place."""
     rewritten = []
-    known_keys = None
+    known_keys = free_dicts = None
     for item in overrides:
         match = _OVERRIDE.match(item)
         if match is None:
@@ -122,6 +127,10 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
         if key in tree.aliases:
             key = tree.aliases[key]
             prefix = "" if prefix == "+" else prefix  # `+` adds a key; the alias's key is in the tree already
+        elif prefix in ("", "+") and "." in key and _under_free_dict(key, free_dicts := free_dicts or tree.free_dict_keys()):
+            # an entry of a free-form dict (`rollout.engine_kwargs.sglang.attention_backend=triton`): Hydra's struct
+            # mode refuses a plain override of a missing entry and `+` of a present one; `++` sets it either way
+            prefix = "++"
         elif prefix == "+":
             # verl's scripts add with `+` the keys verl lacks (`+actor_rollout_ref.actor.fsdp_config.model_dtype`);
             # where hybridflow has the key, Hydra would refuse to add it again: it is an override here
@@ -132,6 +141,12 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
             rest = "=0" if rest.strip().lower() == "=false" else "=1"
         rewritten.append(f"{prefix}{key}{rest}")
     return rewritten
+
+
+def _under_free_dict(key: str, free_dicts: frozenset[str]) -> bool:
+    """Whether `key` names an entry inside one of the free-form dict keys (not the dict itself)."""
+    parts = key.split(".")
+    return any(".".join(parts[:end]) in free_dicts for end in range(1, len(parts)))
 
 
 def compose_config(
