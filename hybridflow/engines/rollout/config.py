@@ -234,8 +234,9 @@ class RolloutConfig(SamplingConfig):
     actor.router_replay.mode=R3); the hf engine in sync mode records them."""
     expert_parallel_size: int = 1
     """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size (native and hf
-    engines), whose tensor-parallel group then holds each mixture-of-experts layer's experts whole, E / tp per rank
-    (a mixture-of-experts model under rollout tensor parallelism needs it)."""
+    engines). Under rollout tensor parallelism a mixture-of-experts layer's experts are split whole over the group,
+    E / tp per rank, with either value: 1 is verl's default, where vLLM splits each expert's width over the group
+    instead, the same share of the expert weights per rank and the same all-reduce of the partial outputs."""
     data_parallel_size: int = unsupported(
         1, "replicas are data-parallel already (the pool's ranks / tensor_model_parallel_size); data-parallel "
         "attention inside one replica is not wired"

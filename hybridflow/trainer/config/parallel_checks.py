@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.engines.training.config import FSDPEngineConfig, ParallelLayout
-from hybridflow.models.moe_shape import moe_shape_of
 from hybridflow.models.parallel_plan import check_ep_layout, check_rollout_tp_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig
 
@@ -126,11 +125,7 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
     check_rollout_tp_layout(model_config, tp, key)
     ep, ep_key = arr.rollout.expert_parallel_size, "actor_rollout_ref.rollout.expert_parallel_size"
     check_ep_layout(model_config, ep, ep_key)  # a dense model has no experts to split
-    if moe_shape_of(model_config) is not None and ep != tp:
-        raise ValueError(
-            f"{key}={tp} with {ep_key}={ep} on a mixture-of-experts model: the rollout splits its experts whole "
-            f"over the tensor-parallel group (expert parallelism), not each expert's width; set {ep_key}={tp}"
-        )
+    # A mixture-of-experts model's experts are split whole over the group with ep=1 (verl's default) or ep=tp.
 
 
 def hf_model_config(path: str, trust_remote_code: bool = False, overrides: Any = None) -> Any:
