@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Sequence
@@ -14,16 +15,24 @@ __all__ = ["ATTN_IMPLEMENTATIONS", "FusedKernelOptions", "ModelConfig", "check_l
 
 
 def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -> None:
-    """Raise unless `path` is None or a peft adapter directory used with LoRA (`~` expanded as the loader does)."""
+    """Raise unless `path` is None or a peft adapter directory (`~` expanded as the loader does). The adapter's own
+    config sets the rank, alpha and targets (as in verl, the path alone turns LoRA on): a lora_rank given beside it
+    must be the adapter's."""
     if path is None:
         return
-    if lora_rank <= 0:
-        raise ConfigFieldError(field_name, f"{field_name}={path!r} needs LoRA: set lora_rank > 0 (the adapter's rank)")
-    if not (Path(path).expanduser() / "adapter_config.json").is_file():
+    config_file = Path(path).expanduser() / "adapter_config.json"
+    if not config_file.is_file():
         raise ConfigFieldError(
             field_name,
             f"{field_name}={path!r} is not a peft adapter directory (no adapter_config.json); point it at an SFT "
             "checkpoint's lora_adapter/ folder",
+        )
+    adapter_rank = json.loads(config_file.read_text()).get("r")
+    if lora_rank > 0 and adapter_rank is not None and lora_rank != adapter_rank:
+        raise ConfigFieldError(
+            "lora_rank",
+            f"lora_rank={lora_rank} differs from the rank {adapter_rank} of the adapter at {field_name}={path!r}, "
+            "whose config rules the adapters; leave lora_rank at 0 or set it to the adapter's",
         )
 
 
@@ -103,7 +112,8 @@ class ModelConfig:
     matched against the full module name. Like target_modules it shapes the adapters, so without LoRA
     (lora_rank=0) there is nothing for it to change (verl's own test scripts pass DONT_EXCLUDE then)."""
     lora_adapter_path: Optional[str] = None
-    """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from."""
+    """A peft adapter directory (e.g. an SFT checkpoint's lora_adapter/) to continue LoRA training from; it turns
+    LoRA on by itself, with the adapter's rank, alpha and targets (its adapter_config.json), as in verl."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Values to override in the model's HF config (verl's key, set as +...override_config.KEY=VALUE), e.g.
     max_position_embeddings or rope_scaling; a dict value updates a sub-config (text_config). attn_implementation

@@ -128,6 +128,12 @@ def test_checkpoint_writes_a_peft_adapter_that_training_can_continue_from(model_
     for name, param in resumed.module.named_parameters():
         assert torch.equal(param, trained[name]), name
         assert param.requires_grad == trained[name].requires_grad, name
+    # As in verl, the path alone turns LoRA on with the adapter's rank and alpha; another rank beside it is refused.
+    alone = build_fsdp_engine(model_dir, FSDPEngineConfig(model=ModelConfig(lora_adapter_path="~/lora_adapter")))
+    assert alone.lora_scaling == engine.lora_scaling
+    assert all(torch.equal(param, trained[name]) for name, param in alone.module.named_parameters())
+    with pytest.raises(ValueError, match=r"^lora_rank=4 differs from the rank 8 of the adapter at lora_adapter_path="):
+        ModelConfig(lora_rank=4, lora_adapter_path="~/lora_adapter")
     engine.save_hf_model(tmp_path / "hf")
     exported = build_causal_lm(tmp_path / "hf").state_dict()
     for name, tensor in engine.named_full_params():
@@ -163,8 +169,8 @@ def test_lora_misuse_is_refused(model_dir, batch):
         FSDPEngine(build_causal_lm(model_dir), FSDPEngineConfig()).compute_log_prob(batch, disable_adapter=True)
     with pytest.raises(ValueError, match="^lora_adapter_path=.* is not a peft adapter directory"):
         ModelConfig(lora_rank=8, lora_adapter_path=model_dir)
-    with pytest.raises(ValueError, match="^lora_adapter_path=.* needs LoRA: set lora_rank > 0"):
-        ModelConfig(lora_adapter_path=model_dir)
+    with pytest.raises(ValueError, match="^lora_adapter_path=.* is not a peft adapter directory"):
+        ModelConfig(lora_adapter_path=model_dir)  # the path alone turns LoRA on, and is checked
 
 
 # ----------------------------------------------------------------------------- LoRA RL

@@ -59,7 +59,7 @@ CASES = [
     ("trainer.val_only=True data.val_files=[]", ["trainer.val_only", "data.val_files"]),
     ("actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_adapter_path=/nonexistent",
      ["model.lora_adapter_path", "adapter_config.json"]),
-    ("actor_rollout_ref.model.lora_adapter_path=/nonexistent", ["model.lora_adapter_path", "lora_rank > 0"]),
+    ("actor_rollout_ref.model.lora_adapter_path=/nonexistent", ["model.lora_adapter_path", "adapter_config.json"]),
     ("actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=0", ["multi_turn.max_tokens_per_turn", "> 0"]),
     ("actor_rollout_ref.rollout.agent.max_concurrent_loops=0", ["agent.max_concurrent_loops", "> 0"]),
     ("trainer.rpc_timeout_s=0", ["trainer.rpc_timeout_s", "> 0"]),

@@ -288,7 +288,7 @@ def check_lora_with_lone_param_offload(cfg: PPOConfig) -> None:
     trainer.device=auto is checked by the engine once its device is known."""
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
     fsdp = arr.actor.fsdp_config
-    if arr.model.lora_rank <= 0 or not fsdp.param_offload or trainer.world_size != 1 or trainer.device == "cpu":
+    if not arr.model.use_lora or not fsdp.param_offload or trainer.world_size != 1 or trainer.device == "cpu":
         return
     import torch  # here: most configs never reach this line
 

@@ -53,8 +53,9 @@ def check_vision_language(cfg: PPOConfig) -> None:
         (arr.actor.fsdp_config.tensor_parallel_size > 1 or arr.actor.ulysses_sequence_parallel_size > 1,
          "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size / ulysses_sequence_parallel_size > 1: tensor and "
          "sequence parallelism do not cover vision towers; use 1"),
-        (arr.model.lora_rank > 0,
-         "actor_rollout_ref.model.lora_rank > 0: LoRA on vision-language models is not supported; use lora_rank=0"),
+        (arr.model.use_lora,
+         "actor_rollout_ref.model.lora_rank > 0 (or lora_adapter_path): LoRA on vision-language models is not "
+         "supported; use lora_rank=0"),
         (arr.ref.model.path not in (None, path),
          "actor_rollout_ref.ref.model.path: a distillation teacher for a vision-language actor is not supported; "
          "leave it unset"),
