@@ -221,9 +221,7 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout is None:
             raise RuntimeError(f"generate_sequences called on a worker with role {self.role!r} (no rollout)")
         start = time.perf_counter()
-        self.rollout.wake_up()  # first, so that the hand-over copies device to device, never through host memory
-        wake_up_s = time.perf_counter() - start
-        update_weights_s = self._sync_rollout_weights()
+        wake_up_s, update_weights_s = self._wake_up_with_weights()
         self._seed_sampling(prompts.meta_info.get("sampling_seed_offset", 0))
         output = self.rollout.generate_sequences(prompts)
         # Which weights sampled each row: the trainer checks that on-policy steps never reuse old ones.
@@ -267,6 +265,21 @@ class ActorRolloutRefWorker(Worker):
         """The actor's policy version: its learning-rate schedule's steps (restored with checkpoints)."""
         return self.actor_engine.lr_scheduler.last_epoch
 
+    def _wake_up_with_weights(self) -> tuple[float, float]:
+        """Wake the rollout and hand it the actor's weights if they changed; (wake-up s, hand-over s). The rollout
+        wakes first, so that the hand-over copies device to device, never through host memory; with
+        rollout.multi_stage_wake_up its KV cache wakes only after the hand-over."""
+        staged = self.config.rollout.multi_stage_wake_up
+        start = time.perf_counter()
+        self.rollout.wake_up_weights() if staged else self.rollout.wake_up()
+        wake_up_s = time.perf_counter() - start
+        update_weights_s = self._sync_rollout_weights()
+        if staged:
+            start = time.perf_counter()
+            self.rollout.wake_up()  # what is still asleep: the KV cache
+            wake_up_s += time.perf_counter() - start
+        return wake_up_s, update_weights_s
+
     def _sync_rollout_weights(self) -> float:
         """Gather the actor's full weights tensor by tensor into the rollout engine (collective); seconds taken."""
         if not self._rollout_weights_stale:
@@ -290,8 +303,7 @@ class ActorRolloutRefWorker(Worker):
         """Hand the actor's weights to the rollout and start this rank's generation server (collective)."""
         if self.rollout is None:
             raise RuntimeError(f"wake_up_rollout_server called on a worker with role {self.role!r} (no rollout)")
-        self.rollout.wake_up()  # first, so that the hand-over copies device to device
-        update_weights_s = self._sync_rollout_weights()
+        _, update_weights_s = self._wake_up_with_weights()
         self._seed_sampling()
         if self._server is None:
             agent = self.config.rollout.agent

@@ -164,6 +164,12 @@ class BaseRollout(abc.ABC):
     def wake_up(self) -> None:
         """Undo `sleep`."""
 
+    def wake_up_weights(self) -> None:
+        """The first stage of a staged wake-up (`rollout.multi_stage_wake_up`): the weights only, so that a weight
+        hand-over can follow before `wake_up` takes back the rest (the KV cache). Engines without a cache of their
+        own between calls wake whole."""
+        self.wake_up()
+
 
 def place_rollout_model(
     model: torch.nn.Module | str | os.PathLike, dtype: str | torch.dtype

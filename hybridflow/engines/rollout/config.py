@@ -244,8 +244,12 @@ class RolloutConfig(SamplingConfig):
     """verl: data-parallel ranks inside one rollout replica (vLLM's data-parallel attention)."""
     over_sample_rate: float = unsupported(0.0, "every rollout request runs to its end; none is aborted early")
     """verl: abort the slowest requests once (1 - over_sample_rate) of them have finished."""
-    multi_stage_wake_up: bool = unsupported(False, "a staged wake-up is SGLang's, which is not one of hybridflow's engines")
-    """verl: wake SGLang's weights and KV cache in stages."""
+    multi_stage_wake_up: bool = False
+    """Wake the rollout in two stages around each weight hand-over (verl's key, SGLang's in verl): its weights first,
+    then, once the trainer's tensors are copied in and freed, its KV cache; so the hand-over's transient full tensors
+    and the cache never take memory together. The native engine frees and reallocates its cache (with
+    free_cache_engine); the hf engine allocates its cache inside generate, so it is staged either way; vllm wakes its
+    weights, then its cache."""
     skip_tokenizer_init: bool = unsupported(
         True, "hybridflow's engines take token ids and return token ids; decoding is the trainer's and the reward's"
     )

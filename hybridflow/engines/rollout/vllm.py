@@ -357,6 +357,11 @@ class VLLMRollout(BaseRollout):
         if self._sleeping_tags:
             self._wake(sorted(self._sleeping_tags))
 
+    def wake_up_weights(self) -> None:
+        """The weights only (vLLM's `wake_up(tags=["weights"])`); `wake_up` then maps the KV cache."""
+        if "weights" in self._sleeping_tags:
+            self._wake(["weights"])
+
     def _wake(self, tags: list[str]) -> None:
         """GPU only: release the accelerator's cached blocks (the trainer's activations and gradients, freed but
         still held by torch's caching allocator), then let vLLM map `tags` again."""

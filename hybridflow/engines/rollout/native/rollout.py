@@ -293,3 +293,7 @@ class NativeRollout(BaseRollout):
         wake_up_rollout_model(self.model, self.device, self.shares_training_weights)
         self.cache.restore()
 
+    def wake_up_weights(self) -> None:
+        """Move the weights back and leave the KV cache freed until `wake_up` (a staged wake-up)."""
+        wake_up_rollout_model(self.model, self.device, self.shares_training_weights)
+
