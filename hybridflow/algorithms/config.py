@@ -191,12 +191,15 @@ class RolloutCorrectionConfig:
     """
 
     bypass_mode: bool = False
-    """Use the rollout engine's own log-probs as the old log-probs and skip the trainer's old-log-prob pass; only for
-    engines whose log-probs match the training engine's (native). Excludes rollout_is and rollout_rs."""
-    loss_type: Literal["ppo_clip", "reinforce"] = unsupported(
-        "ppo_clip", "bypass mode's REINFORCE loss with explicit importance weights is not implemented"
-    )
-    """Loss in bypass mode: ppo_clip (the PPO clipped objective; its ratio to the rollout is the correction)."""
+    """Use the rollout engine's own log-probs as the old log-probs and skip the trainer's old-log-prob pass (two
+    policies: rollout and current); only for engines whose log-probs match the training engine's (native). The
+    corrections then compare the current policy with the rollout inside the loss, per micro-batch, as verl's bypass
+    loss does: rollout_rs rejects tokens there, and rollout_is weights the REINFORCE loss (loss_type=reinforce);
+    with ppo_clip the clipped ratio is the correction and the weights are only measured."""
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+    """Loss in bypass mode: ppo_clip (the PPO clipped objective with the rollout as the old policy) or reinforce
+    (-A * w * log pi, w the truncated pi_current / pi_rollout of rollout_is, detached: the importance-sampled policy
+    gradient)."""
     rollout_is: Optional[Literal["token", "sequence"]] = None
     """Truncated importance sampling: token (weight pi_old/pi_rollout per token) | sequence (the product over the
     response, on each of its tokens) | null (no weights)."""
@@ -225,15 +228,17 @@ class RolloutCorrectionConfig:
                 "set rollout_is=token or sequence, or rollout_is_batch_normalize=False",
             )
         self._check_rejection()
-        if self.bypass_mode and self.enabled:
-            field_name = "rollout_is" if self.rollout_is is not None else "rollout_rs"
+        if self.loss_type == "reinforce" and not self.bypass_mode:
             raise ConfigFieldError(
-                field_name,
-                f"{field_name}={getattr(self, field_name)!r} with bypass_mode=True: bypass mode takes the rollout's "
-                "log-probs as the old log-probs, so the ratio pi_old/pi_rollout is 1 and the correction does nothing "
-                "(verl applies it inside its bypass loss, which hybridflow does not have); set bypass_mode=False, "
-                f"or {field_name}=null",
+                "loss_type",
+                "loss_type='reinforce' is bypass mode's loss (the rollout as the old policy); set bypass_mode=True, "
+                "or loss_type=ppo_clip",
             )
+
+    @property
+    def in_loss(self) -> bool:
+        """Whether the correction runs inside the actor's loss (bypass mode) rather than on the driver."""
+        return self.bypass_mode and (self.enabled or self.loss_type != "ppo_clip")
 
     def _check_rejection(self) -> None:
         if self.rollout_rs is None:

@@ -360,3 +360,56 @@ def compute_rollout_correction(
         metrics.update(rs_metrics)
     metrics.update(compute_offpolicy_metrics(old_log_probs, rollout_log_probs, response_mask))
     return weights, mask, {f"rollout_corr/{key}": value for key, value in metrics.items()}
+
+
+# ----------------------------------------------------------------------------- bypass mode (inside the loss)
+def compute_bypass_correction(
+    log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    rollout_is: Optional[str] = None,
+    rollout_is_threshold: float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: Optional[str] = None,
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's bypass-mode correction, per micro-batch inside the actor's loss: the current policy against the
+    rollout's (the old policy there). Nothing is read back to the host: the metrics are 0-dim device tensors.
+
+    Args:
+        log_probs: (bs, response_len) the current policy's log-probs (detached here).
+        rollout_log_probs: (bs, response_len) the rollout engine's.
+        response_mask: (bs, response_len) 1 for valid tokens.
+        rollout_is, rollout_is_threshold, rollout_is_batch_normalize: truncated weights pi_current / pi_rollout per
+            token or per sequence (None: none), divided by their micro-batch mean when asked.
+        rollout_rs, rollout_rs_threshold: rejection rules as in `compute_rollout_rejection_mask`.
+
+    Returns:
+        (weights (bs, response_len) or None, the mask with rejected tokens at 0, metrics under `rollout_corr/`).
+    """
+    log_ratio = compute_rollout_log_ratio(log_probs, rollout_log_probs, response_mask)
+    mask = response_mask.to(log_ratio.dtype)
+    valid = response_mask.bool()
+    metrics = {"rollout_corr/bypass_kl": masked_mean(-log_ratio, mask)}
+    weights = None
+    if rollout_is is not None:
+        seq_log_ratio = masked_sum(log_ratio, mask, axis=-1)
+        log_weights = log_ratio if rollout_is == "token" else seq_log_ratio.unsqueeze(-1).expand_as(log_ratio)
+        raw = torch.where(valid, _safe_exp(log_weights), torch.zeros((), dtype=mask.dtype, device=mask.device))
+        weights = raw.clamp(max=rollout_is_threshold)
+        if rollout_is_batch_normalize:
+            mean = masked_mean(weights, mask)
+            weights = weights / torch.where(mean > 1e-8, mean, torch.ones_like(mean))
+        metrics["rollout_corr/rollout_is_mean"] = masked_mean(raw, mask)
+        metrics["rollout_corr/rollout_is_truncated_fraction"] = masked_mean((raw > rollout_is_threshold).to(mask.dtype), mask)
+    keep = torch.ones_like(valid)
+    for rule in build_rejection_rules(rollout_rs, rollout_rs_threshold) if rollout_rs is not None else ():
+        divergence = _token_divergence(log_ratio, rule.estimator)
+        if rule.aggregation == "token":
+            keep = keep & _within(divergence, rule)
+        else:
+            keep = keep & _within(_sequence_statistic(divergence, mask, rule.aggregation), rule).unsqueeze(-1)
+    if rollout_rs is not None:
+        metrics["rollout_corr/rollout_rs_masked_fraction"] = masked_mean((~keep & valid).to(mask.dtype), mask)
+    return weights, response_mask * keep.to(response_mask.dtype), metrics

@@ -8,6 +8,7 @@ moves `DataProto` batches and computes advantages (pure torch).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from hybridflow.trainer.scaffold import due, heartbeat, progress_bar, run_dir, t
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.trainer.validation import run_validation
 from hybridflow.trainer.worker_setup import WorkerGroups, build_generator, build_worker_groups
+from hybridflow.workers.ppo_update import BYPASS_CORRECTION_KEY
 from hybridflow.utils.seqlen_balancing import balanced_group_partitions, balanced_partitions, partition_stats
 
 logger = logging.getLogger(__name__)
@@ -187,7 +189,8 @@ class RayPPOTrainer:
                 ))
         elif self.old_log_probs == "rollout":  # bypass mode; "update": the update's own forward supplies them
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-        if algo.rollout_correction.enabled:  # importance weights and rejection, rollout vs trainer log-probs
+        if algo.rollout_correction.enabled and not algo.rollout_correction.bypass_mode:
+            # importance weights and rejection, rollout vs trainer log-probs (bypass mode: inside the actor's loss)
             metrics.update(apply_rollout_correction(batch, algo.rollout_correction))
         if self.use_reference:
             with timer("ref", timing):
@@ -213,6 +216,8 @@ class RayPPOTrainer:
                 self._collect(critic.update_critic(batch), metrics)
         if self.global_steps > self.config.trainer.critic_warmup:
             with timer("update_actor", timing):
+                if algo.rollout_correction.in_loss:
+                    batch.meta_info[BYPASS_CORRECTION_KEY] = dataclasses.asdict(algo.rollout_correction)
                 self._collect(actor_rollout.update_actor(batch), metrics)
             if self.weight_versions is not None:
                 self.weight_versions.mark_update()

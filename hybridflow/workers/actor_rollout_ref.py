@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from hybridflow.algorithms import masked_mean
+from hybridflow.algorithms.config import RolloutCorrectionConfig
 from hybridflow.engines.rollout import ROLLOUTS, SamplingParams
 from hybridflow.engines.rollout.base import compute_rollout_copy_dtype, copy_buffers, rollout_engine_metrics
 from hybridflow.engines.rollout.server import GenerationServer, TokenOutput
@@ -33,7 +34,8 @@ from hybridflow.utils.device import get_torch_device
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
-from hybridflow.workers.ppo_update import OnPolicyRecord, make_actor_loss_fn, mean_metrics, run_update
+from hybridflow.workers.ppo_update import BYPASS_CORRECTION_KEY, OnPolicyRecord, make_actor_loss_fn, mean_metrics
+from hybridflow.workers.ppo_update import run_update
 from hybridflow.workers.weight_check import WEIGHT_VERSION_KEY, WeightDeliveryCheck
 from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe_tensors, digest_tensors
 
@@ -449,6 +451,8 @@ class ActorRolloutRefWorker(Worker):
             self.actor_engine.load_to_device(model=False, optimizer=True)
         mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.train_layout.dp
         on_policy = self._check_on_policy(data, mini_per_rank)
+        bypass = data.meta_info.get(BYPASS_CORRECTION_KEY)
+        bypass = RolloutCorrectionConfig(**bypass) if bypass is not None else None
         metrics = run_update(
             self.actor_engine,
             data,
@@ -458,7 +462,7 @@ class ActorRolloutRefWorker(Worker):
             epochs=actor.ppo_epochs,
             shuffle=actor.shuffle,
             seed=self.runtime.seed + self._update_count,
-            make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts, on_policy),
+            make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts, on_policy, bypass),
             temperature=self.config.rollout.log_prob_temperature,
             # Without an old-log-prob pass the update's forward is the only place entropy can be measured.
             calculate_entropy=actor.entropy_coeff != 0 or on_policy is not None,

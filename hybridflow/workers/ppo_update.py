@@ -18,9 +18,15 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.algorithms import agg_loss, compute_rollout_probs_diff, compute_value_loss, kl_penalty, masked_mean
+from hybridflow.algorithms.config import RolloutCorrectionConfig
 from hybridflow.algorithms.policy_loss_registry import compute_policy_loss_from_config
+from hybridflow.algorithms.rollout_correction import compute_bypass_correction
 from hybridflow.protocol import DataProto
 from hybridflow.workers.config import ActorConfig, CriticConfig
+
+BYPASS_CORRECTION_KEY = "bypass_rollout_correction"
+"""meta_info key of `update_actor`'s batch: the rollout correction (a dict of `RolloutCorrectionConfig`) that the
+actor's loss applies in bypass mode."""
 
 
 Metrics = dict[str, "float | torch.Tensor"]  # floats, or detached 0-dim device tensors the engine reduces
@@ -75,12 +81,15 @@ class OnPolicyRecord:
 
 
 def make_actor_loss_fn(
-    actor: ActorConfig, counts: GlobalCounts, on_policy: OnPolicyRecord | None = None
+    actor: ActorConfig, counts: GlobalCounts, on_policy: OnPolicyRecord | None = None,
+    bypass: RolloutCorrectionConfig | None = None,
 ) -> Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, Metrics]]:
     """`loss_fn(outputs, micro_batch)` for the training engine: policy loss - entropy bonus + KL loss.
 
     Without `old_log_probs` in the batch the step must be exactly on-policy (the caller checks): the current
     log-probs, detached, are the old ones (ratio 1 in value, the PPO gradient in grad), recorded in `on_policy`.
+    With `bypass` (bypass mode, whose old log-probs are the rollout's), the correction compares the current policy
+    with the rollout per micro-batch (`bypass_policy_loss`).
     """
     agg = dict(dp_size=counts.dp_size, batch_num_tokens=counts.num_tokens, global_batch_size=counts.num_seqs)
 
@@ -94,15 +103,20 @@ def make_actor_loss_fn(
             old_log_prob = log_prob.detach()
             if on_policy is not None:
                 on_policy.add(log_prob, batch)
-        pg_loss, metrics = compute_policy_loss_from_config(
-            actor,
-            old_log_prob=old_log_prob,
-            log_prob=log_prob,
-            advantages=batch["advantages"].to(log_prob.device),
-            response_mask=mask,
-            rollout_is_weights=batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None,
-            **agg,
-        )
+        advantages = batch["advantages"].to(log_prob.device)
+        if bypass is not None:
+            # rejection leaves the policy loss only: entropy and KL see every token, as in verl
+            pg_loss, _, metrics = bypass_policy_loss(actor, bypass, old_log_prob, log_prob, advantages, mask, agg)
+        else:
+            pg_loss, metrics = compute_policy_loss_from_config(
+                actor,
+                old_log_prob=old_log_prob,
+                log_prob=log_prob,
+                advantages=advantages,
+                response_mask=mask,
+                rollout_is_weights=batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None,
+                **agg,
+            )
         loss = pg_loss
         metrics = {**metrics, "actor/pg_loss": pg_loss.detach()}
         if "entropy" in outputs:
@@ -118,6 +132,30 @@ def make_actor_loss_fn(
         return loss, metrics
 
     return loss_fn
+
+
+def bypass_policy_loss(
+    actor: ActorConfig, correction: RolloutCorrectionConfig, rollout_log_prob: torch.Tensor, log_prob: torch.Tensor,
+    advantages: torch.Tensor, mask: torch.Tensor, agg: dict,
+) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+    """verl's bypass-mode policy loss: (loss, the mask after rejection, metrics). The rollout's log-probs are the
+    old ones; rollout_rs drops tokens from the loss; reinforce is -A * w * log pi with w the truncated, detached
+    pi_current / pi_rollout (1 without rollout_is), ppo_clip the configured clipped loss against the rollout (the
+    weights are only measured: its ratio is the correction)."""
+    weights, mask, metrics = compute_bypass_correction(
+        log_prob.detach(), rollout_log_prob, mask,
+        rollout_is=correction.rollout_is, rollout_is_threshold=correction.rollout_is_threshold,
+        rollout_is_batch_normalize=correction.rollout_is_batch_normalize,
+        rollout_rs=correction.rollout_rs, rollout_rs_threshold=correction.rollout_rs_threshold,
+    )
+    if correction.loss_type == "reinforce":
+        per_token = -advantages * log_prob * (weights if weights is not None else 1.0)
+        loss = agg_loss(per_token, mask, actor.loss_agg_mode, **agg)
+        return loss, mask, {**metrics, "actor/ppo_kl": masked_mean(rollout_log_prob - log_prob.detach(), mask)}
+    loss, pg_metrics = compute_policy_loss_from_config(
+        actor, old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask, **agg
+    )
+    return loss, mask, {**pg_metrics, **metrics}
 
 
 def make_critic_loss_fn(

@@ -13,6 +13,7 @@ from hybridflow.algorithms.config import RolloutCorrectionConfig
 from hybridflow.algorithms.rollout_correction import (
     ROLLOUT_RS_OPTIONS,
     build_rejection_rules,
+    compute_bypass_correction,
     compute_offpolicy_metrics,
     compute_rollout_correction,
     compute_rollout_is_weights,
@@ -255,8 +256,7 @@ def test_threshold_parsing():
         (dict(rollout_rs="token_k2", rollout_rs_threshold=-1.0), "rollout_rs_threshold", ["must be > 0"]),
         (dict(rollout_rs="token_k1", rollout_rs_threshold="0.5_2_0"), "rollout_rs_threshold", ["'2_0'", "not a number"]),
         (dict(rollout_rs="token_k2,seq_max_k3", rollout_rs_threshold="1,2,3"), "rollout_rs_threshold", ["3 entries for 2"]),
-        (dict(rollout_is="token", bypass_mode=True), "rollout_is", ["bypass_mode=True", "does nothing"]),
-        (dict(rollout_rs="token_k3", rollout_rs_threshold=1.0, bypass_mode=True), "rollout_rs", ["bypass_mode=False"]),
+        (dict(loss_type="reinforce"), "loss_type", ["bypass mode's loss", "set bypass_mode=True"]),
     ],
 )
 def test_config_refuses_bad_values_naming_the_field(kwargs, field, words):
@@ -277,3 +277,44 @@ def test_config_accepts_verl_presets():
     multi = RolloutCorrectionConfig(rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="0.6_1.6,2.5")
     assert multi.rollout_is is None and multi.enabled
     assert RolloutCorrectionConfig(bypass_mode=True).enabled is False
+    assert not RolloutCorrectionConfig(bypass_mode=True).in_loss, "plain bypass: the PPO loss against the rollout"
+    bypass_pg_is = RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce", rollout_is="sequence")
+    assert bypass_pg_is.in_loss and RolloutCorrectionConfig(bypass_mode=True, rollout_rs="seq_mean_k1",
+                                                            rollout_rs_threshold="0.5_2.0").in_loss
+
+
+@pytest.mark.parametrize("rollout_is", ["token", "sequence"])
+@pytest.mark.parametrize("rules", [("token_k1,seq_max_k2", "0.5_2.0,1.0"), ("seq_mean_k3", 0.2)])
+def test_bypass_correction_is_the_decoupled_one_with_the_current_policy_and_reads_nothing_back(rollout_is, rules):
+    """Inside the loss (bypass mode), the current policy takes the old one's place: the same weights and mask as
+    the driver's correction, and device tensors for metrics."""
+    kwargs = dict(rollout_is=rollout_is, rollout_is_threshold=2.0, rollout_rs=rules[0], rollout_rs_threshold=rules[1])
+    old = torch.where(MASK.bool(), OLD, torch.zeros(()))
+    expected_weights, expected_mask, _ = compute_rollout_correction(old, ROLLOUT, MASK, **kwargs)
+    weights, mask, metrics = compute_bypass_correction(old, ROLLOUT, MASK, **kwargs)
+    torch.testing.assert_close(weights, expected_weights)
+    assert torch.equal(mask, expected_mask)
+    assert all(isinstance(value, torch.Tensor) and value.dim() == 0 for value in metrics.values()), metrics
+    assert float(metrics["rollout_corr/rollout_rs_masked_fraction"]) == approx(1 - float(mask.sum() / MASK.sum()))
+
+
+def test_bypass_reinforce_loss_is_the_importance_weighted_policy_gradient():
+    """loss_type=reinforce: the gradient is -A * w * grad log pi with w the truncated ratio to the rollout, detached;
+    ppo_clip takes the rollout as the old policy (ratio 1 at the rollout's own log-probs: the plain PG)."""
+    from hybridflow.workers.config import ActorConfig
+    from hybridflow.workers.ppo_update import bypass_policy_loss
+
+    actor = ActorConfig(loss_agg_mode="token-mean")
+    log_prob = torch.where(MASK.bool(), OLD, torch.zeros(())).clone().requires_grad_(True)
+    advantages = torch.tensor([[1.0, -2.0, 0.5, 1.0], [2.0, 1.0, 0.0, 0.0]])
+    agg = dict(dp_size=1, batch_num_tokens=float(MASK.sum()), global_batch_size=2.0)
+    correction = RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce", rollout_is="token")
+    loss, mask, _ = bypass_policy_loss(actor, correction, ROLLOUT, log_prob, advantages, MASK, agg)
+    loss.backward()
+    weights = torch.tensor([[2.0, 0.4, 1.0, 1.5], [0.25, 1.8, 0.0, 0.0]])  # token ratios truncated at 2
+    torch.testing.assert_close(log_prob.grad, -advantages * weights * MASK / MASK.sum())
+    at_rollout = ROLLOUT.clone().requires_grad_(True)
+    clip = RolloutCorrectionConfig(bypass_mode=True)
+    loss, _, _ = bypass_policy_loss(actor, clip, ROLLOUT, at_rollout, advantages, MASK, agg)
+    loss.backward()
+    torch.testing.assert_close(at_rollout.grad, -advantages * MASK / MASK.sum())

@@ -267,9 +267,8 @@ INVALID = [
      ["algorithm.rollout_correction.rollout_rs_threshold='2.0_0.5'", "lower ratio 2 above upper 0.5"]),
     ("algorithm.rollout_correction.rollout_is_batch_normalize=True",
      ["algorithm.rollout_correction.rollout_is_batch_normalize=True", "rollout_is is null"]),
-    ("algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.bypass_mode=True "
-     "actor_rollout_ref.rollout.name=native", ["algorithm.rollout_correction.rollout_is='token'", "bypass_mode=False"]),
-    ("algorithm.rollout_correction.loss_type=reinforce", ["algorithm.rollout_correction.loss_type", "not supported"]),
+    ("algorithm.rollout_correction.loss_type=reinforce", ["algorithm.rollout_correction.loss_type='reinforce'",
+                                                          "set algorithm.rollout_correction.bypass_mode=True"]),
 ]
 
 

@@ -189,6 +189,26 @@ def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     assert step["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
+def test_bypass_mode_reinforce_with_weights_and_rejection_in_a_grpo_step(workspace):
+    """verl's bypass_pg_is-style preset: no old-log-prob pass; inside the loss the current policy against the native
+    rollout's log-probs gives weights about 1, rejects nothing, and the REINFORCE loss trains."""
+    records = by_step(run(overrides(
+        workspace, workspace / "bypass_reinforce", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.name=native", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
+        "algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
+    )))
+    for step in (1, 2):
+        record = records[step]
+        assert "timing_s/old_log_prob" not in record, "bypass mode takes the rollout's log-probs"
+        assert abs(record["rollout_corr/rollout_is_mean"] - 1.0) < 0.2, record["rollout_corr/rollout_is_mean"]
+        assert record["rollout_corr/rollout_rs_masked_fraction"] < 0.5
+        assert record["actor/grad_norm"] > 0
+
+
 @pytest.mark.slow  # tests/workers/test_distillation_teacher.py checks the teacher's log-probs in every CI run
 def test_on_policy_distillation_toward_a_teacher(workspace):
     """A reference other than the actor's model is a teacher: from the first step the KL loss is the student's
