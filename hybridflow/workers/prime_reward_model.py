@@ -17,7 +17,8 @@ from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.models import resolve_model_path
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from hybridflow.workers.config import RewardModelWorkerConfig, WorkerRuntimeConfig
+from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.reward_config import RewardModelWorkerConfig
 from hybridflow.workers.process import prepare_worker_process
 
 PRIME_MESH = "prime_rm"

@@ -26,7 +26,8 @@ from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.value_head import compute_token_level_scores
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from hybridflow.workers.config import RewardModelWorkerConfig, WorkerRuntimeConfig
+from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.reward_config import RewardModelWorkerConfig
 from hybridflow.workers.process import prepare_worker_process
 
 __all__ = [

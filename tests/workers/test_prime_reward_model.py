@@ -12,7 +12,8 @@ from hybridflow.models import load_tokenizer, save_tiny_model
 from hybridflow.single_controller.local import LocalWorkerGroup
 from hybridflow.single_controller.ray import RayClassWithInitArgs
 from hybridflow.workers import PrimeRewardModelWorker
-from hybridflow.workers.config import RewardModelModelConfig, RewardModelWorkerConfig, WorkerRuntimeConfig
+from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.reward_config import RewardModelModelConfig, RewardModelWorkerConfig
 from hybridflow.trainer.scaffold import worker_metrics
 from tests.engines.helpers import make_batch
 

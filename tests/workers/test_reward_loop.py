@@ -15,12 +15,8 @@ from hybridflow.single_controller.local import LocalWorkerGroup
 from hybridflow.single_controller.ray import RayClassWithInitArgs
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.workers import RewardModelWorker
-from hybridflow.workers.config import (
-    RewardModelModelConfig,
-    RewardModelWorkerConfig,
-    RewardServingConfig,
-    WorkerRuntimeConfig,
-)
+from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.reward_config import RewardModelModelConfig, RewardModelWorkerConfig, RewardServingConfig
 from hybridflow.workers.reward_model import check_serving_memory, encode_chat
 from tests.workers.test_reward_model_worker import ANSWERS, MESSAGES, hf_scores, policy_batch
 

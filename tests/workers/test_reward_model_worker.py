@@ -13,7 +13,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.local import LocalWorkerGroup
 from hybridflow.single_controller.ray import RayClassWithInitArgs
 from hybridflow.workers import RewardModelWorker
-from hybridflow.workers.config import RewardModelModelConfig, RewardModelWorkerConfig, WorkerRuntimeConfig
+from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.reward_config import RewardModelModelConfig, RewardModelWorkerConfig
 from hybridflow.workers.reward_model import encode_chat, same_tokenization, template_for_reward_model
 
 MESSAGES = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Say hi"}]]

@@ -24,7 +24,8 @@ from hybridflow.trainer import checkpoint_dirs
 from hybridflow.trainer.guards.config import GuardsConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
 from hybridflow.utils.profiler_config import PROFILED_SECTIONS, GlobalProfilerConfig
-from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelWorkerConfig
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybridflow.workers.reward_config import RewardModelWorkerConfig
 
 __all__ = [
     "AsyncTrainingConfig",
