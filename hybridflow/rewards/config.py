@@ -67,7 +67,7 @@ class SandboxFusionConfig:
 @dataclass(frozen=True, kw_only=True)
 class RewardModelConfig:
     """How responses are scored by rules: a reward manager over per-`data_source` scorers (the learned reward
-    model's settings are the worker's, `workers.config.RewardModelWorkerConfig`)."""
+    model's settings are the worker's, `workers.reward_config.RewardModelWorkerConfig`)."""
 
     reward_manager: str = "naive"
     """naive | batch | dapo | prime (verl's name for per-sample scoring in a process pool with a timeout: naive's
