@@ -128,9 +128,7 @@ def compute_rollout_is_weights(
     _check_has_tokens(response_mask)
     mask = response_mask.to(log_ratio.dtype)
     seq_valid = response_mask.bool().any(-1)
-    seq_log_ratio = masked_sum(log_ratio, mask, axis=-1)
-    log_weights = log_ratio if rollout_is == "token" else seq_log_ratio.unsqueeze(-1).expand_as(log_ratio)
-    raw = torch.where(mask.bool(), _safe_exp(log_weights), torch.zeros((), dtype=mask.dtype, device=mask.device))
+    raw, seq_log_ratio = _raw_weights(log_ratio, mask, rollout_is)
     metrics = _is_metrics(raw, seq_log_ratio[seq_valid], mask, rollout_is, rollout_is_threshold)
     weights = raw.clamp(max=rollout_is_threshold).detach()
     if rollout_is_batch_normalize:
@@ -142,6 +140,14 @@ def compute_rollout_is_weights(
         metrics["rollout_is_batch_norm_factor"] = factor
         weights = weights / factor
     return weights, metrics
+
+
+def _raw_weights(log_ratio: torch.Tensor, mask: torch.Tensor, rollout_is: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(untruncated weights (bs, L), 0 at padding; each row's summed log ratio (bs,)) at `rollout_is`'s level."""
+    seq_log_ratio = masked_sum(log_ratio, mask, axis=-1)
+    log_weights = log_ratio if rollout_is == "token" else seq_log_ratio.unsqueeze(-1).expand_as(log_ratio)
+    zero = torch.zeros((), dtype=mask.dtype, device=mask.device)
+    return torch.where(mask.bool(), _safe_exp(log_weights), zero), seq_log_ratio
 
 
 def _is_metrics(
@@ -229,19 +235,23 @@ def compute_rollout_rejection_mask(
     keep = torch.ones_like(valid)
     metrics: dict[str, float] = {}
     for rule in rules:
-        divergence = _token_divergence(log_ratio, rule.estimator)
-        if rule.aggregation == "token":
-            token_stat, seq_stat = divergence, masked_mean(divergence, mask, axis=-1)
-            rule_keep = _within(divergence, rule)
-        else:
-            seq_stat = _sequence_statistic(divergence, mask, rule.aggregation)
-            token_stat = seq_stat.unsqueeze(-1).expand_as(log_ratio)
-            rule_keep = _within(seq_stat, rule).unsqueeze(-1).expand_as(valid)
+        rule_keep, token_stat, seq_stat = _rule_keep(log_ratio, mask, rule)
         metrics.update(_rejection_metrics(rule, token_stat, seq_stat, mask))
         metrics.update(_masked_fractions(f"rollout_rs_{rule.option}", rule_keep, valid))
         keep = keep & rule_keep
     metrics.update(_masked_fractions("rollout_rs", keep, valid))
     return (response_mask * keep.to(response_mask.dtype)).to(response_mask.dtype), metrics
+
+
+def _rule_keep(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rule: RejectionRule
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens the rule keeps (bs, L) bool, its statistic per token (bs, L) and per sequence (bs,))."""
+    divergence = _token_divergence(log_ratio, rule.estimator)
+    if rule.aggregation == "token":
+        return _within(divergence, rule), divergence, masked_mean(divergence, mask, axis=-1)
+    seq_stat = _sequence_statistic(divergence, mask, rule.aggregation)
+    return _within(seq_stat, rule).unsqueeze(-1).expand_as(log_ratio), seq_stat.unsqueeze(-1).expand_as(log_ratio), seq_stat
 
 
 def _masked_fractions(prefix: str, keep: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
@@ -394,9 +404,7 @@ def compute_bypass_correction(
     metrics = {"rollout_corr/bypass_kl": masked_mean(-log_ratio, mask)}
     weights = None
     if rollout_is is not None:
-        seq_log_ratio = masked_sum(log_ratio, mask, axis=-1)
-        log_weights = log_ratio if rollout_is == "token" else seq_log_ratio.unsqueeze(-1).expand_as(log_ratio)
-        raw = torch.where(valid, _safe_exp(log_weights), torch.zeros((), dtype=mask.dtype, device=mask.device))
+        raw, _ = _raw_weights(log_ratio, mask, rollout_is)
         weights = raw.clamp(max=rollout_is_threshold)
         if rollout_is_batch_normalize:
             mean = masked_mean(weights, mask)
@@ -405,11 +413,7 @@ def compute_bypass_correction(
         metrics["rollout_corr/rollout_is_truncated_fraction"] = masked_mean((raw > rollout_is_threshold).to(mask.dtype), mask)
     keep = torch.ones_like(valid)
     for rule in build_rejection_rules(rollout_rs, rollout_rs_threshold) if rollout_rs is not None else ():
-        divergence = _token_divergence(log_ratio, rule.estimator)
-        if rule.aggregation == "token":
-            keep = keep & _within(divergence, rule)
-        else:
-            keep = keep & _within(_sequence_statistic(divergence, mask, rule.aggregation), rule).unsqueeze(-1)
+        keep = keep & _rule_keep(log_ratio, mask, rule)[0]
     if rollout_rs is not None:
         metrics["rollout_corr/rollout_rs_masked_fraction"] = masked_mean((~keep & valid).to(mask.dtype), mask)
     return weights, response_mask * keep.to(response_mask.dtype), metrics
