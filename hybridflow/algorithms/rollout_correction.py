@@ -251,7 +251,8 @@ def _rule_keep(
     if rule.aggregation == "token":
         return _within(divergence, rule), divergence, masked_mean(divergence, mask, axis=-1)
     seq_stat = _sequence_statistic(divergence, mask, rule.aggregation)
-    return _within(seq_stat, rule).unsqueeze(-1).expand_as(log_ratio), seq_stat.unsqueeze(-1).expand_as(log_ratio), seq_stat
+    per_token = seq_stat.unsqueeze(-1).expand_as(log_ratio)
+    return _within(seq_stat, rule).unsqueeze(-1).expand_as(log_ratio), per_token, seq_stat
 
 
 def _masked_fractions(prefix: str, keep: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
@@ -410,7 +411,8 @@ def compute_bypass_correction(
             mean = masked_mean(weights, mask)
             weights = weights / torch.where(mean > 1e-8, mean, torch.ones_like(mean))
         metrics["rollout_corr/rollout_is_mean"] = masked_mean(raw, mask)
-        metrics["rollout_corr/rollout_is_truncated_fraction"] = masked_mean((raw > rollout_is_threshold).to(mask.dtype), mask)
+        truncated = (raw > rollout_is_threshold).to(mask.dtype)
+        metrics["rollout_corr/rollout_is_truncated_fraction"] = masked_mean(truncated, mask)
     keep = torch.ones_like(valid)
     for rule in build_rejection_rules(rollout_rs, rollout_rs_threshold) if rollout_rs is not None else ():
         keep = keep & _rule_keep(log_ratio, mask, rule)[0]

@@ -111,7 +111,8 @@ class RewardServingConfig:
             raise ConfigFieldError(
                 "name",
                 f"name={self.name!r}: hybridflow serves a discriminative reward model with transformers' forward on "
-                "its own engine (FSDP2, tensor parallelism), not a vLLM/SGLang server; set reward_model.rollout.name=hf",
+                "its own engine (FSDP2, tensor parallelism), not a vLLM/SGLang server; "
+                "set reward_model.rollout.name=hf",
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigFieldError(
@@ -207,7 +208,8 @@ class RewardModelWorkerConfig:
                 raise ConfigFieldError(
                     key.rpartition(".")[2],
                     f"{key}={value!r} sets the legacy reward-model worker, but use_reward_loop=True serves the reward "
-                    f"model as reward_model.rollout says; set reward_model.{loop_key} instead, or use_reward_loop=False",
+                    f"model as reward_model.rollout says; set reward_model.{loop_key} instead, or "
+                    "use_reward_loop=False",
                 )
 
     @property
