@@ -154,4 +154,24 @@ def local_slice(total: int, group: dist.ProcessGroup) -> slice:
 
 def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Concatenate the ranks' equal slices along dim 0 (autograd: each rank gets its slice's summed gradient)."""
-    return torch.cat(dist_fn.all_gather(local.contiguous(), group=group), dim=0)
+    return _GatherSequence.apply(local, group)
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along dim 0 whose backward sums the gathered gradient over the group and keeps this rank's slice.
+    torch.distributed.nn's all_gather cannot serve here: on gloo its backward scatters with group-local ranks where
+    global ones are expected, so it fails for every sequence-parallel group but the one holding rank 0."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        rank, size = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
+        return total.chunk(size, dim=0)[rank], None

@@ -16,15 +16,16 @@ from hybridflow.engines.training.config import ParallelLayout
 from hybridflow.models import load_tokenizer
 from hybridflow.utils.device import get_dist_backend
 from tests.engines.helpers import make_batch, run_distributed
-from tests.engines.training.test_parallel_training import BASE, _run
+from tests.engines.training.test_parallel_training import BASE, PACKED, _run
 
 
-def _hybrid(rank: int, world_size: int, model_dir: str, fsdp_size: int, out_file: str) -> None:
+def _hybrid(rank: int, world_size: int, model_dir: str, fsdp_size: int, out_file: str, sp: int = 1) -> None:
     batch = make_batch(len(load_tokenizer(model_dir)), batch_size=4, prompt_len=7, response_len=6, seed=3)
-    data = batch.chunk(world_size)[rank]
-    hybrid_config = dataclasses.replace(BASE, fsdp=FSDPConfig(fsdp_size=fsdp_size))
+    data = batch.chunk(world_size // sp)[rank // sp]  # sequence-parallel peers take the same rows
+    base = BASE if sp == 1 else dataclasses.replace(PACKED, ulysses_sequence_parallel_size=sp)
+    hybrid_config = dataclasses.replace(base, fsdp=FSDPConfig(fsdp_size=fsdp_size))
     results = {}
-    for name, config in (("fsdp", BASE), ("hsdp", hybrid_config)):
+    for name, config in (("fsdp", base), ("hsdp", hybrid_config)):
         torch.manual_seed(0)
         engine = build_fsdp_engine(model_dir, config)
         results[name] = _run(engine, data)
@@ -40,7 +41,7 @@ def _hybrid(rank: int, world_size: int, model_dir: str, fsdp_size: int, out_file
     again = {key: value.clone().cpu() for key, value in resumed.named_full_params()}
     results["resumed_exact"] = all(torch.equal(again[key], value) for key, value in results["hsdp"]["params"].items())
     try:
-        build_fsdp_engine(model_dir, BASE).load_checkpoint(ckpt)
+        build_fsdp_engine(model_dir, base).load_checkpoint(ckpt)
     except ValueError as err:
         results["other_layout_error"] = str(err)
     dist.barrier()
@@ -50,11 +51,13 @@ def _hybrid(rank: int, world_size: int, model_dir: str, fsdp_size: int, out_file
 
 
 @pytest.mark.parametrize(
-    ("world_size", "fsdp_size"), [(2, 1), pytest.param(4, 2, marks=pytest.mark.slow)], ids=["2x1", "2x2"]
+    ("world_size", "fsdp_size", "sp"),
+    [(2, 1, 1), pytest.param(4, 2, 1, marks=pytest.mark.slow), pytest.param(4, 2, 2, marks=pytest.mark.slow)],
+    ids=["2x1", "2x2", "2x2_sp2"],
 )
-def test_hybrid_sharding_steps_like_fsdp_over_all_ranks(tiny_llama_dir, tmp_path, world_size, fsdp_size):
+def test_hybrid_sharding_steps_like_fsdp_over_all_ranks(tiny_llama_dir, tmp_path, world_size, fsdp_size, sp):
     out = tmp_path / "results.pt"
-    run_distributed(_hybrid, world_size, str(tiny_llama_dir), fsdp_size, str(out), backend=get_dist_backend())
+    run_distributed(_hybrid, world_size, str(tiny_llama_dir), fsdp_size, str(out), sp, backend=get_dist_backend())
     results = torch.load(out, weights_only=False)
     fsdp, hsdp = results["fsdp"], results["hsdp"]
     assert hsdp["grad_norm"] == pytest.approx(fsdp["grad_norm"], rel=1e-5)
