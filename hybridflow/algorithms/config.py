@@ -236,6 +236,16 @@ class RolloutCorrectionConfig:
             )
 
     @property
+    def math_kwargs(self) -> dict:
+        """The weight and rejection settings, as `compute_rollout_correction` and `compute_bypass_correction` take
+        them."""
+        return {
+            "rollout_is": self.rollout_is, "rollout_is_threshold": self.rollout_is_threshold,
+            "rollout_is_batch_normalize": self.rollout_is_batch_normalize, "rollout_rs": self.rollout_rs,
+            "rollout_rs_threshold": self.rollout_rs_threshold,
+        }
+
+    @property
     def in_loss(self) -> bool:
         """Whether the correction runs inside the actor's loss (bypass mode) rather than on the driver."""
         return self.bypass_mode and (self.enabled or self.loss_type != "ppo_clip")

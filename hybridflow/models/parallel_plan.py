@@ -143,11 +143,17 @@ def check_rollout_tp_layout(config: Any, tp_size: int, key: str) -> None:
 
 
 def kv_replicas(config: Any, tp_size: int) -> int:
-    """On how many ranks of a rollout tensor-parallel group each key/value head sits: 1 when the group splits the
-    heads, tp_size / num_key_value_heads when it has more ranks than heads (each rank then holds one head, the one
-    its query heads attend with)."""
-    kv_heads = _head_counts(config)["num_key_value_heads"]
-    return tp_size // kv_heads if tp_size > kv_heads else 1
+    """On how many ranks of a rollout tensor-parallel group each key/value head sits (`head_replicas`)."""
+    return head_replicas(_head_counts(config)["num_key_value_heads"], tp_size)
+
+
+def head_replicas(kv_heads: int, group_size: int) -> int:
+    """On how many ranks of a group (rollout tensor parallel, Ulysses) each key/value head sits: 1 when the group
+    splits the heads, group_size / kv_heads when it has more ranks than heads (each rank then holds one head, the
+    one its query heads attend with); ValueError when neither divides the other."""
+    if kv_heads % group_size and group_size % kv_heads:
+        raise ValueError(f"{group_size} ranks cannot share {kv_heads} key/value heads evenly")
+    return group_size // kv_heads if group_size > kv_heads else 1
 
 
 def kv_heads_per_rank(config: Any, tp_size: int) -> int:

@@ -53,7 +53,9 @@ def shard_of(full: torch.Tensor, dim: int | None, rank: int, size: int) -> torch
     return full.narrow(dim, rank * length, length)
 
 
-def param_blocks(name: str, plan: dict[str, Style], rank: int, size: int, kv_replicas: int = 1) -> tuple[int | None, int, int]:
+def param_blocks(
+    name: str, plan: dict[str, Style], rank: int, size: int, kv_replicas: int = 1
+) -> tuple[int | None, int, int]:
     """`(dim, block, blocks)`: parameter `name` is cut into `blocks` along `dim` (None: held whole) and `rank` of a
     `size`-rank group holds block `block`; a key/value projection's heads are replicated on `kv_replicas` ranks."""
     dim, parts = param_shard_dim(name, plan), name.split(".")

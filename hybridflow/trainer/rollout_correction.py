@@ -32,11 +32,7 @@ def apply_rollout_correction(batch: DataProto, config: RolloutCorrectionConfig) 
         batch.batch["old_log_probs"],
         batch.batch["rollout_log_probs"],
         batch.batch["response_mask"],
-        rollout_is=config.rollout_is,
-        rollout_is_threshold=config.rollout_is_threshold,
-        rollout_is_batch_normalize=config.rollout_is_batch_normalize,
-        rollout_rs=config.rollout_rs,
-        rollout_rs_threshold=config.rollout_rs_threshold,
+        **config.math_kwargs,
     )
     if weights is not None:
         batch.batch["rollout_is_weights"] = weights.to(batch.batch["old_log_probs"].device)

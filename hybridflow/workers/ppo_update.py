@@ -105,8 +105,7 @@ def make_actor_loss_fn(
                 on_policy.add(log_prob, batch)
         advantages = batch["advantages"].to(log_prob.device)
         if bypass is not None:
-            # rejection leaves the policy loss only: entropy and KL see every token, as in verl
-            pg_loss, _, metrics = bypass_policy_loss(actor, bypass, old_log_prob, log_prob, advantages, mask, agg)
+            pg_loss, metrics = bypass_policy_loss(actor, bypass, old_log_prob, log_prob, advantages, mask, agg)
         else:
             pg_loss, metrics = compute_policy_loss_from_config(
                 actor,
@@ -137,25 +136,22 @@ def make_actor_loss_fn(
 def bypass_policy_loss(
     actor: ActorConfig, correction: RolloutCorrectionConfig, rollout_log_prob: torch.Tensor, log_prob: torch.Tensor,
     advantages: torch.Tensor, mask: torch.Tensor, agg: dict,
-) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
-    """verl's bypass-mode policy loss: (loss, the mask after rejection, metrics). The rollout's log-probs are the
-    old ones; rollout_rs drops tokens from the loss; reinforce is -A * w * log pi with w the truncated, detached
-    pi_current / pi_rollout (1 without rollout_is), ppo_clip the configured clipped loss against the rollout (the
-    weights are only measured: its ratio is the correction)."""
+) -> tuple[torch.Tensor, Metrics]:
+    """verl's bypass-mode policy loss: (loss, metrics). The rollout's log-probs are the old ones; rollout_rs drops
+    tokens from the policy loss only (entropy and KL see every token, as in verl); reinforce is -A * w * log pi with
+    w the truncated, detached pi_current / pi_rollout (1 without rollout_is), ppo_clip the configured clipped loss
+    against the rollout (the weights are only measured: its ratio is the correction)."""
     weights, mask, metrics = compute_bypass_correction(
-        log_prob.detach(), rollout_log_prob, mask,
-        rollout_is=correction.rollout_is, rollout_is_threshold=correction.rollout_is_threshold,
-        rollout_is_batch_normalize=correction.rollout_is_batch_normalize,
-        rollout_rs=correction.rollout_rs, rollout_rs_threshold=correction.rollout_rs_threshold,
+        log_prob.detach(), rollout_log_prob, mask, **correction.math_kwargs
     )
     if correction.loss_type == "reinforce":
         per_token = -advantages * log_prob * (weights if weights is not None else 1.0)
         loss = agg_loss(per_token, mask, actor.loss_agg_mode, **agg)
-        return loss, mask, {**metrics, "actor/ppo_kl": masked_mean(rollout_log_prob - log_prob.detach(), mask)}
+        return loss, {**metrics, "actor/ppo_kl": masked_mean(rollout_log_prob - log_prob.detach(), mask)}
     loss, pg_metrics = compute_policy_loss_from_config(
         actor, old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask, **agg
     )
-    return loss, mask, {**pg_metrics, **metrics}
+    return loss, {**pg_metrics, **metrics}
 
 
 def make_critic_loss_fn(

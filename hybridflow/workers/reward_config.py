@@ -218,6 +218,11 @@ class RewardModelWorkerConfig:
         return self.enable and self.use_reward_loop
 
     @property
+    def offloads_between_scorings(self) -> bool:
+        """Whether the weights wait on the host between scorings (the reward loop's free_cache_engine)."""
+        return self.serves_in_reward_loop and self.rollout.free_cache_engine
+
+    @property
     def serving_fsdp(self) -> FSDPConfig:
         """The reward model's sharding and compute dtype: model.fsdp_config, with the reward loop's layout and dtype
         when it serves the model."""

@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.rollout.memory_budget import MemoryBudget, rank_device_bytes
+from hybridflow.engines.rollout.memory_budget import MemoryBudget, module_bytes, rank_device_bytes
 from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.value_head import compute_token_level_scores
@@ -31,8 +30,7 @@ from hybridflow.workers.reward_config import RewardModelWorkerConfig
 from hybridflow.workers.process import prepare_worker_process
 
 __all__ = [
-    "RewardModelWorker", "check_serving_memory", "encode_chat", "local_weight_bytes", "same_tokenization",
-    "template_for_reward_model",
+    "RewardModelWorker", "check_serving_memory", "encode_chat", "same_tokenization", "template_for_reward_model",
 ]
 
 
@@ -125,7 +123,7 @@ class RewardModelWorker(Worker):
             )
         else:
             inputs = {key: data.batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
-        if self.config.serves_in_reward_loop and self.config.rollout.free_cache_engine:
+        if self.config.offloads_between_scorings:
             self.engine.load_to_device(model=True, optimizer=False)
         scores = self.engine.compute_scores(inputs, **self._micro_batching(inputs["attention_mask"]))
         self._free_cache()
@@ -146,23 +144,14 @@ class RewardModelWorker(Worker):
 
     def _free_cache(self) -> None:
         """The reward loop's free_cache_engine: the weights wait on the host between scorings (no-op on CPU)."""
-        if self.config.serves_in_reward_loop and self.config.rollout.free_cache_engine:
+        if self.config.offloads_between_scorings:
             self.engine.offload_to_cpu(model=True, optimizer=False)
 
 
-def local_weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of this rank's parameters: the local shard of each DTensor, whole tensors otherwise."""
-    total = 0
-    for param in module.parameters():
-        local = param.to_local() if isinstance(param, DTensor) else param
-        total += local.numel() * local.element_size()
-    return total
-
-
 def check_serving_memory(module: torch.nn.Module, device: torch.device, utilization: float) -> None:
-    """ValueError naming reward_model.rollout.gpu_memory_utilization when this rank's weight shard takes more than
-    that share of the rank's device (`memory_budget.rank_device_bytes`)."""
+    """ValueError naming reward_model.rollout.gpu_memory_utilization when this rank's weight shard and buffers
+    (`memory_budget.module_bytes`) take more than that share of the rank's device (`rank_device_bytes`)."""
     try:
-        MemoryBudget(utilization, rank_device_bytes(device), local_weight_bytes(module))
+        MemoryBudget(utilization, rank_device_bytes(device), module_bytes(module))
     except ValueError as err:
         raise ValueError(f"reward model: reward_model.{err}") from err

@@ -30,10 +30,14 @@ def format_bytes(num_bytes: float) -> str:
 
 
 def module_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters and buffers (each storage counted once: tied weights are one)."""
+    """Bytes of a module's parameters and buffers on this rank (each storage counted once: tied weights are one;
+    a sharded DTensor counts its local shard)."""
+    from torch.distributed.tensor import DTensor
+
     seen: set[int] = set()
     total = 0
     for tensor in (*module.parameters(), *module.buffers()):
+        tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor
         key = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
         if key not in seen:
             seen.add(key)

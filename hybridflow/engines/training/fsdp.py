@@ -434,7 +434,8 @@ class FSDPEngine:
         With `max_token_len` (verl's `use_dynamic_bsz`), rows are grouped by token count into the number of
         micro-batches the fullest rank needs for about `max_token_len` tokens each: every rank runs the same
         number of forwards (FSDP's collectives pair them up), and at least `min_micro_batches` (at most one per
-        row). Otherwise groups of `micro_batch_size` rows. Shared-prompt engines keep each prompt group in one micro-batch and count its prompt once.
+        row). Otherwise groups of `micro_batch_size` rows. Shared-prompt engines keep each prompt group in one
+        micro-batch and count its prompt once.
         """
         batch = as_data_proto(batch)
         if max_token_len is None:

@@ -18,6 +18,8 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
+from hybridflow.models.parallel_plan import head_replicas
+
 __all__ = [
     "ULYSSES_ATTENTION",
     "enable_ulysses_attention",
@@ -60,8 +62,10 @@ def _attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
         raise RuntimeError("the Ulysses attention ran outside ulysses_context(); the engine sets it per forward")
     inner_name = getattr(module, "_hybridflow_inner_attention", "sdpa")
     size, groups = dist.get_world_size(active.group), getattr(module, "num_key_value_groups", 1)
-    replicas = replicated_kv_heads(key.size(1), size)
-    if replicas > 1:  # fewer key/value heads than ranks: each rank gets the one its query heads attend with
+    # Fewer key/value heads than ranks: each rank gets the one its query heads attend with, and autograd sums the
+    # replicas' gradients back into the head.
+    replicas = head_replicas(key.size(1), size)
+    if replicas > 1:
         key, value = (t.repeat_interleave(replicas, dim=1) for t in (key, value))
     query, key, value = (_all_to_all(t, active.group, scatter_dim=1, gather_dim=2) for t in (query, key, value))
     mask = active.mask
@@ -77,16 +81,6 @@ def _attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
     finally:
         module.num_key_value_groups = groups
     return _all_to_all(output, active.group, scatter_dim=1, gather_dim=2), None
-
-
-def replicated_kv_heads(kv_heads: int, sp_size: int) -> int:
-    """How many times each key/value head is repeated before the all-to-all: 1 when the group splits them, sp /
-    kv when it has more ranks than heads (autograd sums the replicas' gradients back into the head)."""
-    if kv_heads >= sp_size:
-        return 1
-    if sp_size % kv_heads:
-        raise ValueError(f"{sp_size} sequence-parallel ranks cannot share {kv_heads} key/value heads evenly")
-    return sp_size // kv_heads
 
 
 def _eager():

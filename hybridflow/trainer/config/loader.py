@@ -127,7 +127,7 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
         if key in tree.aliases:
             key = tree.aliases[key]
             prefix = "" if prefix == "+" else prefix  # `+` adds a key; the alias's key is in the tree already
-        elif prefix in ("", "+") and "." in key and _under_free_dict(key, free_dicts := free_dicts or tree.free_dict_keys()):
+        elif prefix in ("", "+") and _under_free_dict(key, free_dicts := free_dicts or tree.free_dict_keys()):
             # an entry of a free-form dict (`rollout.engine_kwargs.sglang.attention_backend=triton`): Hydra's struct
             # mode refuses a plain override of a missing entry and `+` of a present one; `++` sets it either way
             prefix = "++"
