@@ -3,7 +3,8 @@
 Owns: advantage estimators (`advantages`), policy losses (`policy_losses`, with their registry and
 config in `policy_loss_registry`), loss aggregation
 (`loss_agg`), KL penalties and controllers (`kl`), rollout correction (`rollout_correction`: truncated importance
-weights and rejection between rollout and trainer log-probs), the value loss (`value_loss`), entropy
+weights and rejection between rollout and trainer log-probs), the optimal token baseline and its variance proxies
+(`optimal_baseline`), the value loss (`value_loss`), entropy
 (`entropy`), masked reductions (`masked`), and training / validation metrics (`metrics`,
 `validation_metrics`). Nothing here does I/O, reads config objects or talks to other processes.
 
@@ -38,6 +39,10 @@ _EXPORTS = {
     "compute_entropy_loss": "entropy",
     "entropy_from_logits": "entropy",
     "entropy_from_logits_with_chunking": "entropy",
+    "sum_pi_squared_from_logits": "entropy",
+    "compute_optimal_token_baseline_advantage": "optimal_baseline",
+    "compute_multi_turn_optimal_token_baseline_advantage": "optimal_baseline",
+    "variance_proxy_metrics": "optimal_baseline",
     "KL_PENALTY_TYPES": "kl",
     "AdaptiveKLController": "kl",
     "FixedKLController": "kl",

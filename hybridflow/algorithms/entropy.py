@@ -11,7 +11,9 @@ import torch
 
 from hybridflow.algorithms.loss_agg import agg_loss
 
-__all__ = ["entropy_from_logits", "entropy_from_logits_with_chunking", "compute_entropy_loss"]
+__all__ = [
+    "entropy_from_logits", "entropy_from_logits_with_chunking", "compute_entropy_loss", "sum_pi_squared_from_logits",
+]
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -25,6 +27,19 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     pd = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """`sum_v softmax(logits)_v^2` over the last dimension, `exp(logsumexp(2 z) - 2 logsumexp(z))` (no probabilities
+    materialised; verl's `calculate_sum_pi_squared_from_logits`, read by the optimal-token-baseline estimator).
+
+    Args:
+        logits: (..., vocab_size).
+
+    Returns:
+        (...,) in the dtype of `logits`, in (0, 1].
+    """
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
 
 
 def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:

@@ -40,6 +40,8 @@ class AdvantageEstimator(StrEnum):
     GRPO_PASSK = "grpo_passk"
     GPG = "gpg"
     PRIME = "prime"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,11 +51,18 @@ class EstimatorSpec:
     needs_critic: bool = False
     """Takes `values` from a critic (a value model trained beside the actor), e.g. gae."""
     group_based: bool = False
-    """Compares the samples of one prompt's group (`index`): one sample per prompt gives it nothing (rollout.n >= 2)."""
+    """Compares the samples of one prompt's group (`index`): with one sample per prompt (rollout.n=1) there is no
+    group baseline."""
+    runs_with_one_sample: bool = True
+    """A group-based estimator that takes groups of one sample, as verl runs it with rollout.n=1 (no baseline: the
+    advantage is the sample's own score, or its return); False: it needs rollout.n >= 2 (grpo_passk)."""
     greedy_baseline: bool = False
     """Takes `reward_baselines`, the reward of each prompt's greedy response, which the trainer generates (remax)."""
     implicit_prm: bool = False
     """Takes `rm_scores` from an implicit process reward model that the run trains online (prime)."""
+    needs_sum_pi_squared: bool = False
+    """Takes `old_log_probs` and `sum_pi_squared` from the old-log-prob pass (actor.calculate_sum_pi_squared=True),
+    and the rollout's importance weights when rollout correction computes them (optimal_token_baseline)."""
 
 
 EstimatorFn = Callable[..., Any]
@@ -100,7 +109,7 @@ _BUILT_IN: tuple[tuple[AdvantageEstimator, str, EstimatorSpec], ...] = (
     (AdvantageEstimator.GAE, f"{_ADVANTAGES}:compute_gae_advantage_return", EstimatorSpec(needs_critic=True)),
     (AdvantageEstimator.GRPO, f"{_ADVANTAGES}:compute_grpo_outcome_advantage", EstimatorSpec(group_based=True)),
     (AdvantageEstimator.GRPO_PASSK, f"{_ADVANTAGES}:compute_grpo_passk_outcome_advantage",
-     EstimatorSpec(group_based=True)),
+     EstimatorSpec(group_based=True, runs_with_one_sample=False)),
     (AdvantageEstimator.RLOO, f"{_ADVANTAGES}:compute_rloo_outcome_advantage", EstimatorSpec(group_based=True)),
     (AdvantageEstimator.OPO, f"{_ADVANTAGES}:compute_opo_outcome_advantage", EstimatorSpec(group_based=True)),
     (AdvantageEstimator.REINFORCE_PLUS_PLUS, f"{_ADVANTAGES}:compute_reinforce_plus_plus_outcome_advantage",
@@ -111,6 +120,12 @@ _BUILT_IN: tuple[tuple[AdvantageEstimator, str, EstimatorSpec], ...] = (
     (AdvantageEstimator.GPG, f"{_ADVANTAGES}:compute_gpg_outcome_advantage", EstimatorSpec(group_based=True)),
     (AdvantageEstimator.PRIME, "hybridflow.algorithms.prime:compute_prime_advantage_return",
      EstimatorSpec(group_based=True, implicit_prm=True)),
+    (AdvantageEstimator.OPTIMAL_TOKEN_BASELINE,
+     "hybridflow.algorithms.optimal_baseline:compute_optimal_token_baseline_advantage",
+     EstimatorSpec(group_based=True, needs_sum_pi_squared=True)),
+    (AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE,
+     "hybridflow.algorithms.optimal_baseline:compute_multi_turn_optimal_token_baseline_advantage",
+     EstimatorSpec(group_based=True, needs_sum_pi_squared=True)),
 )
 for _estimator, _target, _spec in _BUILT_IN:
     ADV_ESTIMATORS.register_lazy(_estimator.value, _target)

@@ -6,6 +6,7 @@ import torch
 
 from hybridflow.algorithms import apply_kl_penalty, compute_advantage_by_name
 from hybridflow.algorithms.kl import KLController
+from hybridflow.algorithms.optimal_baseline import variance_proxy_metrics
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.protocol import DataProto
 
@@ -20,10 +21,13 @@ def compute_advantage(
 ) -> DataProto:
     """Add `advantages` and `returns` (bs, response_len) computed by the registered `adv_estimator`.
 
-    Reads `token_level_rewards`, `response_mask`, `values` (if present) and the `uid` group ids; `extra_inputs` go
-    to estimators that name them (PRIME's `rm_scores` and coefficients).
+    Reads `token_level_rewards`, `response_mask`, `values` (if present) and the `uid` group ids, and passes
+    `old_log_probs`, `sum_pi_squared` and `rollout_is_weights` when the batch has them (the optimal token baseline
+    reads them); `extra_inputs` go to estimators that name them (PRIME's `rm_scores` and coefficients).
     """
     batch = data.batch
+    optional = ("old_log_probs", "sum_pi_squared", "rollout_is_weights")
+    present = {key: batch[key] for key in optional if key in batch.keys()}
     advantages, returns = compute_advantage_by_name(
         adv_estimator,
         token_level_rewards=batch["token_level_rewards"],
@@ -34,7 +38,7 @@ def compute_advantage(
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-        extra_inputs=extra_inputs,
+        extra_inputs={**present, **(extra_inputs or {})},
     )
     batch["advantages"] = advantages
     batch["returns"] = returns
@@ -65,3 +69,14 @@ def apply_pf_ppo(data: DataProto, reweight_method: str, weight_pow: float, seed:
         "pf_ppo/score_mean_after": float(scores.cpu()[indices].float().mean()),
     }
     return resampled, metrics
+
+
+def variance_proxies(data: DataProto, grad_norm: float | None) -> dict[str, float]:
+    """verl's `variance_proxy/*` metrics of a step whose batch holds `sum_pi_squared` (see `variance_proxy_metrics`);
+    `grad_norm` is the actor update's."""
+    batch = data.batch
+    return variance_proxy_metrics(
+        batch["old_log_probs"], batch["sum_pi_squared"], batch["advantages"], batch["response_mask"],
+        rollout_is_weights=batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None,
+        grad_norm=grad_norm,
+    )

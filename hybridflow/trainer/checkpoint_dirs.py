@@ -132,3 +132,16 @@ def step_of(path: str | os.PathLike) -> int:
     if match is None:
         raise ValueError(f"{path} is not a global_step_N checkpoint directory")
     return int(match.group(1))
+
+
+def resume_candidate(resume_mode: str, resume_from_path: str | None, root: str | os.PathLike) -> Path | None:
+    """The checkpoint a run resumes from (trainer.resume_mode: disable, auto = the newest under `root`,
+    resume_path = `resume_from_path`), or None; reads the directory only."""
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        path = Path(str(resume_from_path)).expanduser().resolve()
+        step_of(path)
+        return path
+    step = latest_step(root)
+    return None if step is None else step_dir(root, step)

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from hybridflow.data.config import expand_path
 from hybridflow.single_controller.base.worker import get_node_id, get_node_ip
 from hybridflow.single_controller.ray import RayWorkerGroup
 from hybridflow.trainer import checkpoint_dirs
@@ -68,17 +67,8 @@ def find_resume_dir(run: RunConfig, root: Path) -> Path | None:
     """The checkpoint to resume from per `trainer.resume_mode` (newest under `root` for auto), or None; staging
     directories of killed saves are removed first."""
     checkpoint_dirs.remove_stale_staging(root)
-    if run.resume_mode == "disable":
-        return None
-    if run.resume_mode == "resume_path":
-        path = expand_path(run.resume_from_path).resolve()
-        checkpoint_dirs.step_of(path)
-    else:
-        step = checkpoint_dirs.latest_step(root)
-        if step is None:
-            return None
-        path = checkpoint_dirs.step_dir(root, step)
-    if not (path / DRIVER_STATE).is_file() and not (path / LEGACY_DRIVER_STATE).is_file():
+    path = checkpoint_dirs.resume_candidate(run.resume_mode, run.resume_from_path, root)
+    if path is not None and not (path / DRIVER_STATE).is_file() and not (path / LEGACY_DRIVER_STATE).is_file():
         raise FileNotFoundError(f"{path} holds no {DRIVER_STATE}: not a complete checkpoint")
     return path
 

@@ -28,7 +28,7 @@ from hybridflow.algorithms import (
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer import checkpointing
-from hybridflow.trainer.advantage import apply_kl_in_reward, apply_pf_ppo, compute_advantage
+from hybridflow.trainer.advantage import apply_kl_in_reward, apply_pf_ppo, compute_advantage, variance_proxies
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
@@ -219,6 +219,8 @@ class RayPPOTrainer:
                 if algo.rollout_correction.in_loss:
                     batch.meta_info[BYPASS_CORRECTION_KEY] = dataclasses.asdict(algo.rollout_correction)
                 self._collect(actor_rollout.update_actor(batch), metrics)
+            if "sum_pi_squared" in batch.batch.keys():
+                metrics.update(variance_proxies(batch, metrics.get("actor/grad_norm")))
             if self.weight_versions is not None:
                 self.weight_versions.mark_update()
             self.sync_rollout_weights(metrics, timing)
@@ -336,11 +338,8 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         """Checkpoint actor, critic and the driver's state (step, data position, KL coefficient) atomically."""
-        contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
-
-        def save_workers(staging: Path) -> None:
-            hf_path = str(staging / "actor" / "huggingface_full") if "hf_model" in contents else None
-            self.workers.actor_rollout.save_checkpoint(str(staging / "actor"), hf_path)
+        def save_workers(staging: Path) -> None:  # each role saves its checkpoint.save_contents
+            self.workers.actor_rollout.save_checkpoint(str(staging / "actor"))
             if self.workers.critic is not None:
                 self.workers.critic.save_checkpoint(str(staging / "critic"))
             self.rewards.save_checkpoint(staging)

@@ -31,7 +31,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.single_controller.base.worker import find_free_port, get_node_ip
 from hybridflow.utils.device import get_torch_device
-from hybridflow.workers.config import ActorRolloutRefConfig, WorkerRuntimeConfig
+from hybridflow.workers.config import HF_MODEL_DIR, ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import BYPASS_CORRECTION_KEY, OnPolicyRecord, make_actor_loss_fn, mean_metrics
@@ -401,23 +401,27 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(TRAIN_MESH))
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` (bs, response_len) under the current actor at the rollout's log-prob temperature; the
+        """`old_log_probs` (bs, response_len) under the current actor at the rollout's log-prob temperature, and
+        with `actor.calculate_sum_pi_squared` each position's `sum_pi_squared` under the same distribution; the
         policy's mean token entropy on this rank's responses is returned as the metric `actor/entropy`."""
         start = time.perf_counter()
-        log_probs, entropy = self.actor_engine.compute_log_prob(
+        stats = self.actor_engine.compute_token_stats(
             data,
             temperature=self.config.rollout.log_prob_temperature,
             calculate_entropy=True,
+            calculate_sum_pi_squared=self.config.actor.calculate_sum_pi_squared,
             micro_batch_size=self.config.rollout.log_prob_micro_batch_size_per_gpu,
             max_token_len=self.config.rollout.log_prob_token_budget,
         )
         seconds = time.perf_counter() - start
+        entropy = stats.pop("entropy")
         metrics = {
             "actor/entropy": float(masked_mean(entropy, data.batch["response_mask"].to(entropy.dtype))),
             "timing_s/compute_log_prob": seconds,
             **self.actor_efficiency.metrics("actor_infer", seconds),
         }
-        return DataProto.from_dict({"old_log_probs": log_probs}, meta_info={"metrics": metrics})
+        stats["old_log_probs"] = stats.pop("log_probs")
+        return DataProto.from_dict(stats, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(TRAIN_MESH))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -497,9 +501,12 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, hf_path: str | None = None) -> None:
-        """Sharded model/optimizer/scheduler/RNG of the actor (collective); optionally a full HF directory."""
-        self.actor_engine.save_checkpoint(local_path)
+    def save_checkpoint(self, local_path: str) -> None:
+        """The actor's `checkpoint.save_contents` under `local_path` (collective): sharded model, optimizer and
+        scheduler/RNG state, and with hf_model a full HF directory (`huggingface_full/`)."""
+        contents = self.config.actor.checkpoint
+        self.actor_engine.save_checkpoint(local_path, contents.engine_parts)
+        hf_path = str(Path(local_path) / HF_MODEL_DIR) if contents.saves_hf_model else None
         if hf_path is not None:
             self.actor_engine.save_hf_model(hf_path, self.tokenizer)
         if self.rank == 0:  # a vision-language model's image processor goes with its config (exports load it)
@@ -509,6 +516,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
-        """Restore what `save_checkpoint` wrote (same world size); the rollout gets the weights before generating."""
-        self.actor_engine.load_checkpoint(local_path)
+        """Restore the actor's `checkpoint.load_contents` of what `save_checkpoint` wrote (same layout); the rollout
+        gets the weights before generating."""
+        self.actor_engine.load_checkpoint(local_path, contents=self.config.actor.checkpoint.resume_parts)
         self._rollout_weights_stale = self.rollout is not None and not self._rollout_shares_module

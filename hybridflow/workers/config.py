@@ -38,24 +38,53 @@ Strategy = Literal["fsdp", "fsdp2"]
 """Both names run FSDP2 (`fully_shard`); verl's FSDP1 path does not exist here."""
 
 
+CheckpointPart = Literal["model", "optimizer", "extra", "hf_model"]
+HF_MODEL_DIR = "huggingface_full"
+"""Where a checkpoint's full HF copy of the weights goes (`hf_model`), beside the shards in the role's directory."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    """What a checkpoint holds."""
+    """What a role's checkpoint holds, and what a resumed run reads of it (verl's keys)."""
 
-    save_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = field(
-        default_factory=lambda: ["model", "optimizer", "extra"]
-    )
-    """Parts to save: model, optimizer, extra (scheduler, RNG), hf_model (also a plain HF directory)."""
+    save_contents: list[CheckpointPart] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """Parts to save: model (the weight shards), optimizer (its state), extra (LR scheduler, RNG), hf_model (a full
+    HF directory of the weights, `huggingface_full/`, loadable by transformers and as a model.path). Without all
+    of model, optimizer and extra a checkpoint cannot resume exactly: ['hf_model'] alone saves exports only."""
+    load_contents: Optional[list[CheckpointPart]] = None
+    """Parts a resumed run reads (None: save_contents, verl's default). The model is always read (without it the
+    run would claim step N with its initial weights), so a checkpoint without its shards cannot be resumed; without
+    optimizer or extra those restart fresh (AdamW moments, the LR schedule from its start). hf_model reads
+    nothing: the export is not training state."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)
-        missing = [part for part in ("model", "optimizer", "extra") if part not in self.save_contents]
-        if missing:
+        for name in ("save_contents", "load_contents"):
+            parts = getattr(self, name)
+            if parts is not None and (not parts or len(set(parts)) != len(parts)):
+                raise ConfigFieldError(name, f"{name}={parts} must name each part once and at least one")
+        if self.load_contents is not None and "model" not in self.load_contents:
             raise ConfigFieldError(
-                "save_contents",
-                f"save_contents={self.save_contents} leaves out {missing}; a checkpoint without them cannot resume "
-                "(keep model, optimizer, extra; add hf_model for a plain HF copy)",
+                "load_contents",
+                f"load_contents={self.load_contents} leaves out model: a resumed run would continue at the "
+                "checkpoint's step with its initial weights; add model (or set trainer.resume_mode=disable)",
             )
+
+    @property
+    def engine_parts(self) -> tuple[str, ...]:
+        """The training engine's parts to save (`engine_state.ENGINE_PARTS` order)."""
+        return tuple(part for part in ("model", "optimizer", "extra") if part in self.save_contents)
+
+    @property
+    def resume_parts(self) -> tuple[str, ...]:
+        """The engine's parts a resumed run reads: the model always, and optimizer / extra where load_contents
+        (else save_contents) lists them."""
+        parts = self.save_contents if self.load_contents is None else self.load_contents
+        return ("model", *(part for part in ("optimizer", "extra") if part in parts))
+
+    @property
+    def saves_hf_model(self) -> bool:
+        return "hf_model" in self.save_contents
 
 
 def _check_clip(grad_clip: float, optim: OptimConfig) -> None:
@@ -104,14 +133,14 @@ class ActorConfig(PPOLossConfig):
     entropy_from_logits_with_chunking: bool = False
     """verl: compute the entropy a chunk of positions at a time. True needs model.use_fused_kernels (the default),
     whose head computes log-probs and entropy chunk by chunk (fused_kernel_options.chunk_size positions)."""
-    calculate_sum_pi_squared: bool = unsupported(
-        False, "the optimal-token-baseline estimator that reads sum(pi^2) is not implemented"
-    )
-    """verl: compute each position's sum of squared probabilities (for its optimal_token_baseline estimator)."""
-    sum_pi_squared_checkpointing: bool = unsupported(
-        False, "the optimal-token-baseline estimator that reads sum(pi^2) is not implemented"
-    )
-    """verl: recompute sum(pi^2) in the backward."""
+    calculate_sum_pi_squared: bool = False
+    """The old-log-prob pass also returns each response position's sum of squared probabilities, sum_v pi_v^2
+    (`sum_pi_squared`, under the log-prob temperature): the optimal_token_baseline estimators read it, and the
+    variance_proxy/* metrics are logged from it. Forces the separate old-log-prob pass."""
+    sum_pi_squared_checkpointing: bool = False
+    """verl: recompute sum(pi^2) in the update's backward instead of keeping its logits. Here sum(pi^2) is
+    computed only in the no-grad old-log-prob pass, which keeps nothing for a backward: the memory it saves in verl
+    is never spent. Needs calculate_sum_pi_squared=True."""
     use_prefix_grouper: bool = False
     """Forward the samples of one prompt with a single copy of the prompt (update, old and reference log-probs):
     the same results, with each prompt computed once per group in a micro-batch."""
@@ -137,6 +166,12 @@ class ActorConfig(PPOLossConfig):
         check_positive("ppo_epochs", self.ppo_epochs)
         check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
         _check_clip(self.grad_clip, self.optim)
+        if self.sum_pi_squared_checkpointing and not self.calculate_sum_pi_squared:
+            raise ConfigFieldError(
+                "sum_pi_squared_checkpointing",
+                "sum_pi_squared_checkpointing=True with calculate_sum_pi_squared=False: nothing computes sum(pi^2) "
+                "to checkpoint; set calculate_sum_pi_squared=True or drop it",
+            )
 
     @property
     def update_token_budget(self) -> int | None:

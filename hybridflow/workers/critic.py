@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from hybridflow.engines.training import build_fsdp_engine
 from hybridflow.engines.training.mesh import ParallelLayout
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from hybridflow.workers.config import CriticConfig, WorkerRuntimeConfig
+from hybridflow.workers.config import HF_MODEL_DIR, CriticConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
@@ -78,10 +79,14 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str) -> None:
-        """Sharded critic state (collective)."""
-        self.engine.save_checkpoint(local_path)
+        """The critic's `checkpoint.save_contents` (collective): sharded state, and with hf_model a full HF
+        directory of the value model (`huggingface_full/`)."""
+        contents = self.config.checkpoint
+        self.engine.save_checkpoint(local_path, contents.engine_parts)
+        if contents.saves_hf_model:
+            self.engine.save_hf_model(str(Path(local_path) / HF_MODEL_DIR))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
-        """Restore the critic from `save_checkpoint`'s directory."""
-        self.engine.load_checkpoint(local_path)
+        """Restore the critic's `checkpoint.load_contents` from `save_checkpoint`'s directory."""
+        self.engine.load_checkpoint(local_path, contents=self.config.checkpoint.resume_parts)

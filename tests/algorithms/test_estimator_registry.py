@@ -29,8 +29,12 @@ def test_built_in_specs_say_what_each_estimator_needs():
     assert estimator_spec("prime") == EstimatorSpec(group_based=True, implicit_prm=True)
     assert estimator_spec("reinforce_plus_plus") == EstimatorSpec()
     group = {name for name in ADV_ESTIMATORS.names() if estimator_spec(name).group_based}
-    assert group == {"grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg", "prime"}
+    assert group == {"grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg", "prime",
+                     "optimal_token_baseline", "tir_optimal_token_baseline"}
     assert [name for name in ADV_ESTIMATORS.names() if estimator_spec(name).needs_critic] == ["gae"]
+    assert [name for name in ADV_ESTIMATORS.names() if not estimator_spec(name).runs_with_one_sample] == ["grpo_passk"]
+    reads_energy = {name for name in ADV_ESTIMATORS.names() if estimator_spec(name).needs_sum_pi_squared}
+    assert reads_energy == {"optimal_token_baseline", "tir_optimal_token_baseline"}
 
 
 def test_every_built_in_name_resolves_to_its_function():

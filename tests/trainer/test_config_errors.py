@@ -38,7 +38,7 @@ CASES = [
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", ["ppo_micro_batch_size_per_gpu=3", "8 mini-batch samples"]),
     ("trainer.n_gpus_per_node=3", ["cannot be split over 3 ranks", "multiple of 3"]),
     ("algorithm.adv_estimator=grpoo", ["algorithm.adv_estimator='grpoo'", "grpo", "rloo"]),
-    ("actor_rollout_ref.rollout.n=1", ["rollout.n >= 2", "got 1"]),
+    ("algorithm.adv_estimator=optimal_token_baseline", ["optimal_token_baseline", "calculate_sum_pi_squared=True"]),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=ppo2", ["policy_loss.loss_mode='ppo2'", "vanilla"]),
     ("actor_rollout_ref.actor.loss_agg_mode=mean", ["loss_agg_mode='mean'", "token-mean"]),
     ("actor_rollout_ref.actor.kl_loss_type=k9", ["kl_loss_type='k9'", "low_var_kl"]),
@@ -97,7 +97,7 @@ def test_context_overflow_names_both_lengths(tmp_path, train_file):
 
 
 def test_cli_prints_one_line_and_exits_2(train_file, capsys):
-    code = train_main(grpo_overrides(train_file) + ["actor_rollout_ref.rollout.n=1"])
+    code = train_main(grpo_overrides(train_file) + ["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("hybridflow train: config error:") and "rollout.n >= 2" in err
 
@@ -121,7 +121,7 @@ def test_cfg_job_prints_composed_config(train_file, capsys):
 
 # Errors between sections that the checks find before any model, device or backend is read.
 CROSS_SECTION_ERRORS = [
-    ("actor_rollout_ref.rollout.n=1", "rollout.n >= 2"),
+    ("algorithm.adv_estimator=tir_optimal_token_baseline", "calculate_sum_pi_squared=True"),
     ("algorithm.adv_estimator=nope", "algorithm.adv_estimator='nope' is unknown"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=nope", "policy_loss.loss_mode='nope' is unknown"),
     ("reward_model.reward_manager=nope", "reward_model.reward_manager='nope' is unknown"),

@@ -255,7 +255,8 @@ INVALID = [
     ("ray_init.num_cpus=4", ["ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus"]),
     ("critic.fsdp_config.param_offload=True", ["critic.model.fsdp_config.param_offload"]),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=exp", ["lr_scheduler_type", "cosine"]),
-    ("actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]", ["save_contents", "cannot resume"]),
+    ("actor_rollout_ref.actor.checkpoint.load_contents=[optimizer]", ["load_contents", "leaves out model"]),
+    ("critic.checkpoint.save_contents=[]", ["save_contents", "at least one"]),
     ("algorithm.rollout_correction.bypass_mode=True", ["bypass_mode=True", "rollout.name='hf'", "native"]),
     ("algorithm.rollout_correction.rollout_is=tokens", ["algorithm.rollout_correction.rollout_is=", "'sequence'"]),
     ("algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=0",
@@ -424,11 +425,33 @@ def test_dynamic_batch_sizes_follow_the_actor_and_print_a_token_table(files, cap
 
 def test_disable_resume_on_a_directory_with_checkpoints_is_refused(files, tmp_path):
     run_dir = tmp_path / "run"
-    (run_dir / "global_step_3").mkdir(parents=True)
-    overrides = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}"]
+    (run_dir / "global_step_3" / "actor").mkdir(parents=True)
+    for kind in ("model", "optim", "extra_state"):  # what the resume reads (check_resume_contents)
+        (run_dir / "global_step_3" / "actor" / f"{kind}_world_size_1_rank_0.pt").touch()
+    overrides = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}",
+                 "algorithm.adv_estimator=grpo"]
     validate_config(load_config(overrides))  # auto resumes from it
     with pytest.raises(ValueError, match=r"resume_mode=disable starts a new run, .* already holds checkpoints \(steps \[3\]\)"):
         validate_config(load_config(overrides + ["trainer.resume_mode=disable"]))
+
+
+def test_a_resume_from_a_checkpoint_without_the_parts_it_reads_is_refused_before_ray(files, tmp_path):
+    """save_contents=['hf_model'] keeps exports only: resuming from one would claim its step with the initial
+    weights. A model-only checkpoint resumes when load_contents reads the model alone."""
+    run_dir = tmp_path / "run"
+    actor = run_dir / "global_step_2" / "actor"
+    (actor / "huggingface_full").mkdir(parents=True)
+    overrides = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}",
+                 "algorithm.adv_estimator=grpo"]
+    with nothing_started(), pytest.raises(ValueError) as info:
+        validate_config(load_config(overrides + ["actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]"]))
+    message = str(info.value)
+    assert "holds no training state" in message and "missing ['model']" in message
+    assert str(actor / "huggingface_full") in message and "resume_mode=disable" in message
+    (actor / "model_world_size_1_rank_0.pt").touch()
+    with pytest.raises(ValueError, match=r"missing \['optimizer', 'extra'\]"):
+        validate_config(load_config(overrides))
+    validate_config(load_config(overrides + ["actor_rollout_ref.actor.checkpoint.load_contents=[model]"]))
 
 
 @pytest.mark.parametrize("key", ["default_local_dir", "resume_from_path"])
@@ -527,12 +550,14 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
             "actor_rollout_ref.actor.fsdp_config.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.use_orig_params=True",
             "actor_rollout_ref.rollout.skip_tokenizer_init=True", "reward_model.reward_manager=prime",
             "actor_rollout_ref.model.use_shm=True", "data.trust_remote_code=True", "actor_rollout_ref.nccl_timeout=1800"]
+    held += ["actor_rollout_ref.actor.calculate_sum_pi_squared=True",
+             "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True"]
     cfg = load_config([*line, *held])
     assert cfg.actor_rollout_ref.actor.entropy_checkpointing and cfg.reward_model.use_reward_loop
     refused = {
         "actor_rollout_ref.ref.use_torch_compile=True": "runs eagerly",
         "actor_rollout_ref.model.use_liger=True": "Liger kernels are not used",
-        "actor_rollout_ref.actor.calculate_sum_pi_squared=True": "optimal-token-baseline estimator",
+        "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True": "nothing computes sum",
         "reward_model.sandbox_fusion.url=http://sandbox": "local sandbox",
         "actor_rollout_ref.rollout.data_parallel_size=2": "replicas are data-parallel already",
         "actor_rollout_ref.rollout.over_sample_rate=0.1": "runs to its end",

@@ -189,6 +189,50 @@ def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     assert step["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow  # the parts' save and load are tested in every CI run (test_fsdp_engine, test_config_tree)
+def test_export_only_checkpoints_hold_a_loadable_model_and_are_not_resumed(workspace):
+    """verl's save_contents=['hf_model']: each checkpoint is a full HF directory of the actor, no shards; a run
+    that would resume from it is refused before Ray, naming the export."""
+    import torch
+
+    from hybridflow.models import build_causal_lm
+    from hybridflow.trainer.config.loader import load_config
+    from hybridflow.trainer.config.validate import validate_config
+
+    run_dir = workspace / "export_only"
+    args = overrides(
+        workspace, run_dir, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=1", "trainer.save_freq=1",
+        "trainer.val_before_train=False", "data.val_files=[]",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
+    )
+    run(args)
+    actor = run_dir / "global_step_1" / "actor"
+    assert not list(actor.glob("*_world_size_*")), "no shards: exports only"
+    model = build_causal_lm(actor / "huggingface_full")
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
+    with pytest.raises(ValueError, match=r"holds no training state .* its exported model is .*huggingface_full"):
+        validate_config(load_config(args))
+
+
+@pytest.mark.slow  # a long end-to-end run; the estimator and the engine's sum(pi^2) are tested in every CI run
+def test_optimal_token_baseline_with_importance_weights_trains(workspace):
+    """verl's OTB example's keys: the old-log-prob pass returns sum(pi^2), the estimator reads it with the
+    rollout's importance weights, and verl's variance_proxy/* metrics are logged."""
+    records = by_step(run(overrides(
+        workspace, workspace / "otb", "algorithm.adv_estimator=optimal_token_baseline",
+        "actor_rollout_ref.actor.calculate_sum_pi_squared=True", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=2",
+        "trainer.val_before_train=False", "data.val_files=[]", "algorithm.rollout_correction.rollout_is=token",
+    )))
+    for step in (1, 2):
+        record = records[step]
+        assert "timing_s/old_log_prob" in record and record["actor/grad_norm"] > 0
+        assert record["variance_proxy/proxy2_total_power"] >= 0 and record["variance_proxy/expected_w"] > 0
+        assert record["variance_proxy/proxy1_signal_strength"] == pytest.approx(record["actor/grad_norm"] ** 2)
+
+
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_bypass_mode_reinforce_with_weights_and_rejection_in_a_grpo_step(workspace):
     """verl's bypass_pg_is-style preset: no old-log-prob pass; inside the loss the current policy against the native

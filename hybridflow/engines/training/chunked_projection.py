@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from hybridflow.engines.training.vocab_parallel import VocabShard
 
-__all__ = ["chunked_log_probs", "project_logits"]
+__all__ = ["chunked_log_probs", "chunked_token_stats", "project_logits"]
 
 
 def project_logits(
@@ -55,14 +55,16 @@ def _label_columns(labels: torch.Tensor, width: int, shard: VocabShard | None) -
 
 
 def _forward_chunk(
-    logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard | None, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """log-prob of each row's label, log-sum-exp and (optionally) entropy of (C, V) logits: (C,) each."""
+    logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard | None, with_entropy: bool, with_sum_pi_squared: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """log-prob of each row's label, log-sum-exp and (optionally) entropy and sum of squared probabilities of
+    (C, V) logits: (C,) each."""
     if shard is None:  # the same ops as compute_log_probs_from_logits / entropy_from_logits
         lse = torch.logsumexp(logits, dim=-1)
         log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
         entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1) if with_entropy else None
-        return log_probs, lse, entropy
+        squares = (torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * lse).exp() if with_sum_pi_squared else None
+        return log_probs, lse, entropy, squares
     group = shard.group
     peak = logits.max(dim=-1).values
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
@@ -75,38 +77,49 @@ def _forward_chunk(
     sums = [picked]
     if with_entropy:  # E_p[logit] = sum_v exp(x_v - lse) x_v, summed over the slices
         sums.append(((logits - lse.unsqueeze(-1)).exp() * logits).sum(dim=-1))
+    if with_sum_pi_squared:  # sum_v exp(2 (x_v - lse)), summed over the slices
+        sums.append((2.0 * (logits - lse.unsqueeze(-1))).exp().sum(dim=-1))
     reduced = torch.stack(sums)
     dist.all_reduce(reduced, group=group)
-    return reduced[0] - lse, lse, (lse - reduced[1]) if with_entropy else None
+    entropy = lse - reduced[1] if with_entropy else None
+    return reduced[0] - lse, lse, entropy, reduced[-1] if with_sum_pi_squared else None
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
-    """(log-probs, entropy) of `labels` under softmax(hidden @ weight.T + bias) / temperature, chunk by chunk."""
+    """(log-probs, entropy, sum of squared probabilities) of `labels` under softmax(hidden @ weight.T + bias) /
+    temperature, chunk by chunk; the sum of squares is not differentiable (a no-grad statistic)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, hidden, weight, bias, labels, temperature, chunk_size, shard, with_entropy, softcap
+        ctx, hidden, weight, bias, labels, temperature, chunk_size, shard, with_entropy, with_sum_pi_squared, softcap
     ):
         ctx.set_materialize_grads(False)
         num_rows = hidden.size(0)
         log_probs = hidden.new_empty(num_rows, dtype=torch.float32)
         lse = hidden.new_empty(num_rows, dtype=torch.float32)
         entropy = hidden.new_empty(num_rows, dtype=torch.float32) if with_entropy else None
+        squares = hidden.new_empty(num_rows, dtype=torch.float32) if with_sum_pi_squared else None
         for start in range(0, num_rows, chunk_size):
             rows = slice(start, start + chunk_size)
             logits, _ = _chunk_logits(hidden[rows], weight, bias, temperature, softcap)
-            log_probs[rows], lse[rows], chunk_entropy = _forward_chunk(logits, labels[rows], shard, with_entropy)
+            log_probs[rows], lse[rows], chunk_entropy, chunk_squares = _forward_chunk(
+                logits, labels[rows], shard, with_entropy, with_sum_pi_squared
+            )
             if with_entropy:
                 entropy[rows] = chunk_entropy
+            if with_sum_pi_squared:
+                squares[rows] = chunk_squares
             del logits
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.shard, ctx.softcap = temperature, chunk_size, shard, softcap
         device_type = hidden.device.type  # the backward recomputes the logits under the forward's autocast
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        return log_probs, entropy
+        if squares is not None:
+            ctx.mark_non_differentiable(squares)
+        return log_probs, entropy, squares
 
     @staticmethod
-    def backward(ctx, grad_log_probs, grad_entropy):  # type: ignore[override]
+    def backward(ctx, grad_log_probs, grad_entropy, _grad_squares):  # type: ignore[override]
         hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
         temperature, chunk_size, shard = ctx.temperature, ctx.chunk_size, ctx.shard
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]  # a frozen head (LoRA) needs no weight grad
@@ -155,7 +168,7 @@ def _grads_out(grad_hidden, grad_weight, grad_bias, weight, bias) -> tuple:
     """The backward's return: gradients of hidden, weight and bias in their dtypes, None for the other inputs."""
     grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
     grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-    return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+    return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
 def _grad_logits(
@@ -203,10 +216,35 @@ def chunked_log_probs(
     labels: (N,) int64 vocabulary ids -> log_probs (N,), entropy (N,) or None. Differentiable in hidden, weight and
     bias; no (N, V) tensor is kept between forward and backward.
     """
+    stats = chunked_token_stats(
+        hidden, weight, labels, bias=bias, temperature=temperature, chunk_size=chunk_size, shard=shard,
+        calculate_entropy=calculate_entropy, softcap=softcap,
+    )
+    return stats["log_probs"], stats.get("entropy")
+
+
+def chunked_token_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    shard: VocabShard | None = None,
+    calculate_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False,
+    softcap: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """`chunked_log_probs` as a dict: `log_probs`, and `entropy` and `sum_pi_squared` (N,) when asked (each row's
+    sum of squared probabilities, from the same chunk's logits; not differentiable)."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be (N, H) and labels (N,), got {tuple(hidden.shape)} and {tuple(labels.shape)}")
-    return _ChunkedLogProbs.apply(
-        hidden, weight, bias, labels, temperature, chunk_size, shard, calculate_entropy, softcap
+    log_probs, entropy, squares = _ChunkedLogProbs.apply(
+        hidden, weight, bias, labels, temperature, chunk_size, shard, calculate_entropy, calculate_sum_pi_squared,
+        softcap,
     )
+    stats = {"log_probs": log_probs, "entropy": entropy, "sum_pi_squared": squares}
+    return {name: value for name, value in stats.items() if value is not None}

@@ -28,7 +28,7 @@ import logging
 import math
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,14 +37,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.training import attention_masks, checkpoint, ulysses
+from hybridflow.engines.training import attention_masks, ulysses
 from hybridflow.engines.training.batches import INPUT_KEYS, as_data_proto, get, in_row_order, num_rows, partition_units
 from hybridflow.engines.training.batches import reduce_metrics, response_width, select_rows, split, to_device
 from hybridflow.engines.training.batches import token_budget_units
 from hybridflow.engines.training.config import FSDPEngineConfig
 from hybridflow.engines.training.engine_module import build_engine_module
+from hybridflow.engines.training.engine_state import ENGINE_PARTS, load_engine_state, save_engine_state
 from hybridflow.engines.training.expert_parallel import apply_expert_parallel
-from hybridflow.engines.training.head import build_head
+from hybridflow.engines.training.head import TokenStats, build_head
 from hybridflow.engines.training.forward_check import check_engine_forward
 from hybridflow.engines.training.layouts import ForwardModel, LayoutName, Plan, forward_layout, host_copies
 from hybridflow.engines.training.layouts import plan_micro_batches, token_values, vision_inputs
@@ -62,7 +63,7 @@ from hybridflow.env import dist_local_rank
 from hybridflow.models.loader import resolve_dtype
 from hybridflow.models.lora import expert_adapters_of, is_lora_model, lora_scaling_of
 from hybridflow.models.lora import merge_lora_named_tensors
-from hybridflow.models.lora import save_hf_model_from_state_dict, save_lora_adapter
+from hybridflow.models.lora import save_hf_model_from_state_dict
 from hybridflow.models.value_head import compute_sequence_scores
 from hybridflow.protocol import DataProto
 from hybridflow.utils.device import get_torch_device
@@ -228,12 +229,14 @@ class FSDPEngine:
         *,
         temperature: float = 1.0,
         calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
         plan: Plan | None = None,
     ) -> dict[str, torch.Tensor]:
         """One forward pass (with autograd if enabled by the caller), in the layout of `plan` (default: planned here).
 
         Returns, for causal LMs, `log_probs` (bs, response_len) of the response tokens under
-        softmax(logits / temperature) and, if asked, `entropy` (bs, response_len); for value models `values`
+        softmax(logits / temperature) and, if asked, `entropy` and `sum_pi_squared` (sum_v pi_v^2 of each position,
+        not differentiable) (bs, response_len); for value models `values`
         (bs, response_len), the value predicted at the token before each response token (verl's convention).
         """
         micro_batch = as_data_proto(micro_batch)
@@ -248,7 +251,8 @@ class FSDPEngine:
             tensors.update(vision_inputs(micro_batch.non_tensor_batch["multi_modal_inputs"], tensors, self.device))
         self._count_work(plan.work)
         with self._autocast():
-            forward = lambda: forward_layout(self.forward_model, tensors, plan, temperature, calculate_entropy)
+            stats = TokenStats(entropy=calculate_entropy, sum_pi_squared=calculate_sum_pi_squared)
+            forward = lambda: forward_layout(self.forward_model, tensors, plan, temperature, stats)
             return moe_forward(self.moe, micro_batch, tensors, plan, forward)
 
     def _count_work(self, work: ForwardWork) -> None:
@@ -365,13 +369,33 @@ class FSDPEngine:
         max_token_len: int | None = None,
         disable_adapter: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) of the response tokens, on CPU.
+        """Log-probs (and entropy) of the response tokens, on CPU: `compute_token_stats`' `log_probs` and `entropy`
+        (bs, response_len) or None."""
+        stats = self.compute_token_stats(
+            batch, temperature=temperature, calculate_entropy=calculate_entropy, micro_batch_size=micro_batch_size,
+            max_token_len=max_token_len, disable_adapter=disable_adapter,
+        )
+        return stats["log_probs"], stats.get("entropy")
 
-        Returns `log_probs` (bs, response_len) float32 under softmax(logits / temperature), and `entropy`
-        (bs, response_len) or None. Positions after the end of a response hold meaningless values: mask them.
-        Micro-batches hold `micro_batch_size` rows, or about `max_token_len` tokens (`split_micro_batches`).
-        `disable_adapter=True` (LoRA engines) computes them with the frozen base weights only: the reference
-        policy without a second model in memory.
+    @torch.no_grad()
+    def compute_token_stats(
+        self,
+        batch: DataProto,
+        *,
+        temperature: float = 1.0,
+        calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
+        micro_batch_size: int | None = None,
+        max_token_len: int | None = None,
+        disable_adapter: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Per-token statistics of the response tokens, on CPU.
+
+        Returns `log_probs` (bs, response_len) float32 under softmax(logits / temperature), and `entropy` and
+        `sum_pi_squared` (bs, response_len) when asked. Positions after the end of a response hold meaningless
+        values: mask them. Micro-batches hold `micro_batch_size` rows, or about `max_token_len` tokens
+        (`split_micro_batches`). `disable_adapter=True` (LoRA engines) computes them with the frozen base weights
+        only: the reference policy without a second model in memory.
         """
         if self.model_kind != "causal_lm":
             raise TypeError("compute_log_prob needs a causal LM engine; this one holds a value model")
@@ -382,12 +406,13 @@ class FSDPEngine:
         plans = self.plan_micro_batches(micro_batches)
         with self.module.disable_adapter() if disable_adapter else contextlib.nullcontext():
             outs = [
-                self.forward_micro_batch(mb, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan)
+                self.forward_micro_batch(
+                    mb, temperature=temperature, calculate_entropy=calculate_entropy,
+                    calculate_sum_pi_squared=calculate_sum_pi_squared, plan=plan,
+                )
                 for mb, plan in zip(micro_batches, plans)
             ]
-        log_probs = in_row_order(torch.cat([out["log_probs"] for out in outs]).cpu(), order)
-        entropy = in_row_order(torch.cat([out["entropy"] for out in outs]).cpu(), order) if calculate_entropy else None
-        return log_probs, entropy
+        return {name: in_row_order(torch.cat([out[name] for out in outs]).cpu(), order) for name in outs[0]}
 
     @torch.no_grad()
     def compute_values(
@@ -510,54 +535,14 @@ class FSDPEngine:
                 (tokenizer or self.tokenizer).save_pretrained(path)
         self._barrier()
 
-    def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Save this rank's model and optimizer shards, LR scheduler and RNG state (collective).
+    def save_checkpoint(self, path: str | os.PathLike, contents: Collection[str] = ENGINE_PARTS) -> None:
+        """Save this rank's shards of `contents` (model, optimizer, extra: LR scheduler and RNG) and the layout,
+        config and tokenizer (collective; `engine_state`). LoRA engines also write `lora_adapter/` with the model."""
+        save_engine_state(self, path, contents)
 
-        LoRA engines also write `lora_adapter/` (peft's adapter_config.json + adapter weights) from rank 0.
-        """
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        rank, world = self.rank, self.world_size
-        checkpoint.save_atomic(self.module.state_dict(), checkpoint.shard_file(path, "model", rank, world))
-        checkpoint.save_atomic(self.optimizer.state_dict(), checkpoint.shard_file(path, "optim", rank, world))
-        extra = {
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "rng": checkpoint.get_rng_state(),
-            "layout": {
-                "tensor_parallel_size": self.layout.tp, "ulysses_sequence_parallel_size": self.layout.sp,
-                "expert_parallel_size": self.layout.ep, "fsdp_size": self.sharding_group_size,
-            },
-        }
-        checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
-        if self.rank == 0:
-            self.module.config.save_pretrained(path / "huggingface")
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(path / "huggingface")
-        if self.lora_scaling is not None:
-            adapter = {name: t.cpu() for name, t in self._named_module_params(lambda name: ".lora_" in name)}
-            if self.rank == 0:
-                save_lora_adapter(self.module, adapter, path / "lora_adapter")
-        self._barrier()
-
-    def load_checkpoint(self, path: str | os.PathLike, *, load_optimizer: bool = True) -> None:
-        """Restore what `save_checkpoint` wrote with the same world size; resuming is bit-exact."""
-        path = Path(path)
-        rank, world = self.rank, self.world_size
-        extra = checkpoint.load_shard(checkpoint.shard_file(path, "extra_state", rank, world))
-        saved = {"fsdp_size": world, **extra.get("layout", {})}  # before fsdp_size was recorded: all ranks
-        for key, used in (("tensor_parallel_size", self.layout.tp), ("expert_parallel_size", self.layout.ep),
-                          ("fsdp_size", self.sharding_group_size)):
-            if saved.get(key, 1) != used:  # shards of another split do not fit this one's
-                raise ValueError(
-                    f"checkpoint {path} was written with {key}={saved.get(key, 1)}, this engine uses {used}: resume "
-                    "with the same layout, or export it (hybridflow merge) and start from the exported model"
-                )
-        self.module.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "model", rank, world)))
-        if load_optimizer:
-            self.optimizer.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "optim", rank, world)))
-        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        checkpoint.set_rng_state(extra["rng"])
-        self._barrier()
+    def load_checkpoint(self, path: str | os.PathLike, *, contents: Collection[str] = ENGINE_PARTS) -> None:
+        """Restore the `contents` parts `save_checkpoint` wrote, with the same layout; resuming all is bit-exact."""
+        load_engine_state(self, path, contents)
 
     @property
     def sharding_group_size(self) -> int:

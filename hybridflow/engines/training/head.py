@@ -18,18 +18,29 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hybridflow.engines.training.chunked_projection import chunked_log_probs, project_logits
-from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs
+from hybridflow.engines.training.chunked_projection import chunked_token_stats, project_logits
+from hybridflow.engines.training.vocab_parallel import VocabShard, token_entropy, token_log_probs, token_sum_pi_squared
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Head", "build_head", "output_head"]
+__all__ = ["Head", "TokenStats", "build_head", "output_head"]
 
 
 def output_head(module: nn.Module, is_lora: bool) -> nn.Module:
     """The module that projects hidden states to the vocabulary (under peft's wrapper for LoRA models)."""
     hf_module = module.get_base_model() if is_lora else module
     return hf_module.get_output_embeddings()
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Which per-token statistics of the policy a forward returns beside the log-probs."""
+
+    entropy: bool = False
+    """`entropy` (differentiable: the update's entropy bonus reads it)."""
+    sum_pi_squared: bool = False
+    """`sum_pi_squared`, sum_v pi_v^2 of each position's distribution (not differentiable; verl's
+    `calculate_sum_pi_squared`, read by the optimal-token-baseline estimator)."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +68,15 @@ class Head:
         select: Callable[[torch.Tensor], torch.Tensor],
         labels: torch.Tensor,
         temperature: float,
-        calculate_entropy: bool,
+        stats: TokenStats,
         *,
         rows: torch.Tensor | None = None,
         shard: VocabShard | None | str = "head",
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> dict[str, torch.Tensor]:
         """Run `model` on `inputs` projecting `logits_to_keep` positions; `select` cuts the projected rows
         ((bs, kept, H) hidden states or (bs, kept, V) logits -> (N, H) / (N, V)) that predict `labels` (N,).
-        Returns log-probs (N,) float32 under softmax(logits / temperature) and entropy (N,) or None.
+        Returns `log_probs` (N,) float32 under softmax(logits / temperature), and `entropy` / `sum_pi_squared` (N,)
+        as `stats` asks.
         `rows` (N,) int64: label i reads selected row `rows[i]` (several labels share a row: a shared prompt's last
         token predicts every response's first one); the plain head then never copies (N, V) logits.
         `shard=None` overrides the head's vocabulary split (Ulysses: each rank projects the whole vocabulary)."""
@@ -72,23 +84,27 @@ class Head:
         if self.chunk_size is None:
             logits = model(**inputs, logits_to_keep=logits_to_keep).logits
             flat = select(logits).float() / temperature
-            entropy = token_entropy(flat, shard) if calculate_entropy else None
-            if entropy is not None and rows is not None:
-                entropy = entropy[rows]
-            return token_log_probs(flat, labels, rows=rows, shard=shard), entropy
+            out = {"log_probs": token_log_probs(flat, labels, rows=rows, shard=shard)}
+            if stats.entropy:
+                out["entropy"] = token_entropy(flat, shard)
+            if stats.sum_pi_squared:
+                out["sum_pi_squared"] = token_sum_pi_squared(flat, shard)
+            # per row, then per label: a shared row's statistics are computed once
+            return {name: value[rows] if rows is not None and name != "log_probs" else value
+                    for name, value in out.items()}
         pick = select if rows is None else (lambda hidden: select(hidden)[rows])
-        return self._fused(model, inputs, logits_to_keep, pick, labels, temperature, calculate_entropy, shard)
+        return self._fused(model, inputs, logits_to_keep, pick, labels, temperature, stats, shard)
 
-    def _fused(self, model, inputs, logits_to_keep, select, labels, temperature, calculate_entropy, shard):
-        result: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    def _fused(self, model, inputs, logits_to_keep, select, labels, temperature, stats: TokenStats, shard):
+        result: dict[str, dict[str, torch.Tensor]] = {}
 
         def project(head: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
             (hidden,) = args
             weight, bias = _local_weight_and_bias(head)
-            result["out"] = chunked_log_probs(
+            result["out"] = chunked_token_stats(
                 select(hidden), weight, labels, bias=bias, temperature=temperature / self.logit_multiplier,
-                chunk_size=self.chunk_size, shard=shard, calculate_entropy=calculate_entropy,
-                softcap=self.logit_softcap,
+                chunk_size=self.chunk_size, shard=shard, calculate_entropy=stats.entropy,
+                calculate_sum_pi_squared=stats.sum_pi_squared, softcap=self.logit_softcap,
             )
             # The head still runs, on one position per row: DTensor's tensor-parallel head cannot take zero rows.
             return (hidden[..., :1, :],)

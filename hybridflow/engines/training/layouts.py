@@ -1,5 +1,5 @@
 """Forward layouts of the training engine: how a micro-batch's rows go through the model and come back as per-token
-log-probs, entropy or values.
+log-probs (and entropy, sum of squared probabilities) or values.
 
 - padded: the (bs, seq) batch as it is, with its attention mask;
 - packed (`use_remove_padding`): the real tokens of every row in one row, position ids restarting per sequence;
@@ -25,7 +25,7 @@ from torch import nn
 
 from hybridflow.engines.training import attention_masks, ulysses
 from hybridflow.engines.training.batches import get
-from hybridflow.engines.training.head import Head
+from hybridflow.engines.training.head import Head, TokenStats
 from hybridflow.engines.training.prefix_sharing import SharedPromptLayout, build_shared_prompt_layout
 from hybridflow.models.vision import concat_multi_modal_inputs
 from hybridflow.protocol import DataProto
@@ -179,25 +179,24 @@ def _scatter(values: torch.Tensor, index: torch.Tensor, shape: tuple[int, int]) 
     return values.new_zeros(shape[0] * shape[1]).index_put((index,), values).view(shape)
 
 
-def _outputs(log_probs, entropy, place) -> dict[str, torch.Tensor]:
-    out = {"log_probs": place(log_probs)}
-    if entropy is not None:
-        out["entropy"] = place(entropy)
-    return out
+def _outputs(stats: dict[str, torch.Tensor], place) -> dict[str, torch.Tensor]:
+    """Each per-token statistic (log-probs, entropy, ...) placed into (bs, response_len)."""
+    return {name: place(value) for name, value in stats.items()}
 
 
 def forward_layout(
-    model: ForwardModel, tensors: dict[str, torch.Tensor], plan: Plan, temperature: float, calculate_entropy: bool
+    model: ForwardModel, tensors: dict[str, torch.Tensor], plan: Plan, temperature: float, stats: TokenStats
 ) -> dict[str, torch.Tensor]:
-    """`log_probs` (and `entropy`) (bs, response_len) of a causal LM, or `values` (bs, response_len) of a value
-    model (the value at the token before each response token), computed in `plan`'s layout."""
+    """`log_probs` (and `stats`' `entropy`, `sum_pi_squared`) (bs, response_len) of a causal LM, or `values`
+    (bs, response_len) of a value model (the value at the token before each response token), computed in `plan`'s
+    layout."""
     if plan.layout == "shared_prompts":
-        return _forward_shared_prompts(model, tensors, plan.shared, temperature, calculate_entropy)
+        return _forward_shared_prompts(model, tensors, plan.shared, temperature, stats)
     if plan.layout == "packed":
         if model.sp_group is not None:
-            return _forward_packed_ulysses(model, tensors, plan, temperature, calculate_entropy)
-        return _forward_packed(model, tensors, plan, temperature, calculate_entropy)
-    return _forward_padded(model, tensors, plan.response_length, temperature, calculate_entropy)
+            return _forward_packed_ulysses(model, tensors, plan, temperature, stats)
+        return _forward_packed(model, tensors, plan, temperature, stats)
+    return _forward_padded(model, tensors, plan.response_length, temperature, stats)
 
 
 def token_values(model: ForwardModel, tensors: dict[str, torch.Tensor], plan: Plan) -> torch.Tensor:
@@ -235,19 +234,19 @@ def _packed_inputs(model: ForwardModel, ids: torch.Tensor, pos: torch.Tensor) ->
     return inputs
 
 
-def _forward_padded(model, tensors, response_length, temperature, calculate_entropy):
+def _forward_padded(model, tensors, response_length, temperature, stats):
     if model.is_value:
         logits = model.module(**padded_inputs(model, tensors)).logits
         return {"values": logits[:, -response_length - 1 : -1, 0].float()}
     labels = tensors["input_ids"][:, -response_length:]
-    log_probs, entropy = model.head.log_probs(
+    out = model.head.log_probs(
         model.module, padded_inputs(model, tensors), response_length + 1,
-        lambda x: x[:, :-1].reshape(-1, x.size(-1)), labels.reshape(-1), temperature, calculate_entropy,
+        lambda x: x[:, :-1].reshape(-1, x.size(-1)), labels.reshape(-1), temperature, stats,
     )
-    return _outputs(log_probs, entropy, lambda values: values.view(labels.shape))
+    return _outputs(out, lambda values: values.view(labels.shape))
 
 
-def _forward_packed(model, tensors, plan, temperature, calculate_entropy):
+def _forward_packed(model, tensors, plan, temperature, stats):
     packed, shape = plan.packed, (tensors["input_ids"].size(0), plan.response_length)
     ids, pos = _packed_row(tensors, packed)
     inputs = _packed_inputs(model, ids, pos)
@@ -255,14 +254,13 @@ def _forward_packed(model, tensors, plan, temperature, calculate_entropy):
         values = model.module(**inputs).logits[0, :, 0].float()
         return {"values": _scatter(values[packed.window_src], packed.window_dst, shape)}
     # Only the packed positions that predict response tokens are projected to the vocabulary.
-    log_probs, entropy = model.head.log_probs(
-        model.module, inputs, packed.window_src, lambda x: x[0], ids[0, packed.window_next], temperature,
-        calculate_entropy,
+    out = model.head.log_probs(
+        model.module, inputs, packed.window_src, lambda x: x[0], ids[0, packed.window_next], temperature, stats,
     )
-    return _outputs(log_probs, entropy, lambda values: _scatter(values, packed.window_dst, shape))
+    return _outputs(out, lambda values: _scatter(values, packed.window_dst, shape))
 
 
-def _forward_packed_ulysses(model, tensors, plan, temperature, calculate_entropy):
+def _forward_packed_ulysses(model, tensors, plan, temperature, stats):
     """The packed forward with the row split over the sequence-parallel group: each rank runs its slice
     (attention all-to-alls inside), projects its own window positions, and the per-token results are gathered."""
     packed, shape, group = plan.packed, (tensors["input_ids"].size(0), plan.response_length), model.sp_group
@@ -280,21 +278,21 @@ def _forward_packed_ulysses(model, tensors, plan, temperature, calculate_entropy
         mine = src[(src >= part.start) & (src < part.stop)]
         local = to_device_async(mine - part.start, device)
         next_ids = ids[0, to_device_async(np.minimum(mine + 1, total - 1), device)]
-        log_probs, entropy = model.head.log_probs(
-            model.module, inputs, local, lambda x: x[0], next_ids, temperature, calculate_entropy, shard=None
+        out = model.head.log_probs(
+            model.module, inputs, local, lambda x: x[0], next_ids, temperature, stats, shard=None
         )
     chunk = part.stop - part.start
     # A rank without window positions still joins the head's gradient (FSDP reduces it on every rank).
-    anchor = log_probs.sum() * 0.0
+    anchor = out["log_probs"].sum() * 0.0
 
     def gathered(per_position: torch.Tensor) -> torch.Tensor:
         row = per_position.new_zeros(chunk).index_put((local,), per_position) + anchor
         return _scatter(ulysses.gather_sequence(row, group)[packed.window_src], packed.window_dst, shape)
 
-    return _outputs(log_probs, entropy, gathered)
+    return _outputs(out, gathered)
 
 
-def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperature, calculate_entropy):
+def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperature, stats):
     """One forward row per prompt group, the prompt once and then its responses (`prefix_sharing`); only the
     columns that predict response tokens are projected to the vocabulary."""
     if model.takes_block_mask:  # the pattern is evaluated block by block
@@ -307,8 +305,8 @@ def _forward_shared_prompts(model, tensors, layout: SharedPromptLayout, temperat
         values = model.module(**inputs).logits[..., 0].reshape(-1).float()
         return {"values": _scatter(values[layout.predictor_of_valid], layout.valid_index, shape)}
     labels = tensors["input_ids"][:, -layout.response_length :].reshape(-1)[layout.valid_index]
-    log_probs, entropy = model.head.log_probs(
-        model.module, inputs, layout.kept, lambda x: x.reshape(-1, x.size(-1)), labels, temperature,
-        calculate_entropy, rows=layout.kept_row_of_valid,
+    out = model.head.log_probs(
+        model.module, inputs, layout.kept, lambda x: x.reshape(-1, x.size(-1)), labels, temperature, stats,
+        rows=layout.kept_row_of_valid,
     )
-    return _outputs(log_probs, entropy, lambda values: _scatter(values, layout.valid_index, shape))
+    return _outputs(out, lambda values: _scatter(values, layout.valid_index, shape))

@@ -1,4 +1,5 @@
-"""Token log-probs and entropy from logits split over the vocabulary (tensor parallel), without gathering them.
+"""Token log-probs, entropy and sum of squared probabilities from logits split over the vocabulary (tensor
+parallel), without gathering them.
 
 Each tensor-parallel rank holds `logits[..., start:start + V/tp]`. The forward reduces max, sum-exp and the picked
 logit over the group; the backward is local (each rank's gradient for its own vocabulary slice), because every
@@ -11,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hybridflow.algorithms.entropy import entropy_from_logits
+from hybridflow.algorithms.entropy import entropy_from_logits, sum_pi_squared_from_logits
 from hybridflow.engines.logprob import compute_log_probs_from_logits
 
-__all__ = ["VocabShard", "token_entropy", "token_log_probs"]
+__all__ = ["VocabShard", "token_entropy", "token_log_probs", "token_sum_pi_squared"]
 
 
 class VocabShard:
@@ -105,3 +106,17 @@ def token_entropy(logits: torch.Tensor, shard: VocabShard | None = None) -> torc
     if shard is None:
         return entropy_from_logits(logits.float())
     return _ParallelEntropy.apply(logits.float(), shard)
+
+
+@torch.no_grad()
+def token_sum_pi_squared(logits: torch.Tensor, shard: VocabShard | None = None) -> torch.Tensor:
+    """sum_v softmax(logits)_v^2 per row, float32, not differentiable: (N, V) or (N, V/tp) with `shard` -> (N,).
+    Split over the vocabulary, each rank sums exp(2 (x_v - lse)) over its slice under the whole vocabulary's
+    log-sum-exp, and the slices' sums are added."""
+    logits = logits.float()
+    if shard is None:
+        return sum_pi_squared_from_logits(logits)
+    lse = _logsumexp(logits, shard.group)
+    squares = (2.0 * (logits - lse.unsqueeze(-1))).exp().sum(dim=-1)
+    dist.all_reduce(squares, group=shard.group)
+    return squares

@@ -369,7 +369,8 @@ class PPOConfig:
         - `rollout`: `algorithm.rollout_correction.bypass_mode`, the rollout engine's own log-probs;
         - `recompute`: a separate forward of the actor before the update (verl's default dataflow); always with
           rollout correction (`rollout_is` / `rollout_rs`), whose weights and rejections need the trainer's old
-          log-probs on the driver before the update;
+          log-probs on the driver before the update, and with `actor.calculate_sum_pi_squared` (that pass returns
+          sum(pi^2), which the optimal token baseline reads before the update);
         - `update`: otherwise, when the update is exactly on-policy (one epoch, one mini-batch per step, no
           KL-in-reward, which needs them before the update), the old log-probs equal the update's first forward,
           detached: no separate pass.
@@ -377,9 +378,9 @@ class PPOConfig:
         correction = self.algorithm.rollout_correction
         if correction.bypass_mode:
             return "rollout"
-        if correction.enabled:
-            return "recompute"
         actor = self.actor_rollout_ref.actor
+        if correction.enabled or actor.calculate_sum_pi_squared:
+            return "recompute"
         one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
         return "update" if one_step and not self.algorithm.use_kl_in_reward else "recompute"
 

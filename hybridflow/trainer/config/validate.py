@@ -5,6 +5,7 @@ names the key, the value and the fix.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from hybridflow.data.config import expand_path
@@ -28,8 +29,11 @@ from hybridflow.trainer.config.model_checks import (
 )
 from hybridflow.trainer.config.parallel_checks import check_parallelism, check_rollout_parallelism, check_token_budgets
 from hybridflow.trainer.config.profiler_checks import check_profiling
+from hybridflow.trainer.config.resume_checks import check_resume_contents
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
+
+logger = logging.getLogger(__name__)
 
 
 def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
@@ -44,6 +48,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_placement(cfg)
     check_profiling(cfg, set(run_roles(cfg)))
     _check_files(cfg)
+    check_resume_contents(cfg)
     _check_rewards(cfg)
     _check_agent_loops(cfg)
     check_rows(cfg)
@@ -136,10 +141,17 @@ def check_rollout_backend(cfg: PPOConfig) -> None:
 def _check_algorithm(cfg: PPOConfig) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
     if cfg.estimator.group_based and n < 2:
-        raise ValueError(
-            f"algorithm.adv_estimator={estimator!r} needs actor_rollout_ref.rollout.n >= 2 (it compares samples "
-            f"of the same prompt), got {n}; set actor_rollout_ref.rollout.n=4 or more"
+        if not cfg.estimator.runs_with_one_sample:
+            raise ValueError(
+                f"algorithm.adv_estimator={estimator!r} needs actor_rollout_ref.rollout.n >= 2 (it compares samples "
+                f"of the same prompt), got {n}; set actor_rollout_ref.rollout.n=4 or more"
+            )
+        logger.warning(
+            "algorithm.adv_estimator=%r with actor_rollout_ref.rollout.n=%d: every prompt group holds one sample, so "
+            "there is no group baseline and each advantage is the sample's own score (as verl runs it); set "
+            "rollout.n >= 2 for a group baseline", estimator, n,
         )
+    _check_sum_pi_squared(cfg)
     if cfg.trainer.critic_warmup > 0 and not cfg.critic_enabled:
         raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic (algorithm.adv_estimator=gae)")
     if cfg.estimator.needs_critic and cfg.critic.enable is False:
@@ -157,6 +169,21 @@ def _check_algorithm(cfg: PPOConfig) -> None:
         raise ValueError(
             f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "
             "identical responses per prompt; sample (do_sample=True, temperature > 0) or set n=1"
+        )
+
+
+def _check_sum_pi_squared(cfg: PPOConfig) -> None:
+    """The optimal token baseline reads sum(pi^2) from the old-log-prob pass, which bypass mode skips."""
+    estimator, actor = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor
+    if cfg.estimator.needs_sum_pi_squared and not actor.calculate_sum_pi_squared:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator!r} reads each token's sum of squared probabilities from the "
+            "old-log-prob pass: set actor_rollout_ref.actor.calculate_sum_pi_squared=True"
+        )
+    if actor.calculate_sum_pi_squared and cfg.algorithm.rollout_correction.bypass_mode:
+        raise ValueError(
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=True comes from the old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=True replaces by the rollout's log-probs: set bypass_mode=False"
         )
 
 

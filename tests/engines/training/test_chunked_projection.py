@@ -58,8 +58,13 @@ def _loss(outputs: dict[str, torch.Tensor], data: dict[str, torch.Tensor]) -> to
 
 
 def _run(engine: FSDPEngine, batch: DataProto) -> dict:
-    """No-grad log-probs and entropy, then one training forward's outputs and every parameter's full gradient."""
+    """No-grad log-probs, entropy and sums of squared probabilities, then one training forward's outputs and every
+    parameter's full gradient."""
+    stats = engine.compute_token_stats(
+        batch, temperature=TEMPERATURE, calculate_entropy=True, calculate_sum_pi_squared=True
+    )
     log_probs, entropy = engine.compute_log_prob(batch, temperature=TEMPERATURE, calculate_entropy=True)
+    assert torch.equal(log_probs, stats["log_probs"]) and torch.equal(entropy, stats["entropy"])
     engine.module.train()
     data = dict(batch.batch.items())
     outputs = engine.forward_micro_batch(data, temperature=TEMPERATURE, calculate_entropy=True)
@@ -68,13 +73,13 @@ def _run(engine: FSDPEngine, batch: DataProto) -> dict:
     for name, param in engine.module.named_parameters():
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
         grads[name] = grad.detach().clone().cpu()
-    return dict(log_probs=log_probs, entropy=entropy, train_log_probs=outputs["log_probs"].detach().cpu(),
+    return dict(log_probs=log_probs, entropy=entropy, sum_pi_squared=stats["sum_pi_squared"], train_log_probs=outputs["log_probs"].detach().cpu(),
                 train_entropy=outputs["entropy"].detach().cpu(), grads=grads, chunked=engine.head_chunk_size)
 
 
 def _assert_equal(plain: dict, fused: dict, mask: torch.Tensor) -> None:
     assert plain["chunked"] is None and fused["chunked"] == 5
-    for key in ("log_probs", "entropy", "train_log_probs", "train_entropy"):
+    for key in ("log_probs", "entropy", "sum_pi_squared", "train_log_probs", "train_entropy"):
         torch.testing.assert_close(fused[key][mask], plain[key][mask], atol=1e-6, rtol=0, msg=key)
     assert set(fused["grads"]) == set(plain["grads"])
     # Gradients sum over every token and (for embed_tokens, tied to the head) over vocabulary chunks in another
@@ -216,6 +221,25 @@ def test_fused_head_equals_plain_head_in_one_process(tiny_llama_dir, layout):
         torch.manual_seed(0)
         results[fused] = _run(build_fsdp_engine(tiny_llama_dir, _fused(LAYOUTS[layout], fused)), batch)
     _assert_equal(results[False], results[True], batch.batch["response_mask"].bool())
+    _assert_sum_pi_squared_is_the_models(tiny_llama_dir, batch, results[False], batch.batch["response_mask"].bool())
+
+
+def _assert_sum_pi_squared_is_the_models(model_dir: str, batch: DataProto, result: dict, mask: torch.Tensor) -> None:
+    """sum_v pi_v^2 of each response position equals the one computed from the HF model's own logits (padded
+    forward, one process, float64 softmax): the engine's layouts, heads and vocabulary splits all compute it."""
+    from hybridflow.models import build_causal_lm
+
+    model = build_causal_lm(model_dir).eval()
+    width = batch.batch["responses"].size(1)
+    rows = mask.size(0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.batch["input_ids"][:rows], attention_mask=batch.batch["attention_mask"][:rows],
+            position_ids=batch.batch["position_ids"][:rows],
+        ).logits[:, -width - 1 : -1].double() / TEMPERATURE
+    expected = torch.softmax(logits, dim=-1).pow(2).sum(-1).float()
+    assert (expected[mask] < 0.99).all()  # a spread distribution: not a trivial 1
+    torch.testing.assert_close(result["sum_pi_squared"][mask], expected[mask], atol=1e-6, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- the engine, 2 ranks
@@ -245,3 +269,5 @@ def test_fused_head_equals_plain_head_on_two_ranks(tiny_llama_dir, two_rank_resu
     if layout == "fsdp_dp2":  # rank 0 holds the first half of the rows
         mask = mask[: mask.size(0) // 2]
     _assert_equal(two_rank_results[layout, False], two_rank_results[layout, True], mask)
+    batch = _batch(tiny_llama_dir)
+    _assert_sum_pi_squared_is_the_models(tiny_llama_dir, batch, two_rank_results[layout, True], mask)

@@ -154,9 +154,32 @@ def test_checkpoint_resume_and_hf_export(tiny_llama_dir, batch, tmp_path):
     assert (tmp_path / "ckpt" / "huggingface" / "config.json").is_file()
 
 
+def test_checkpoint_parts_are_saved_and_read_as_asked(tiny_llama_dir, batch, tmp_path):
+    """verl's save_contents / load_contents: a model-only checkpoint holds the weight shards and the layout; a
+    resume that reads its optimizer is refused naming the part; reading the model alone restores the weights and
+    leaves a fresh optimizer."""
+    from hybridflow.engines.training.engine_state import saved_parts
+
+    engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    engine.train_batch(batch, seq_mean_nll)
+    engine.save_checkpoint(tmp_path / "weights", contents=("model",))
+    assert saved_parts(tmp_path / "weights") == {"model"} and (tmp_path / "weights" / "layout.json").is_file()
+    assert not list((tmp_path / "weights").glob("optim_*")) and not list((tmp_path / "weights").glob("extra_*"))
+    fresh = build_fsdp_engine(tiny_llama_dir, CONFIG)
+    with pytest.raises(FileNotFoundError, match=r"holds no \['optimizer', 'extra'\] \(it holds \['model'\]"):
+        fresh.load_checkpoint(tmp_path / "weights")
+    fresh.load_checkpoint(tmp_path / "weights", contents=("model",))
+    trained = _params(engine)
+    for name, tensor in _params(fresh).items():
+        assert torch.equal(tensor, trained[name]), name
+    assert not fresh.optimizer.state  # AdamW starts fresh: its moments were not read
+    with pytest.raises(ValueError, match="unknown checkpoint parts"):
+        engine.save_checkpoint(tmp_path / "bad", contents=("hf_model",))
+
+
 def test_load_checkpoint_with_missing_files_names_the_problem(tiny_llama_dir, tmp_path):
     engine = build_fsdp_engine(tiny_llama_dir, CONFIG)
-    with pytest.raises(FileNotFoundError, match="world size"):
+    with pytest.raises(FileNotFoundError, match=r"holds no \['model', 'optimizer', 'extra'\]"):
         engine.load_checkpoint(tmp_path)
 
 
