@@ -189,6 +189,25 @@ def test_rollout_correction_weights_and_rejection_in_a_grpo_step(workspace):
     assert step["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow  # the engine's bf16 weights are tested in every CI run (test_bf16_weights)
+@pytest.mark.parametrize("rollout", ["hf", "native"])
+def test_grpo_with_bf16_weights_hands_them_to_the_rollout(workspace, rollout):
+    """verl's fsdp_config.model_dtype=bfloat16 for the actor and the reference: both train/score in bf16, and the
+    rollout's log-probs still match the trainer's (the weights it generates with are the trained ones)."""
+    records = by_step(run(overrides(
+        workspace, workspace / f"bf16_{rollout}", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
+        "+actor_rollout_ref.ref.fsdp_config.model_dtype=bfloat16", "actor_rollout_ref.actor.ppo_epochs=2",
+        "trainer.total_training_steps=2", "trainer.val_before_train=False", "data.val_files=[]",
+    )))
+    for step in (1, 2):
+        record = records[step]
+        assert record["actor/grad_norm"] > 0 and "actor/kl_loss" in record
+        # bf16 trainer against the rollout's own log-probs of the same weights
+        assert abs(record["training/rollout_probs_diff_mean"]) < 0.05, record["training/rollout_probs_diff_mean"]
+
+
 @pytest.mark.slow  # the parts' save and load are tested in every CI run (test_fsdp_engine, test_config_tree)
 def test_export_only_checkpoints_hold_a_loadable_model_and_are_not_resumed(workspace):
     """verl's save_contents=['hf_model']: each checkpoint is a full HF directory of the actor, no shards; a run

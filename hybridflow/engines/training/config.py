@@ -109,12 +109,14 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2, faster)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Compute dtype of parameters in forward/backward: auto is bfloat16 on GPU, float32 on CPU. Master weights and
-    optimizer state stay float32."""
+    """Compute dtype of parameters in forward/backward: auto is bfloat16 on GPU, float32 on CPU (bfloat16 everywhere
+    with model_dtype=bfloat16). Master weights and optimizer state are in model_dtype."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the gradient reduce-scatter."""
-    model_dtype: Literal["fp32", "float32"] = "fp32"
-    """Dtype the weights are loaded in before sharding (float32 only)."""
+    model_dtype: Literal["fp32", "float32", "bf16", "bfloat16"] = "fp32"
+    """Dtype the weights are loaded, trained and saved in (verl's key). fp32: float32 master weights and optimizer
+    state, computing in `dtype`. bfloat16: the weights, their gradients and AdamW's moments are bfloat16 (half the
+    memory of each; updates smaller than a weight's bf16 spacing are lost), computing in bfloat16."""
     tensor_parallel_size: int = 1
     """Ranks that split each layer's heads, MLP and vocabulary (DTensor tensor parallel, Llama/Qwen2 family); FSDP2
     then shards over the remaining data-parallel ranks."""
@@ -156,6 +158,12 @@ class FSDPConfig:
                         f"fsdp_size={self.fsdp_size} with {other}={getattr(self, other)}: hybrid sharding groups "
                         f"with {other.split('_')[0]} parallelism are not implemented; use fsdp_size=-1 or {other}=1",
                     )
+        if self.weight_dtype != "float32" and self.dtype not in ("auto", self.weight_dtype):
+            raise ConfigFieldError(
+                "dtype",
+                f"dtype={self.dtype!r} with model_dtype={self.model_dtype!r}: the weights are {self.weight_dtype}, "
+                f"so they compute in it; set dtype=auto (or {self.weight_dtype}), or model_dtype=fp32",
+            )
         if self.expert_parallel_size > 1 and self.tensor_parallel_size > 1:
             raise ConfigFieldError(
                 "expert_parallel_size",
@@ -174,6 +182,16 @@ class FSDPConfig:
                 f"param_offload=True with tensor_parallel_size={self.tensor_parallel_size}: offloading tensor-parallel "
                 "shards is not implemented; turn one of them off",
             )
+
+    @property
+    def weight_dtype(self) -> str:
+        """The weights' dtype as torch names it: float32 or bfloat16."""
+        return "float32" if self.model_dtype in ("fp32", "float32") else "bfloat16"
+
+    @property
+    def compute_dtype(self) -> str:
+        """The forward/backward dtype setting: `dtype`, where auto follows bfloat16 weights."""
+        return self.weight_dtype if self.dtype == "auto" and self.weight_dtype != "float32" else self.dtype
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -96,8 +96,9 @@ def check_engine_forward(engine: FSDPEngine) -> None:
     batch = probe_batch(engine.module.config.get_text_config().vocab_size)
     key = "values" if engine.model_kind == "value" else "log_probs"
     mask = batch.batch["response_mask"].bool()
-    # An unsharded engine computes under autocast over float32 weights: the probe runs it in float32.
-    compute_dtype = engine.param_dtype if engine.is_sharded else torch.float32
+    # An unsharded engine computes under autocast over float32 weights: the probe runs it in float32 (bfloat16
+    # weights compute in bfloat16 either way).
+    compute_dtype = engine.param_dtype if engine.is_sharded else engine.weight_dtype
     tolerance = probe_tolerance(compute_dtype)
     was_training = engine.module.training
     engine.module.eval()

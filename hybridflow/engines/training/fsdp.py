@@ -135,7 +135,8 @@ class FSDPEngine:
         self.is_sharded = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.is_sharded else 0
         self.world_size = dist.get_world_size() if self.is_sharded else 1
-        self.param_dtype = resolve_dtype(config.fsdp.dtype, self.device)
+        self.param_dtype = resolve_dtype(config.fsdp.compute_dtype, self.device)
+        self.weight_dtype = resolve_dtype(config.fsdp.weight_dtype, self.device)  # master weights (model_dtype)
         self.shards_on_host = self.is_sharded and config.fsdp.param_offload  # FSDP2 CPU offload: params, grads, step
         if config.attn_implementation == "flash_attention_2" and self.device.type != "cuda":
             raise ValueError(
@@ -271,8 +272,9 @@ class FSDPEngine:
         return popped
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        # FSDP2's MixedPrecisionPolicy casts sharded modules; an unsharded module needs autocast instead.
-        if self.is_sharded or self.param_dtype == torch.float32:
+        # FSDP2's MixedPrecisionPolicy casts sharded modules; an unsharded module needs autocast instead (unless its
+        # weights are in the compute dtype already).
+        if self.is_sharded or self.param_dtype in (torch.float32, self.weight_dtype):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.param_dtype)
 

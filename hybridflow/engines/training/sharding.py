@@ -37,10 +37,12 @@ def join_single_rank_group(config: FSDPEngineConfig, device: torch.device) -> bo
     but broke LoRA on CUDA (FSDP2 assigned a bf16 gradient to a float32 shard), which no CPU run reproduces.
     The group uses an in-memory store (no port) and the device's backend. A rank of a larger worker group
     (WORLD_SIZE > 1, joined or not), or one computing in float32 (the CPU default), is left as it is."""
-    if not _alone() or resolve_dtype(config.fsdp.dtype, device) == torch.float32:
+    if not _alone() or resolve_dtype(config.fsdp.compute_dtype, device) == torch.float32:
         return False
     _join_one_rank_group(device)
-    logger.info("one rank computing in %s: a one-rank process group runs FSDP2's mixed precision", config.fsdp.dtype)
+    logger.info(
+        "one rank computing in %s: a one-rank process group runs FSDP2's mixed precision", config.fsdp.compute_dtype
+    )
     return True
 
 
@@ -91,7 +93,7 @@ def apply_fsdp2(
     a 1-D mesh of all ranks), in place; with expert parallelism each experts module first over `expert_mesh`."""
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
-    param_dtype = resolve_dtype(config.fsdp.dtype, device)
+    param_dtype = resolve_dtype(config.fsdp.compute_dtype, device)
     mp_policy = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
         reduce_dtype=to_torch_dtype(config.fsdp.reduce_dtype),

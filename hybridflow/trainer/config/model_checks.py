@@ -295,7 +295,7 @@ def check_lora_with_lone_param_offload(cfg: PPOConfig) -> None:
     from hybridflow.models.loader import resolve_dtype
     from hybridflow.utils.device import device_count
 
-    if resolve_dtype(fsdp.dtype, torch.device("cuda")) == torch.float32:
+    if resolve_dtype(fsdp.compute_dtype, torch.device("cuda")) == torch.float32:
         return
     if trainer.device == "cuda" or device_count() > 0:
         raise ValueError(
