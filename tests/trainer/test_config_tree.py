@@ -593,8 +593,8 @@ def test_a_key_verl_adds_with_plus_is_an_override_where_hybridflow_has_it(files)
     line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}"]
     cfg = load_config([*line, "+actor_rollout_ref.actor.fsdp_config.model_dtype=float32"])
     assert cfg.actor_rollout_ref.actor.fsdp_config.model_dtype == "float32"
-    with pytest.raises(ValueError, match=r"fsdp_config.model_dtype='bf16' is not one of"):  # checked, not added
-        load_config([*line, "+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
+    with pytest.raises(ValueError, match=r"fsdp_config.model_dtype='fp16' is not one of"):  # checked, not added
+        load_config([*line, "+actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"])
     with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.no_such_key"):
         load_config([*line, "+actor_rollout_ref.actor.no_such_key=1"])
 

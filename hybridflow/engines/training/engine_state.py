@@ -13,13 +13,12 @@ import json
 import os
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from hybridflow.engines.training import checkpoint
 from hybridflow.models.lora import save_lora_adapter
 
-if TYPE_CHECKING:
-    from hybridflow.engines.training.fsdp import FSDPEngine
+FSDPEngine = Any  # `fsdp.FSDPEngine`, which imports this module
 
 __all__ = ["ENGINE_PARTS", "LAYOUT_FILE", "load_engine_state", "save_engine_state", "saved_parts"]
 
