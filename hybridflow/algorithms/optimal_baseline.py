@@ -41,8 +41,15 @@ def token_energy(
     return energy if rollout_is_weights is None else energy * rollout_is_weights**2
 
 
-def _reward_to_go(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+def _returns_and_path_energy(
+    rewards: torch.Tensor, response_mask: torch.Tensor, old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask, reward-to-go G_t, accumulated energy W_t), each (bs, response_len), over response tokens."""
+    mask = response_mask.to(rewards.dtype)
+    returns = (rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    energy = (token_energy(old_log_probs, sum_pi_squared, rollout_is_weights) * mask).cumsum(dim=-1)
+    return mask, returns, energy
 
 
 def _weighted_group_baselines(
@@ -99,9 +106,9 @@ def compute_optimal_token_baseline_advantage(
         epsilon: added to the weights' sum.
     """
     with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        returns = _reward_to_go(token_level_rewards, mask)
-        energy = (token_energy(old_log_probs, sum_pi_squared, rollout_is_weights) * mask).cumsum(dim=-1)
+        mask, returns, energy = _returns_and_path_energy(
+            token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights
+        )
         gid, num_groups = _group_ids(index, returns.device)
         everyone = torch.ones(returns.size(0), dtype=torch.bool, device=returns.device)
         baselines = _weighted_group_baselines(returns, energy * mask, everyone, gid, num_groups, epsilon)
@@ -127,9 +134,9 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     do not shift one trajectory's positions against another's; trajectories without a response token take no
     part in their group. Same arguments; `handle_zero_tail` defaults to True, as verl's."""
     with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        returns = _reward_to_go(token_level_rewards, mask)
-        energy = (token_energy(old_log_probs, sum_pi_squared, rollout_is_weights) * mask).cumsum(dim=-1)
+        mask, returns, energy = _returns_and_path_energy(
+            token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights
+        )
         # column of each response token among its row's response tokens (non-response positions add zeros)
         slot = (response_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
         compact_returns = torch.zeros_like(returns).scatter_add_(1, slot, returns * mask)
