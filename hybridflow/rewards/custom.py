@@ -1,13 +1,18 @@
 """Custom reward functions loaded from a Python file (verl's `custom_reward_function.path` / `.name`).
 
 The function is called as `fn(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)`
-and returns a float or a dict with 'score'. `load_custom_reward_fn` checks the file and the function in the
-driver; the returned `FileRewardFunction` is picklable (path + name), and each scorer process loads the
-file once on first use.
+and returns a float or a dict with 'score'; an `async def` function is run to completion (verl's reward loop takes
+both). `load_custom_reward_fn` checks the file and the function in the driver; the returned `FileRewardFunction` is
+picklable (path + name), and each scorer process loads the file once on first use.
+
+With a generative reward model (`GenerativeRewardFunction`) each call also gets verl's `reward_router_address`
+(the served model's `host:port`, `rewards.genrm_router`) and `reward_model_tokenizer` (its tokenizer, loaded once
+per scorer process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 from collections.abc import Callable
@@ -17,9 +22,11 @@ from typing import Any
 
 from hybridflow.utils.file_module import import_file
 
-__all__ = ["FileRewardFunction", "load_custom_reward_fn"]
+__all__ = ["FileRewardFunction", "GenerativeRewardFunction", "load_custom_reward_fn", "takes_keywords"]
 
 _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}  # per process: (path, name) -> function
+_TOKENIZERS: dict[str, Any] = {}  # per process: path -> the reward model's tokenizer
+GENRM_KEYWORDS = ("reward_router_address", "reward_model_tokenizer")
 
 
 def _load_function(path: str, name: str) -> Callable[..., Any]:
@@ -44,7 +51,44 @@ class FileRewardFunction:
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, **kwargs: Any) -> Any:
-        return _load_function(self.path, self.name)(**kwargs, **self.reward_kwargs)
+        result = _load_function(self.path, self.name)(**kwargs, **self.reward_kwargs)
+        return asyncio.run(result) if inspect.isawaitable(result) else result
+
+    def function(self) -> Callable[..., Any]:
+        """The loaded function itself."""
+        return _load_function(self.path, self.name)
+
+
+@dataclass(frozen=True)
+class GenerativeRewardFunction(FileRewardFunction):
+    """A custom reward function that judges with the served generative reward model: every call gets the router's
+    address and the reward model's tokenizer (from `tokenizer_path`) as verl's reward loop passes them."""
+
+    router_address: str = ""
+    tokenizer_path: str = ""
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if self.tokenizer_path not in _TOKENIZERS:
+            from hybridflow.models import load_tokenizer
+
+            _TOKENIZERS[self.tokenizer_path] = load_tokenizer(self.tokenizer_path)
+        return super().__call__(
+            **kwargs, reward_router_address=self.router_address,
+            reward_model_tokenizer=_TOKENIZERS[self.tokenizer_path],
+        )
+
+
+def takes_keywords(function: Callable[..., Any], names: tuple[str, ...]) -> bool:
+    """Whether `function` accepts every one of `names` as a keyword (or has **kwargs)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind_partial(**dict.fromkeys(names))
+    except TypeError:
+        return False
+    return True
 
 
 def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score",

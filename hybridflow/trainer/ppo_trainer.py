@@ -98,7 +98,11 @@ class RayPPOTrainer:
         armed = arm_within_step_watch(self.workers.processes, self.config.trainer.guards.memory)
         logger.info("memory budget watched within steps in %d worker processes", armed)
         self.generator = build_generator(self.config, self.workers.generation, self.reward_fn.tokenizer)
-        self.rewards = build_reward_stage(self.config, self.reward_fn, self.workers.reward_model)
+        if self.config.generative_reward_model:  # the reward functions ask the served judge; no score of its own
+            self.reward_fn.judge.attach(self.workers.reward_model)
+            self.rewards = build_reward_stage(self.config, self.reward_fn, None)
+        else:
+            self.rewards = build_reward_stage(self.config, self.reward_fn, self.workers.reward_model)
         self.profiling = StepProfiling(self.config, self.workers.processes)
 
     # ------------------------------------------------------------------ the loop

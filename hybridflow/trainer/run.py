@@ -15,6 +15,7 @@ from hybridflow.data.dataset_class import rl_dataset_class
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.trainer.config import BatchSizes, PPOConfig
+from hybridflow.trainer.generative_judge import GenerativeJudge, JudgedRewardManager
 from hybridflow.trainer.placement import num_worker_processes
 from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import RayPPOTrainer
@@ -52,9 +53,15 @@ def build_dataloaders(
 
 
 def build_reward_manager(
-    reward: RewardModelConfig, custom: CustomRewardFunctionConfig, data: RLHFDataConfig, tokenizer: Any
+    reward: RewardModelConfig, custom: CustomRewardFunctionConfig, data: RLHFDataConfig, tokenizer: Any,
+    judge: GenerativeJudge | None = None,
 ) -> Any:
-    """The reward manager named by `reward_model.reward_manager`, with the custom function if one is set."""
+    """The reward manager named by `reward_model.reward_manager`, with the custom function if one is set (asking
+    the generative reward model `judge`, when the run serves one)."""
+    if judge is not None:
+        compute_score = judge.reward_function(custom.path, custom.name, dict(custom.reward_kwargs))
+        manager = get_reward_manager_cls(reward.reward_manager).from_config(tokenizer, compute_score, reward, data)
+        return JudgedRewardManager(manager, judge)
     compute_score = load_custom_reward_fn(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
     return get_reward_manager_cls(reward.reward_manager).from_config(tokenizer, compute_score, reward, data)
 
@@ -71,8 +78,11 @@ def run_ppo(
         data = dataclasses.replace(data, return_raw_chat=True)
     processor = build_processor(config.actor_rollout_ref.model, tokenizer, data.trust_remote_code)
     train_loader, val_loader = build_dataloaders(data, tokenizer, processor)
-    reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
-    val_reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer)
+    judge = GenerativeJudge(config) if config.generative_reward_model else None
+    reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer, judge)
+    val_reward_fn = build_reward_manager(
+        config.reward_model, config.custom_reward_function, config.data, tokenizer, judge
+    )
     tracking = build_tracking(config.trainer, config)
     if not config.trainer.local_mode:
         init_ray(config.ray_kwargs.ray_init, num_worker_processes(config))
@@ -87,6 +97,8 @@ def run_ppo(
             trainer.workers.shutdown()
         reward_fn.close()
         val_reward_fn.close()
+        if judge is not None:
+            judge.close()
         tracking.finish()
         if "file" in config.trainer.logger:
             for path in plot_run(run_dir(config.trainer)):

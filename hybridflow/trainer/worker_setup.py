@@ -15,6 +15,7 @@ from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.placement import ROLLOUT_POOL, build_pool_manager, describe_placement
 from hybridflow.trainer.scaffold import WorkerProcesses, use_accelerator, worker_runtime
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, PrimeRewardModelWorker, RewardModelWorker
+from hybridflow.workers.generative_reward import SERVER_CONCURRENCY, GenerativeRewardWorker
 from hybridflow.workers.config import WorkerRuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,10 @@ def role_classes(config: PPOConfig, roles: list[str], runtime: WorkerRuntimeConf
             })
     if "critic" in roles:
         classes["critic"] = RayClassWithInitArgs(CriticWorker, config.critic, config.actor_rollout_ref.rollout.n, runtime)
-    if "reward_model" in roles:  # PRIME's reward model is an implicit PRM, trained online
+    if "reward_model" in roles and config.generative_reward_model:  # a judge the reward function asks over HTTP
+        classes["rm"] = RayClassWithInitArgs(GenerativeRewardWorker, config.reward_model, runtime)
+        classes["rm"].update_options({"max_concurrency": SERVER_CONCURRENCY})
+    elif "reward_model" in roles:  # PRIME's reward model is an implicit PRM, trained online
         rm_cls = PrimeRewardModelWorker if config.estimator.implicit_prm else RewardModelWorker
         classes["rm"] = RayClassWithInitArgs(rm_cls, config.reward_model, runtime)
     return classes

@@ -41,7 +41,10 @@ class RewardModelModelConfig(FSDPModelConfig):
         check_positive("beta_train", self.beta_train)
 
 
-REWARD_SERVING_ENGINES = ("hf",)
+REWARD_SERVING_ENGINES = ("hf", "native")
+"""Engines that serve a generative reward model (rollout engines)."""
+DISCRIMINATIVE_SERVING_ENGINES = ("hf",)
+"""Engines that score with a discriminative reward model (transformers' forward)."""
 """Engines that serve a reward model in verl's reward loop here: transformers' forward of the checkpoint."""
 
 _VLLM_SERVER = "a setting of verl's vLLM/SGLang reward server; hybridflow's reward forward has no such server"
@@ -58,7 +61,9 @@ class RewardServingConfig:
     score read at its last token."""
 
     name: Optional[str] = None
-    """Serving engine: hf (None is hf). vllm and sglang servers are not built for reward models; they are refused."""
+    """Serving engine: hf (None is hf): transformers' forward for a discriminative reward model, transformers'
+    generate for a generative one; native: hybridflow's decode loop, for a generative one. vllm and sglang servers
+    are not built for reward models; they are refused."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Compute dtype of the reward forward (the weights are loaded in float32 and cast per layer)."""
     gpu_memory_utilization: float = 0.5
@@ -111,8 +116,8 @@ class RewardServingConfig:
             raise ConfigFieldError(
                 "name",
                 f"name={self.name!r}: hybridflow serves a discriminative reward model with transformers' forward on "
-                "its own engine (FSDP2, tensor parallelism), not a vLLM/SGLang server; "
-                "set reward_model.rollout.name=hf",
+                "its own engine (FSDP2, tensor parallelism) and a generative one with its rollout engines, not a "
+                "vLLM/SGLang server; set reward_model.rollout.name=hf (or native for a generative reward model)",
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigFieldError(
@@ -122,6 +127,16 @@ class RewardServingConfig:
                     "response_length"):
             check_positive(key, getattr(self, key))
         check_at_least("max_model_len", self.max_model_len if self.max_model_len is not None else 2, 2)
+
+    @property
+    def engine(self) -> str:
+        """The serving engine's name (None is hf)."""
+        return self.name or DISCRIMINATIVE_SERVING_ENGINES[0]
+
+    @property
+    def scores_discriminative(self) -> bool:
+        """Whether the engine can score with a discriminative reward model."""
+        return self.engine in DISCRIMINATIVE_SERVING_ENGINES
 
     @property
     def max_input_tokens(self) -> int:

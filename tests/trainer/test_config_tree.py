@@ -257,7 +257,6 @@ INVALID = [
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=exp", ["lr_scheduler_type", "cosine"]),
     ("actor_rollout_ref.actor.checkpoint.load_contents=[optimizer]", ["load_contents", "leaves out model"]),
     ("critic.checkpoint.save_contents=[]", ["save_contents", "at least one"]),
-    ("algorithm.rollout_correction.bypass_mode=True", ["bypass_mode=True", "rollout.name='hf'", "native"]),
     ("algorithm.rollout_correction.rollout_is=tokens", ["algorithm.rollout_correction.rollout_is=", "'sequence'"]),
     ("algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=0",
      ["algorithm.rollout_correction.rollout_is_threshold=0", "> 0"]),
@@ -367,6 +366,24 @@ def test_the_packaged_configs_are_all_found():
 def test_packaged_yaml_configs_compose_and_type(name):
     cfg = load_config([], config_name=name)
     assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
+
+
+def test_bypass_mode_takes_the_log_probs_of_any_backend_that_reports_them(files, caplog, monkeypatch):
+    """verl runs bypass mode on vLLM, whose log-probs differ from the trainer's: hybridflow says so in a warning
+    for such a backend (hf here) and refuses only one that reports none."""
+    import dataclasses
+    import logging
+
+    from hybridflow.engines.rollout import registry
+
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+            "algorithm.adv_estimator=grpo", "algorithm.rollout_correction.bypass_mode=True"]
+    with caplog.at_level(logging.WARNING):
+        validate_config(load_config(line))
+    assert "not the training engine's to float rounding" in caplog.text and "['native']" in caplog.text
+    monkeypatch.setitem(registry._SPECS, "hf", dataclasses.replace(registry._SPECS["hf"], returns_log_probs=False))
+    with pytest.raises(ValueError, match=r"rollout.name='hf' does not report them; use rollout.name in \['native'"):
+        validate_config(load_config(line))
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,7 @@ def test_loop_keys_without_the_loop_are_refused():
         load_config(["reward_model.enable=True", "reward_model.rollout.tensor_model_parallel_size=1"])
 
 
-def test_the_loop_s_layout_and_generative_form_are_checked_before_ray(tmp_path, models):
+def test_the_loop_s_layout_and_its_generative_form_s_function_are_checked_before_ray(tmp_path, models):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -135,9 +135,12 @@ def test_the_loop_s_layout_and_generative_form_are_checked_before_ray(tmp_path, 
         validate_config(load_config(line))  # verl's default of 2 ranks per replica, on a 1-rank pool
     ok = [*line, "reward_model.rollout.tensor_model_parallel_size=1"]
     validate_config(load_config(ok))
+    with pytest.raises(ValueError, match=r"rollout.name='native' generates; a discriminative reward model"):
+        validate_config(load_config([*ok, "reward_model.rollout.name=native"]))
     reward_file = tmp_path / "reward.py"
     reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
-    with pytest.raises(ValueError, match=r"custom_reward_function.path=.* HTTP address \(a generative reward model\)"):
+    # with a custom function the reward model is a generative judge (tests/workers/test_generative_reward.py)
+    with pytest.raises(ValueError, match=r"generative reward model .* is a \.\.\.ForCausalLM checkpoint"):
         validate_config(load_config([*ok, f"custom_reward_function.path={reward_file}"]))
 
 

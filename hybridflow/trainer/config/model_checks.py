@@ -95,7 +95,8 @@ def check_prime_keys_unused(cfg: PPOConfig) -> None:
 
 
 def check_reward_model(cfg: PPOConfig) -> None:
-    """The reward model is a local classification checkpoint with one label, used for inference only."""
+    """The reward model is a local classification checkpoint with one label (a generative judge: a causal LM),
+    used for inference only."""
     model = cfg.reward_model.model
     check_model_location("reward_model.model.path", model.path)
     check_model_location("reward_model.model.tokenizer_path", model.tokenizer_path, weights=False)
@@ -107,6 +108,14 @@ def check_reward_model(cfg: PPOConfig) -> None:
     architectures = []
     if config_file.is_file():
         architectures = json.loads(config_file.read_text()).get("architectures") or []
+    if cfg.generative_reward_model:
+        if not any(name.endswith("ForCausalLM") for name in architectures):
+            raise ValueError(
+                f"reward_model.model.path={model.path!r} lists architectures {architectures or 'none'}, but a "
+                "generative reward model (a custom reward function with use_reward_loop=True) is a ...ForCausalLM "
+                "checkpoint that the function asks for judgements"
+            )
+        return
     if not any(name.endswith(REWARD_MODEL_HEADS) for name in architectures):
         raise ValueError(
             f"reward_model.model.path={model.path!r} is not a reward model: its config.json lists architectures "

@@ -358,9 +358,17 @@ class PPOConfig:
         return self.estimator.implicit_prm
 
     @property
+    def generative_reward_model(self) -> bool:
+        """Whether the reward model is a generative judge (verl's reward loop with a custom reward function): it is
+        served over HTTP and the function's score is the reward."""
+        return (self.reward_model.serves_in_reward_loop and self.custom_reward_function.path is not None
+                and not self.uses_prime)
+
+    @property
     def reward_model_only(self) -> bool:
         """Whether training rewards come from a reward model alone (no rule scorer runs on training batches)."""
-        return self.reward_model.enable and self.reward_model.rule_reward_coef == 0 and not self.uses_prime
+        return (self.reward_model.enable and self.reward_model.rule_reward_coef == 0 and not self.uses_prime
+                and not self.generative_reward_model)
 
     @property
     def old_log_prob_source(self) -> OldLogProbSource:

@@ -30,6 +30,7 @@ from hybridflow.trainer.config.model_checks import (
 from hybridflow.trainer.config.parallel_checks import check_parallelism, check_rollout_parallelism, check_token_budgets
 from hybridflow.trainer.config.profiler_checks import check_profiling
 from hybridflow.trainer.config.resume_checks import check_resume_contents
+from hybridflow.trainer.config.reward_checks import check_generative_reward_model
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
 
@@ -157,18 +158,35 @@ def _check_algorithm(cfg: PPOConfig) -> None:
     if cfg.estimator.needs_critic and cfg.critic.enable is False:
         raise ValueError(f"algorithm.adv_estimator={estimator!r} needs a critic, but critic.enable=False; enable it or use grpo")
     rollout = cfg.actor_rollout_ref.rollout
-    if cfg.algorithm.rollout_correction.bypass_mode and not rollout.backend_spec.log_probs_match_trainer:
-        raise ValueError(
-            f"algorithm.rollout_correction.bypass_mode=True takes the rollout's log-probs as the old log-probs, but "
-            f"actor_rollout_ref.rollout.name={rollout.name!r} does not report log-probs that match the training "
-            f"engine's; use rollout.name in {backends_with('log_probs_match_trainer')} or bypass_mode=False"
-        )
+    if cfg.algorithm.rollout_correction.bypass_mode:
+        _check_bypass_backend(cfg)
     _check_filter_groups(cfg)
     _check_rollout_correction(cfg)
     if cfg.actor_rollout_ref.rollout.is_greedy and n > 1:
         raise ValueError(
             f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "
             "identical responses per prompt; sample (do_sample=True, temperature > 0) or set n=1"
+        )
+
+
+def _check_bypass_backend(cfg: PPOConfig) -> None:
+    """Bypass mode takes the rollout's log-probs as the old ones (verl's `bypass_mode`): the backend must report
+    them. Where they differ from the training engine's numerics (a bf16 or vLLM rollout), the update's ratio
+    starts off 1 by that gap, which PPO's clip and rollout_is / rollout_rs in the loss correct, as in verl."""
+    rollout = cfg.actor_rollout_ref.rollout
+    spec = rollout.backend_spec
+    if not spec.returns_log_probs:
+        raise ValueError(
+            f"algorithm.rollout_correction.bypass_mode=True takes the rollout's log-probs as the old log-probs, but "
+            f"actor_rollout_ref.rollout.name={rollout.name!r} does not report them; use rollout.name in "
+            f"{backends_with('returns_log_probs')} or bypass_mode=False"
+        )
+    if not spec.log_probs_match_trainer:
+        logger.warning(
+            "algorithm.rollout_correction.bypass_mode=True with actor_rollout_ref.rollout.name=%r, whose log-probs "
+            "are not the training engine's to float rounding: the ratio to the rollout measures that gap too (the "
+            "clip and rollout_is / rollout_rs act on it, as in verl); rollout.name in %s matches the trainer",
+            rollout.name, backends_with("log_probs_match_trainer"),
         )
 
 
@@ -266,8 +284,8 @@ def _check_rewards(cfg: PPOConfig) -> None:
 
 
 def _check_reward_loop(cfg: PPOConfig) -> None:
-    """verl's reward loop with a reward model scores with the discriminative model; its generative-model form (a
-    custom function that queries the served model over HTTP) and PRIME's implicit PRM are not built."""
+    """verl's reward loop: a reward model with a custom reward function is a generative judge the function queries
+    over HTTP (served by the rollout engines, one rank per replica); PRIME's implicit PRM is not served."""
     if not cfg.reward_model.serves_in_reward_loop:
         return
     if cfg.uses_prime:
@@ -275,12 +293,12 @@ def _check_reward_loop(cfg: PPOConfig) -> None:
             "reward_model.use_reward_loop=True with PRIME's implicit reward model: the PRM is trained on its own "
             "workers; set reward_model.use_reward_loop=False"
         )
-    if cfg.custom_reward_function.path is not None:
+    if cfg.generative_reward_model:
+        check_generative_reward_model(cfg)
+    elif not cfg.reward_model.rollout.scores_discriminative:
         raise ValueError(
-            f"custom_reward_function.path={cfg.custom_reward_function.path!r} with reward_model.enable=True and "
-            "use_reward_loop=True: verl then hands the function the reward model's HTTP address (a generative "
-            "reward model), which hybridflow does not serve; to add a rule score to the reward model's, set "
-            "use_reward_loop=False and reward_model.rule_reward_coef > 0"
+            f"reward_model.rollout.name={cfg.reward_model.rollout.name!r} generates; a discriminative reward model "
+            "(no custom_reward_function) is scored by transformers' forward: set reward_model.rollout.name=hf"
         )
 
 
