@@ -53,7 +53,7 @@ class ToolAgentLoop(AgentLoopBase):
         out = AgentLoopOutput(prompt_ids=prompt_ids, response_ids=[], response_mask=[], response_logprobs=[])
         assistant_turns = user_turns = 0
         try:
-            while assistant_turns < cfg.max_assistant_turns:
+            while cfg.max_assistant_turns is None or assistant_turns < cfg.max_assistant_turns:
                 budget = self.context.response_length - len(out.response_ids)
                 if cfg.max_tokens_per_turn is not None:
                     budget = min(budget, cfg.max_tokens_per_turn)
@@ -71,7 +71,7 @@ class ToolAgentLoop(AgentLoopBase):
                     break
                 if (parsed.calls or parsed.errors) and self.context.tools:
                     followup = await self._run_tools(parsed.calls, parsed.errors)
-                elif interaction is not None and user_turns < cfg.max_user_turns:
+                elif interaction is not None and (cfg.max_user_turns is None or user_turns < cfg.max_user_turns):
                     done, reply, score, _ = await interaction.generate_response(interaction_id, self.messages)
                     out.reward_score = score
                     if done:

@@ -75,6 +75,30 @@ class DataFilesConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DataSamplerConfig:
+    """verl's `data.sampler.*`: a sampler class of the user's (curriculum learning)."""
+
+    class_path: Optional[str] = unsupported(
+        None, "prompts are drawn by a seeded, resumable shuffle of the whole set; data.custom_cls can reorder them"
+    )
+    """verl: the file defining it."""
+    class_name: Optional[str] = unsupported(
+        None, "prompts are drawn by a seeded, resumable shuffle of the whole set; data.custom_cls can reorder them"
+    )
+    """verl: its class."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataGenConfig:
+    """verl's `data.datagen.*`: a dataset that makes new prompts during training."""
+
+    path: Optional[str] = unsupported(None, "the prompts are the data files' rows, fixed at the start")
+    """verl: the file defining it."""
+    name: Optional[str] = unsupported(None, "the prompts are the data files' rows, fixed at the start")
+    """verl: its class."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RLHFDataConfig(DataFilesConfig):
     """RL prompts (verl's parquet schema: prompt, data_source, reward_model.ground_truth) and lengths."""
 
@@ -117,6 +141,32 @@ class RLHFDataConfig(DataFilesConfig):
     """Tokenizer of the dataset."""
     dataloader_num_workers: int = unsupported(0, "prompts are tokenized up front; loader workers would break resume")
     """Worker processes of the data loader."""
+    validation_shuffle: bool = False
+    """Shuffle the validation prompts (seeded by data.seed) before they are cut into val_batch_size batches; every
+    one is still scored once."""
+    tool_config_path: Optional[str] = None
+    """verl: the tools whose schemas the dataset renders into each prompt (its default is
+    rollout.multi_turn.tool_config_path). The tool agent loop renders each prompt with the tools of
+    rollout.multi_turn.tool_config_path itself: None or that same file."""
+    return_raw_input_ids: bool = unsupported(
+        False, "a reward model with another tokenizer re-templates each conversation from raw_prompt itself"
+    )
+    """verl: keep each prompt's ids without padding for a reward model of another tokenizer."""
+    return_full_prompt: bool = unsupported(False, "rows keep raw_prompt (return_raw_chat), not the templated text")
+    """verl: keep each prompt's templated text."""
+    return_multi_modal_inputs: bool = unsupported(
+        True, "a vision-language model's rows always carry their processed images (multi_modal_inputs)"
+    )
+    """verl: keep the processor's outputs per row."""
+    image_patch_size: int = unsupported(14, "images are resized by the model's own processor")
+    """verl: the patch size qwen-vl-utils resizes images to."""
+    use_shm: bool = unsupported(False, "data files are read from their paths (actor_rollout_ref.model.use_shm copies "
+                                "the checkpoint, not data)")
+    """verl: copy the data files to shared memory."""
+    sampler: DataSamplerConfig = field(default_factory=lambda: DataSamplerConfig())
+    """verl: a curriculum sampler class of your own."""
+    datagen: DataGenConfig = field(default_factory=lambda: DataGenConfig())
+    """verl: a dataset that generates new prompts during training."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -85,6 +85,49 @@ class FusedKernelOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TiledMLPConfig:
+    """verl's `model.tiled_mlp.*` (TiledMLP: the MLP over sequence tiles)."""
+
+    enabled: bool = unsupported(
+        False, "the MLP runs over the whole sequence; enable_gradient_checkpointing saves activation memory"
+    )
+    """verl: tile the MLP."""
+    num_shards: int = 4
+    """verl: the tiles (read only with enabled=True, which is not built)."""
+
+
+_MTP = "multi-token prediction (MTP) training and speculative decoding are not built"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MTPConfig:
+    """verl's `model.mtp.*` (multi-token prediction heads, trained and used for speculative decoding)."""
+
+    enable: bool = unsupported(False, _MTP)
+    """verl: use the model's MTP layers."""
+    enable_train: bool = unsupported(False, _MTP)
+    """verl: train them."""
+    enable_rollout: bool = unsupported(False, _MTP)
+    """verl: decode speculatively with them."""
+    detach_encoder: bool = False
+    """verl: (read only with enable=True, which is not built)."""
+    method: str = "mtp"
+    """verl: (read only with enable=True, which is not built)."""
+    mtp_loss_scaling_factor: float = 0.1
+    """verl: (read only with enable_train=True, which is not built)."""
+    num_speculative_tokens: int = 1
+    """verl: (read only with enable_rollout=True, which is not built)."""
+    speculative_algorithm: str = "EAGLE"
+    """verl: (read only with enable_rollout=True, which is not built)."""
+    speculative_eagle_topk: int = 2
+    """verl: (read only with enable_rollout=True, which is not built)."""
+    speculative_num_draft_tokens: int = 4
+    """verl: (read only with enable_rollout=True, which is not built)."""
+    speculative_num_steps: int = 2
+    """verl: (read only with enable_rollout=True, which is not built)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The weights of one model and the changes made to them before training."""
 
@@ -136,6 +179,19 @@ class ModelConfig:
     taken with it, and refused without it."""
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
     """Backend and chunk size of the fused projection."""
+    custom_chat_template: Optional[str] = None
+    """A Jinja chat template that replaces the tokenizer's own (verl's key), wherever this model's tokenizer renders
+    conversations: the driver's prompts and every worker's tokenizer."""
+    enable_activation_offload: bool = unsupported(
+        False, "activations are not offloaded to the host; enable_gradient_checkpointing saves their memory"
+    )
+    """verl: offload activations to CPU between forward and backward."""
+    hf_config_path: Optional[str] = unsupported(None, "the HF config is read from path, with override_config on top")
+    """verl: an HF config read from another place than the weights."""
+    tiled_mlp: TiledMLPConfig = field(default_factory=lambda: TiledMLPConfig())
+    """verl: compute the MLP in sequence tiles to save activation memory."""
+    mtp: MTPConfig = field(default_factory=lambda: MTPConfig())
+    """verl: multi-token prediction (MTP) heads."""
 
     def __post_init__(self) -> None:
         if not self.path:

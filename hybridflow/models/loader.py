@@ -73,6 +73,13 @@ def load_tokenizer(
     return prepare_tokenizer(tokenizer)
 
 
+def with_chat_template(tokenizer: PreTrainedTokenizerBase, template: str | None) -> PreTrainedTokenizerBase:
+    """`tokenizer` rendering conversations with `template` (a Jinja chat template; None keeps its own)."""
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Set the pad token to eos when missing and a ChatML chat template when missing (one warning each)."""
     if tokenizer.pad_token is None:

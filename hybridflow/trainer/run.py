@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.data import RLHFDataset, collate_fn
-from hybridflow.data.config import RLHFDataConfig
+from hybridflow.data.config import RLHFDataConfig, expand_path
 from hybridflow.data.dataset_class import rl_dataset_class
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
@@ -49,7 +49,8 @@ def build_dataloaders(
         return train_loader, None
     val_set = dataset_cls(data_files=data.val_files, tokenizer=tokenizer, config=data,
                           max_samples=data.val_max_samples, processor=processor)
-    return train_loader, build_val_loader(val_set, data.val_batch_size, collate_fn)
+    shuffle_seed = data.seed if data.validation_shuffle else None
+    return train_loader, build_val_loader(val_set, data.val_batch_size, collate_fn, shuffle_seed)
 
 
 def build_reward_manager(
@@ -93,6 +94,7 @@ def run_ppo(
         logger.info("%s", summarize_validation(trainer.initial_val_metrics, final_val_metrics))
         return final_val_metrics
     finally:
+        write_ray_timeline(config.ray_kwargs.timeline_json_file)
         if trainer.workers is not None:
             trainer.workers.shutdown()
         reward_fn.close()
@@ -103,6 +105,19 @@ def run_ppo(
         if "file" in config.trainer.logger:
             for path in plot_run(run_dir(config.trainer)):
                 logger.info("wrote %s", path)
+
+
+def write_ray_timeline(path: str | None) -> None:
+    """Ray's timeline of the run's tasks (`ray_kwargs.timeline_json_file`), a Chrome trace; nothing without Ray."""
+    if path is None:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        logger.warning("ray_kwargs.timeline_json_file=%r: no Ray cluster ran (local mode); nothing written", path)
+        return
+    ray.timeline(filename=str(expand_path(path)))
+    logger.info("wrote Ray's timeline to %s", path)
 
 
 def summarize_validation(before: dict[str, float], after: dict[str, float]) -> str:

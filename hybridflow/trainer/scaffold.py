@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hybridflow import env
@@ -23,6 +24,7 @@ from hybridflow.data import build_sampler
 from hybridflow.data.config import expand_path
 from hybridflow.models import MODEL_CATALOGUE, catalogue_tokenizer_path, load_tokenizer, resolve_model_path
 from hybridflow.models.config import ModelConfig
+from hybridflow.models.loader import with_chat_template
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.local import LocalWorkerGroup
 from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, describe_cluster
@@ -39,9 +41,11 @@ def build_tokenizer(model: ModelConfig, trust_remote_code: bool = False) -> Any:
     repository's own code runs when `model.trust_remote_code` or `trust_remote_code` (data.trust_remote_code) allows."""
     location = model.tokenizer_location
     if location in MODEL_CATALOGUE:
-        return load_tokenizer(catalogue_tokenizer_path(location))
-    trusted = model.trust_remote_code or trust_remote_code
-    return load_tokenizer(resolve_model_path(location), trust_remote_code=trusted)
+        tokenizer = load_tokenizer(catalogue_tokenizer_path(location))
+    else:
+        trusted = model.trust_remote_code or trust_remote_code
+        tokenizer = load_tokenizer(resolve_model_path(location), trust_remote_code=trusted)
+    return with_chat_template(tokenizer, model.custom_chat_template)
 
 
 def build_processor(model: ModelConfig, tokenizer: Any, trust_remote_code: bool = False) -> Any:
@@ -72,9 +76,13 @@ def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: i
     )
 
 
-def build_val_loader(dataset: Dataset, batch_size: int | None, collate_fn: Callable[[list], Any]) -> DataLoader:
-    """Every validation sample once, in order (`batch_size` None: all at once)."""
-    return DataLoader(dataset, batch_size=batch_size or len(dataset), shuffle=False, collate_fn=collate_fn, num_workers=0)
+def build_val_loader(
+    dataset: Dataset, batch_size: int | None, collate_fn: Callable[[list], Any], shuffle_seed: int | None = None
+) -> DataLoader:
+    """Every validation sample once (`batch_size` None: all at once), in order, or shuffled by `shuffle_seed`."""
+    generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
+    return DataLoader(dataset, batch_size=batch_size or len(dataset), shuffle=shuffle_seed is not None,
+                      generator=generator, collate_fn=collate_fn, num_workers=0)
 
 
 def use_accelerator(run: RunConfig) -> bool:

@@ -35,7 +35,7 @@ from hybridflow.workers.config import HF_MODEL_DIR, ActorRolloutRefConfig, Worke
 from hybridflow.workers.efficiency import EfficiencyMeter
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import BYPASS_CORRECTION_KEY, OnPolicyRecord, make_actor_loss_fn, mean_metrics
-from hybridflow.workers.ppo_update import run_update
+from hybridflow.workers.ppo_update import run_update, update_computes_entropy
 from hybridflow.workers.weight_check import WEIGHT_VERSION_KEY, WeightDeliveryCheck
 from hybridflow.workers.weight_sync import WeightInfo, WeightSyncGroup, describe_tensors, digest_tensors
 
@@ -468,8 +468,7 @@ class ActorRolloutRefWorker(Worker):
             seed=self.runtime.seed + self._update_count,
             make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts, on_policy, bypass),
             temperature=self.config.rollout.log_prob_temperature,
-            # Without an old-log-prob pass the update's forward is the only place entropy can be measured.
-            calculate_entropy=actor.entropy_coeff != 0 or on_policy is not None,
+            calculate_entropy=update_computes_entropy(actor, on_policy is not None),
             metric_prefix="actor",
         )
         self._update_count += 1

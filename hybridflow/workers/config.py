@@ -51,6 +51,8 @@ class CheckpointConfig:
     """Parts to save: model (the weight shards), optimizer (its state), extra (LR scheduler, RNG), hf_model (a full
     HF directory of the weights, `huggingface_full/`, loadable by transformers and as a model.path). Without all
     of model, optimizer and extra a checkpoint cannot resume exactly: ['hf_model'] alone saves exports only."""
+    async_save: bool = unsupported(False, "checkpoints are written in the step, staged and renamed atomically")
+    """verl: write checkpoints in the background."""
     load_contents: Optional[list[CheckpointPart]] = None
     """Parts a resumed run reads (None: save_contents, verl's default). The model is always read (without it the
     run would claim step N with its initial weights), so a checkpoint without its shards cannot be resumed; without
@@ -157,6 +159,17 @@ class ActorConfig(PPOLossConfig):
     """MoE router replay (R3: train with the rollout's experts)."""
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     """Profiling of the processes hosting the actor (see global_profiler)."""
+    calculate_entropy: bool = False
+    """Also compute the policy's entropy in the update's forwards (verl's key; always with entropy_coeff != 0):
+    actor/entropy is then the updated samples' mean entropy under the policy being trained."""
+    data_loader_seed: int = unsupported(42, "the update's mini-batch shuffle is seeded by trainer.seed and the step")
+    """verl: seed of its new worker's mini-batch loader."""
+    rollout_n: Optional[int] = None
+    """verl's copy of actor_rollout_ref.rollout.n (derived from it); set rollout.n instead."""
+    use_remove_padding: Optional[bool] = None
+    """verl's copy of actor_rollout_ref.model.use_remove_padding (derived from it); set that key instead."""
+    use_fused_kernels: Optional[bool] = None
+    """verl's copy of actor_rollout_ref.model.use_fused_kernels (derived from it); set that key instead."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -244,6 +257,11 @@ class RefConfig:
     reverse KL of the policy's own samples to the teacher)."""
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     """Profiling of the processes hosting the reference (see global_profiler)."""
+    rollout_n: Optional[int] = None
+    """verl's copy of actor_rollout_ref.rollout.n (derived from it); set rollout.n instead."""
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    """verl's reference router replay. The reference's forwards replay the rollout's experts exactly when the
+    actor's do (actor.router_replay.mode=R3, the batch carries them); R3 here without it is refused."""
 
     def __post_init__(self) -> None:
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
@@ -370,6 +388,10 @@ class CriticConfig:
     """Forward the samples of one prompt with a single copy of the prompt (values and update)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """What critic checkpoints hold."""
+    data_loader_seed: int = unsupported(42, "the update's mini-batch shuffle is seeded by trainer.seed and the step")
+    """verl: seed of its new worker's mini-batch loader."""
+    rollout_n: Optional[int] = None
+    """verl's copy of actor_rollout_ref.rollout.n (derived from it); set rollout.n instead."""
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     """Profiling of the processes hosting the critic (see global_profiler)."""
 

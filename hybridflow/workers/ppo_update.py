@@ -224,6 +224,13 @@ def run_update(
     return dict(metrics)
 
 
+def update_computes_entropy(actor: ActorConfig, takes_old_log_probs_from_update: bool) -> bool:
+    """Whether the actor's update forwards compute the policy's entropy: for the entropy bonus (entropy_coeff),
+    when asked (verl's actor.calculate_entropy), and when the update's forward also stands in for the
+    old-log-prob pass (the only place entropy is measured then)."""
+    return actor.entropy_coeff != 0 or actor.calculate_entropy or takes_old_log_probs_from_update
+
+
 def mean_metrics(metrics: Mapping[str, list[float]]) -> dict[str, float]:
     """Average each metric list (for logging one number per key)."""
     return {key: sum(values) / len(values) for key, values in metrics.items() if values}

@@ -8,6 +8,7 @@ import torch
 
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.config import ModelConfig
+from hybridflow.models.loader import with_chat_template
 from hybridflow.models.shm_copy import shm_copy_of
 from hybridflow.workers.config import WorkerRuntimeConfig
 from hybridflow.single_controller import Worker
@@ -27,4 +28,5 @@ def prepare_worker_process(worker: Worker, runtime: WorkerRuntimeConfig, model: 
     if model.use_shm:
         model_path = shm_copy_of(model_path)
     tokenizer_path = resolve_model_path(model.tokenizer_path) if model.tokenizer_path else model_path
-    return model_path, load_tokenizer(tokenizer_path, trust_remote_code=model.trust_remote_code)
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model.trust_remote_code)
+    return model_path, with_chat_template(tokenizer, model.custom_chat_template)

@@ -185,6 +185,14 @@ class RewardModelWorkerConfig:
     """Nodes of the reward model's own pool."""
     ulysses_sequence_parallel_size: int = unsupported(1, "sequence parallelism is not implemented yet")
     """Ranks that split one sequence (Ulysses)."""
+    reward_loop_source: Literal["register"] = "register"
+    """verl: where its reward-loop class comes from; register, the built-in loop, is what runs here."""
+    reward_loop_module_path: Optional[str] = unsupported(None, "the reward loop is hybridflow's own (a user class from "
+                                                         "a file is not loaded)")
+    """verl: a file defining a reward-loop class of your own."""
+    reward_loop_class_name: Optional[str] = unsupported(None, "the reward loop is hybridflow's own (a user class from "
+                                                        "a file is not loaded)")
+    """verl: that class's name."""
     prime_granularity: Literal["token", "whole"] = "token"
     """PRIME: implicit rewards on every response token, or their sum on the last one."""
     prime_norm: Literal["batch_norm", "none"] = "batch_norm"

@@ -90,6 +90,11 @@ def test_turn_and_length_limits(chat_tokenizer):
                     tools={"calculator": CalculatorTool()})
     out = asyncio.run(ToolAgentLoop(short).run(list(QUESTION), PARAMS, request_id="r"))
     assert len(out.response_ids) == budget and out.truncated
+    # verl's default max_assistant_turns=None: no turn limit, the response length ends the trajectory
+    unlimited = context(chat_tokenizer, ScriptedServer(chat_tokenizer, looping), response_length=400,
+                        tools={"calculator": CalculatorTool()}, max_assistant_turns=None)
+    out = asyncio.run(ToolAgentLoop(unlimited).run(list(QUESTION), PARAMS, request_id="r"))
+    assert out.metrics["assistant_turns"] > 3 and out.truncated and len(out.response_ids) == 400
 
 
 def test_parallel_call_limit(chat_tokenizer):

@@ -79,10 +79,10 @@ class MultiTurnConfig:
 
     enable: bool = False
     """Use the tool agent loop for rows without an `agent_name`."""
-    max_assistant_turns: int = 5
-    """Model turns per trajectory."""
-    max_user_turns: int = 3
-    """Interaction (simulated user) turns per trajectory."""
+    max_assistant_turns: Optional[int] = 5
+    """Model turns per trajectory; None: no limit, the response length ends it (verl's default)."""
+    max_user_turns: Optional[int] = 3
+    """Interaction (simulated user) turns per trajectory; None: no limit (verl's default)."""
     max_tokens_per_turn: Optional[int] = None
     """New tokens per model turn (None: whatever is left of data.max_response_length)."""
     max_parallel_calls: int = 4
@@ -97,14 +97,69 @@ class MultiTurnConfig:
     """YAML file listing interactions (`interaction: [{name, class_name, config}]`)."""
     format: Literal["hermes"] = "hermes"
     """Tool-call format parsed from model text."""
+    num_repeat_rollouts: Optional[int] = unsupported(
+        None, "each row's rollout.n samples are its repeats; the tool agent loop does not repeat a rollout itself"
+    )
+    """verl (SGLang multi-turn): repeats of one rollout."""
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = unsupported(
+        "strict", "every turn's tokens are checked against the chat template's rendering (strict) by the agent loop"
+    )
+    """verl: how the multi-turn token ids are checked against the template's rendering of the messages."""
+    use_inference_chat_template: bool = unsupported(
+        False, "the conversation is tokenized with the training chat template, turn by turn (token continuity)"
+    )
+    """verl: render turns with the model's inference-time chat template (e.g. Qwen3's thinking removal)."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)
-        check_positive("max_assistant_turns", self.max_assistant_turns)
+        check_positive("max_assistant_turns", self.max_assistant_turns, allow_none=True)
         check_positive("max_parallel_calls", self.max_parallel_calls)
         check_positive("max_tokens_per_turn", self.max_tokens_per_turn, allow_none=True)
         check_positive("max_tool_response_length", self.max_tool_response_length)
-        check_at_least("max_user_turns", self.max_user_turns, 0)
+        if self.max_user_turns is not None:
+            check_at_least("max_user_turns", self.max_user_turns, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomAsyncServerConfig:
+    """verl's `rollout.agent.custom_async_server.*`: a user class replacing its async server."""
+
+    name: Optional[str] = unsupported(
+        None, "the generation servers are hybridflow's own (engines/rollout/server.py) over the rollout engines"
+    )
+    """verl: the class's name."""
+    path: Optional[str] = unsupported(
+        None, "the generation servers are hybridflow's own (engines/rollout/server.py) over the rollout engines"
+    )
+    """verl: the file defining it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrometheusConfig:
+    """verl's `rollout.prometheus.*`: the rollout servers' metrics exported to Prometheus."""
+
+    enable: bool = unsupported(False, "rollout metrics go to the trainer's loggers (trainer.logger), not Prometheus")
+    """verl: export them."""
+    port: int = 9090
+    """verl: the Prometheus server's port (read only with enable=True, which is not built)."""
+    file: str = "/tmp/ray/session_latest/metrics/prometheus/prometheus.yml"
+    """verl: its config file (read only with enable=True, which is not built)."""
+    served_model_name: Optional[str] = None
+    """verl: the model name in the metrics (read only with enable=True, which is not built)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceConfig:
+    """verl's `rollout.trace.*`: agent loops traced to weave or mlflow."""
+
+    backend: Optional[str] = unsupported(
+        None, "agent-loop traces are not exported; trainer.rollout_data_dir dumps every step's generations"
+    )
+    """verl: weave or mlflow."""
+    token2text: bool = False
+    """verl: decode token ids in the traces (read only with a backend, which is not built)."""
+    max_samples_per_step_per_worker: Optional[int] = None
+    """verl: samples traced per step and worker (read only with a backend, which is not built)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +176,16 @@ class AgentLoopConfig:
     """A replica's server starts a batch once no request has come for this long (at most 10x it after the
     first): concurrent loops' requests arrive spread out by the driver's tokenization and Ray, and a batch
     that starts too early leaves them for the next one. Small against a batch's generation time."""
+    num_workers: int = unsupported(
+        8, "agent loops run as asyncio tasks in the driver (max_concurrent_loops at once), not in worker processes"
+    )
+    """verl: processes its agent loops are spread over."""
+    agent_loop_config_path: Optional[str] = unsupported(
+        None, "agent loops are registered in code (hybridflow.agents register_agent_loop) and named per row"
+    )
+    """verl: a YAML file registering agent loop classes."""
+    custom_async_server: CustomAsyncServerConfig = field(default_factory=lambda: CustomAsyncServerConfig())
+    """verl: a user class replacing its async server."""
 
     def __post_init__(self) -> None:
         check_positive("max_concurrent_loops", self.max_concurrent_loops)
@@ -256,6 +321,39 @@ class RolloutConfig(SamplingConfig):
     """verl: the engine starts without a tokenizer (token ids in, token ids out), as hybridflow's always work."""
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=lambda: CheckpointEngineConfig())
     """verl: how weights travel to the rollout (hybridflow hands them over one tensor at a time)."""
+    logprobs_mode: Literal["processed_logprobs"] = "processed_logprobs"
+    """Which log-probs the rollout reports (verl's key): processed_logprobs, of the temperature-scaled distribution
+    before top-k/top-p filtering, is what the hf and native engines return and the trainer recomputes. vLLM's
+    raw_logprobs / processed_logits are not offered."""
+    ignore_eos: bool = unsupported(False, "a response ends at the tokenizer's eos (or response_length)")
+    """verl: keep generating past eos."""
+    cudagraph_capture_sizes: Optional[list[int]] = unsupported(
+        None, "give vLLM its compilation settings through rollout.engine_kwargs.vllm (name=vllm)"
+    )
+    """verl: vLLM's CUDA-graph batch sizes."""
+    disable_log_stats: bool = unsupported(
+        True, "give vLLM its logging settings through rollout.engine_kwargs.vllm.disable_log_stats (name=vllm)"
+    )
+    """verl: vLLM's statistics logging."""
+    pipeline_model_parallel_size: int = unsupported(1, "a rollout replica splits by tensor parallelism only")
+    """verl: pipeline stages of one rollout replica."""
+    quantization: Optional[str] = unsupported(None, "rollouts generate in rollout.dtype; quantized serving is not built")
+    """verl: quantize the rollout's weights (e.g. fp8)."""
+    quantization_config_file: Optional[str] = unsupported(None, "rollouts generate in rollout.dtype")
+    """verl: the quantization's settings."""
+    scheduling_policy: Literal["fcfs"] = "fcfs"
+    """Order in which a generation server takes requests (verl's key): fcfs, first come first served, is what
+    hybridflow's servers do (vLLM's priority scheduling is not offered)."""
+    skip_rollout: bool = unsupported(False, "every step generates; rollouts are not replayed from a dump")
+    """verl: replay rollouts dumped in skip_dump_dir instead of generating (debugging)."""
+    skip_dump_dir: str = "/tmp/rollout_dump"
+    """verl: where skip_rollout's dumps live (read only with skip_rollout, which is not built)."""
+    mtp: Optional[dict[str, Any]] = unsupported(None, "multi-token prediction (speculative decoding) is not built")
+    """verl: the rollout's copy of model.mtp."""
+    prometheus: PrometheusConfig = field(default_factory=lambda: PrometheusConfig())
+    """verl: export the rollout servers' metrics to Prometheus."""
+    trace: TraceConfig = field(default_factory=lambda: TraceConfig())
+    """verl: trace agent loops."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

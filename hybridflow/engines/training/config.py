@@ -135,6 +135,25 @@ class FSDPConfig:
     """Prefetch the next layer's all-gather during forward."""
     strategy: Literal["fsdp", "fsdp2"] = "fsdp"
     """verl's engine-config copy of the section's strategy: fsdp and fsdp2 both shard with FSDP2 here."""
+    forward_only: Optional[bool] = None
+    """verl's engine-config copy of whether the role trains (False: actor, critic) or only runs forwards (True:
+    reference); hybridflow decides it by role, and refuses a value that contradicts the role."""
+    seed: int = unsupported(42, "the engines are seeded by trainer.seed")
+    """verl: its new engine's seed."""
+    ulysses_sequence_parallel_size: int = unsupported(
+        1, "set the role's own key (e.g. actor_rollout_ref.actor.ulysses_sequence_parallel_size)"
+    )
+    """verl's engine-config copy of the role's ulysses_sequence_parallel_size."""
+    entropy_checkpointing: bool = unsupported(
+        False, "set the role's own key (e.g. actor_rollout_ref.actor.entropy_checkpointing)"
+    )
+    """verl's engine-config copy of the role's entropy_checkpointing."""
+    entropy_from_logits_with_chunking: bool = unsupported(
+        False, "set the role's own key (e.g. actor_rollout_ref.actor.entropy_from_logits_with_chunking)"
+    )
+    """verl's engine-config copy of the role's entropy_from_logits_with_chunking."""
+    use_torch_compile: bool = unsupported(False, "the training engine runs eagerly (as actor.use_torch_compile says)")
+    """verl's engine-config copy of torch.compile for its new engine's helpers (verl's default True)."""
     use_orig_params: bool = False
     """verl's FSDP1 choice between flat and per-parameter sharding. FSDP2 shards each original parameter, which is
     what True asks of FSDP1; both values run that way."""

@@ -22,7 +22,7 @@ from hybridflow.engines.training.config import FSDPEngineConfig, FSDPModelConfig
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.trainer import checkpoint_dirs
 from hybridflow.trainer.guards.config import GuardsConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 from hybridflow.utils.profiler_config import PROFILED_SECTIONS, GlobalProfilerConfig
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridflow.workers.reward_config import RewardModelWorkerConfig
@@ -194,6 +194,17 @@ class PPOTrainerConfig(RunConfig):
     """Reorder each step's samples so every data-parallel rank gets about the same number of tokens."""
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     """Checks after every step that make silent failures loud: alarms on the metrics, the memory budget."""
+    default_hdfs_dir: Optional[str] = unsupported(None, "checkpoints stay in trainer.default_local_dir (a shared "
+                                                  "filesystem on a cluster); they are not copied to HDFS")
+    """verl: copy each checkpoint to HDFS."""
+    del_local_ckpt_after_load: bool = unsupported(False, "a checkpoint is never deleted by loading it")
+    """verl: delete the local checkpoint once it is loaded."""
+    esi_redundant_time: int = unsupported(0, "Ascend NPU ESI (elastic saving) is not supported")
+    """verl: seconds of redundancy for Ascend's elastic saving."""
+    ray_wait_register_center_timeout: int = unsupported(
+        300, "workers start through Ray's placement groups; trainer.rpc_timeout_s bounds every worker call"
+    )
+    """verl: seconds to wait for its workers' register center."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -243,6 +254,41 @@ class RayKwargsConfig:
 
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """Arguments of ray.init."""
+    timeline_json_file: Optional[str] = None
+    """Write Ray's timeline of the run's tasks (Chrome trace JSON, ray.timeline) to this file when the run ends
+    (verl's key); never over an existing file."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardManagerModuleConfig:
+    """verl's `reward_manager.module.*`: a reward manager class loaded from a file."""
+
+    path: Optional[str] = unsupported(
+        None, "reward managers are registered in code (register_reward_manager) and named by reward_model.reward_manager"
+    )
+    """verl: the file defining it."""
+    name: str = "custom_reward_manager"
+    """verl: its class (read only with path, which is not built)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardManagerSectionConfig:
+    """verl's top-level `reward_manager.*` (its newer home of the reward manager's choice)."""
+
+    name: Optional[str] = None
+    """verl's copy of reward_model.reward_manager (derived from it); set that key instead."""
+    source: Literal["register"] = "register"
+    """Where the manager class comes from: register, hybridflow's registry (importlib, a file, is not offered)."""
+    module: RewardManagerModuleConfig = field(default_factory=RewardManagerModuleConfig)
+    """verl: a manager class from a file."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferQueueConfig:
+    """verl's `transfer_queue.*` (its experimental data plane between stages)."""
+
+    enable: bool = unsupported(False, "batches travel between stages as DataProto through Ray's object store")
+    """verl: move batches through TransferQueue."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,6 +380,8 @@ class PPOConfig:
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    reward_manager: RewardManagerSectionConfig = field(default_factory=RewardManagerSectionConfig)
+    transfer_queue: TransferQueueConfig = field(default_factory=TransferQueueConfig)
 
     @property
     def estimator(self) -> EstimatorSpec:
@@ -417,6 +465,10 @@ PPO_DERIVED: dict[str, str] = {
         "${actor_rollout_ref.model.fused_kernel_options.chunk_size}"
     ),
     f"{_ACTOR}.optim.clip_grad": f"${{{_ACTOR}.grad_clip}}",
+    **{f"{role}.rollout_n": f"${{{_ROLLOUT}.n}}" for role in (_ACTOR, "actor_rollout_ref.ref", "critic")},
+    f"{_ACTOR}.use_remove_padding": "${actor_rollout_ref.model.use_remove_padding}",
+    f"{_ACTOR}.use_fused_kernels": "${actor_rollout_ref.model.use_fused_kernels}",
+    "reward_manager.name": "${reward_model.reward_manager}",
     "critic.model.path": "${actor_rollout_ref.model.path}",
     "critic.model.tokenizer_path": "${actor_rollout_ref.model.tokenizer_path}",
     "critic.model.trust_remote_code": "${actor_rollout_ref.model.trust_remote_code}",

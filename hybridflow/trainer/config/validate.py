@@ -31,6 +31,7 @@ from hybridflow.trainer.config.parallel_checks import check_parallelism, check_r
 from hybridflow.trainer.config.profiler_checks import check_profiling
 from hybridflow.trainer.config.resume_checks import check_resume_contents
 from hybridflow.trainer.config.reward_checks import check_generative_reward_model
+from hybridflow.trainer.config.verl_copies import check_verl_copies
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
 
@@ -49,6 +50,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     check_placement(cfg)
     check_profiling(cfg, set(run_roles(cfg)))
     _check_files(cfg)
+    _check_output_files(cfg)
     check_resume_contents(cfg)
     _check_rewards(cfg)
     _check_agent_loops(cfg)
@@ -153,6 +155,7 @@ def _check_algorithm(cfg: PPOConfig) -> None:
             "rollout.n >= 2 for a group baseline", estimator, n,
         )
     _check_sum_pi_squared(cfg)
+    check_verl_copies(cfg)
     if cfg.trainer.critic_warmup > 0 and not cfg.critic_enabled:
         raise ValueError(f"trainer.critic_warmup={cfg.trainer.critic_warmup} needs a critic (algorithm.adv_estimator=gae)")
     if cfg.estimator.needs_critic and cfg.critic.enable is False:
@@ -166,6 +169,16 @@ def _check_algorithm(cfg: PPOConfig) -> None:
         raise ValueError(
             f"actor_rollout_ref.rollout.n={n} with greedy decoding (do_sample=False or temperature=0) gives {n} "
             "identical responses per prompt; sample (do_sample=True, temperature > 0) or set n=1"
+        )
+
+
+def _check_output_files(cfg: PPOConfig) -> None:
+    """Files the run writes at its end are never written over an existing one."""
+    timeline = cfg.ray_kwargs.timeline_json_file
+    if timeline is not None and expand_path(timeline).exists():
+        raise ValueError(
+            f"ray_kwargs.timeline_json_file={timeline!r} exists; the run writes Ray's timeline there at its end and "
+            "never over a file: name a new one"
         )
 
 
