@@ -16,6 +16,7 @@ Request fields: `messages` (required), `model` (echoed back; one model is served
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -83,10 +84,12 @@ ReplicaCall = Callable[..., Awaitable[Any]]
 
 
 class ChatCompletionsRouter:
-    """An HTTP server on `host` (a free port) answering chat completions from the attached replicas."""
+    """An HTTP server on `host` (a free port) answering chat completions from the attached replicas; a request
+    whose completions take longer than `request_timeout_s` answers 504 (None: no limit)."""
 
-    def __init__(self, host: str, max_tokens: int, max_model_len: int) -> None:
+    def __init__(self, host: str, max_tokens: int, max_model_len: int, request_timeout_s: float | None = None) -> None:
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
+        self.request_timeout_s = request_timeout_s
         self._manager: Any = None
         self._tokenizer: Any = None
         self._ids = itertools.count()
@@ -123,12 +126,18 @@ class ChatCompletionsRouter:
             raise BadRequest(f"the prompt's {len(prompt_ids)} tokens + max_tokens={request.sampling.max_new_tokens} "
                              f"exceed the served length {self.max_model_len} (reward_model.rollout.max_model_len)")
         request_id = f"genrm-{next(self._ids)}"
-        outputs = [
+        futures = [
             asyncio.run_coroutine_threadsafe(
                 self._manager.generate(f"{request_id}-{index}", prompt_ids, request.sampling), self._loop
-            ).result()
+            )
             for index in range(request.n)
         ]
+        try:
+            outputs = [future.result(timeout=self.request_timeout_s) for future in futures]
+        except concurrent.futures.TimeoutError:
+            for future in futures:
+                future.cancel()
+            raise TimeoutError(f"the reward model gave no completion within {self.request_timeout_s} s") from None
         self.requests += 1
         return _completion(request_id, request.model, prompt_ids, outputs, tokenizer)
 
@@ -160,6 +169,8 @@ def _handler_for(router: ChatCompletionsRouter) -> type[BaseHTTPRequestHandler]:
                 return self._reply(400, {"error": {"message": str(err), "type": "invalid_request_error"}})
             except RuntimeError as err:
                 return self._reply(503, {"error": {"message": str(err)}})
+            except TimeoutError as err:
+                return self._reply(504, {"error": {"message": str(err)}})
             except Exception as err:  # a replica failed: the reward function sees it (and its sample scores 0)
                 logger.exception("generative reward model request failed")
                 return self._reply(500, {"error": {"message": f"{type(err).__name__}: {err}"}})

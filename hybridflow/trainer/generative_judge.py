@@ -34,7 +34,9 @@ class GenerativeJudge:
         self.tokenizer_path = resolve_model_path(section.model.tokenizer_path or section.model.path)
         serving = section.rollout
         max_model_len = serving.max_model_len or serving.prompt_length + serving.response_length
-        self.router = ChatCompletionsRouter(ROUTER_HOST, serving.response_length, max_model_len)
+        # a reward function waits at most the scorer's timeout for its sample: past it nobody reads the answer
+        self.router = ChatCompletionsRouter(ROUTER_HOST, serving.response_length, max_model_len,
+                                            request_timeout_s=section.scoring.timeout_s)
         self.group: Any = None
         self.last_stats: dict[str, float] = {}
 

@@ -125,6 +125,20 @@ def test_the_router_answers_with_the_judges_greedy_generation(judge_dir):
         router.close()
 
 
+def test_a_replica_that_does_not_answer_in_time_gives_504(judge_dir):
+    """A stuck judge costs the request its timeout (the scorer's), not the router's thread forever."""
+    async def stuck(request_id, prompt_ids, sampling_params):
+        await asyncio.sleep(30)
+
+    router = ChatCompletionsRouter("127.0.0.1", max_tokens=8, max_model_len=72, request_timeout_s=0.3)
+    try:
+        router.attach([stuck], load_tokenizer(judge_dir))
+        status, payload = post(router.address, {"messages": [{"role": "user", "content": "hi"}]})
+        assert status == 504 and "within 0.3 s" in payload["error"]["message"]
+    finally:
+        router.close()
+
+
 def test_a_reward_function_in_a_scorer_process_judges_through_the_router(judge_dir, tmp_path):
     """The run's path: a judged reward manager wakes the judge, the async reward function posts from a scorer
     process with verl's keywords, and the judge sleeps again after the batch."""
