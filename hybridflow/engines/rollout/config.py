@@ -270,9 +270,10 @@ class RolloutConfig(SamplingConfig):
     max_model_len: Optional[int] = None
     """vllm engine: longest prompt + response a sequence may reach; None is prompt_length + response_length."""
     max_num_seqs: int = 256
-    """vllm engine: sequences decoded together."""
+    """vllm engine: sequences decoded together. native engine, where set: its KV-cache slots (default 64)."""
     max_num_batched_tokens: int = 8192
-    """vllm engine: tokens per engine step (prefill chunks and decodes together)."""
+    """vllm engine: tokens per engine step (prefill chunks and decodes together). native engine, where set: the
+    tokens one prefill chunk takes (default 4096)."""
     enable_chunked_prefill: bool = True
     """vllm engine: split long prefills over steps; False needs max_num_batched_tokens >= max_model_len."""
     enable_prefix_caching: bool = True
@@ -414,17 +415,20 @@ class RolloutConfig(SamplingConfig):
 
     def _refuse_vllm_only_keys(self) -> None:
         """The vllm engine's own keys at another value than their default with another engine: refused, since
-        that engine would ignore them (except the keys its spec says it reads: native's `enforce_eager`)."""
+        that engine would ignore them (except the keys its spec says it reads: native's `enforce_eager`,
+        `max_num_seqs`, `max_num_batched_tokens`)."""
         defaults = RolloutConfig(name="vllm")
         for key in _VLLM_ONLY_KEYS:
             if key in self.backend_spec.engine_keys:
                 continue
             value = getattr(self, key)
             if value != getattr(defaults, key):
+                readers = sorted(name for name in ROLLOUTS.names()
+                                 if rollout_spec(name).reads_engine_keys or key in rollout_spec(name).engine_keys)
                 raise ConfigFieldError(
                     key,
-                    f"{key}={value!r} sets the vllm engine, but name={self.name!r} does not read it; use name=vllm or "
-                    "leave it at its default",
+                    f"{key}={value!r} sets the vllm engine, but name={self.name!r} does not read it; use name in "
+                    f"{readers} or leave it at its default",
                 )
 
     def _check_engine_kwargs(self) -> None:

@@ -90,7 +90,8 @@ register_rollout("hf", "hybridflow.engines.rollout.hf:HFRollout", RolloutSpec(
     returns_log_probs=True, runs_vision=True, records_routing=True, tensor_parallel=True,
 ))
 register_rollout("native", "hybridflow.engines.rollout.native:NativeRollout", RolloutSpec(
-    returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True, engine_keys=("enforce_eager",),
+    returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True,
+    engine_keys=("enforce_eager", "max_num_seqs", "max_num_batched_tokens"),
     model_check="hybridflow.engines.rollout.native_support:native_unsupported_reason",
 ))
 register_rollout("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout", RolloutSpec(

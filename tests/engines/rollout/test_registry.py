@@ -90,16 +90,27 @@ def test_the_branch_finder_finds_a_branch():
     assert [line for line, _ in _name_branches(ast.parse(source), source)] == [1, 3]
 
 
-def test_native_reads_enforce_eager_and_still_refuses_the_other_vllm_keys():
+def test_native_reads_its_vllm_equivalents_and_still_refuses_the_other_vllm_keys(tiny_llama_dir):
+    from hybridflow.engines.rollout import SamplingParams
     from hybridflow.engines.rollout.config import RolloutConfig
+    from hybridflow.models import build_causal_lm, load_tokenizer
     from hybridflow.utils.config import ConfigFieldError
 
     native = ROLLOUTS.get("native")
     assert native.kwargs_from_config(RolloutConfig(name="native", enforce_eager=True)) == {"cuda_graphs": False}
     assert native.kwargs_from_config(RolloutConfig(name="native", enforce_eager=False)) == {"cuda_graphs": True}
     assert native.kwargs_from_config(RolloutConfig(name="native")) == {"cuda_graphs": True}  # None: graphs on CUDA
-    with pytest.raises(ConfigFieldError, match="max_num_seqs=64 sets the vllm engine, but name='native' does not read"):
-        RolloutConfig(name="native", max_num_seqs=64)
+    # vLLM's max_num_seqs / max_num_batched_tokens are the native engine's slots and prefill chunk, where set
+    kwargs = native.kwargs_from_config(RolloutConfig(name="native", max_num_seqs=6, max_num_batched_tokens=96))
+    assert kwargs == {"cuda_graphs": True, "max_num_seqs": 6, "max_prefill_tokens": 96}
+    rollout = native(build_causal_lm(tiny_llama_dir), load_tokenizer(tiny_llama_dir), SamplingParams(), **kwargs)
+    assert (rollout.batcher.max_num_seqs, rollout.batcher.max_prefill_tokens) == (6, 96)
+    with pytest.raises(ConfigFieldError, match=r"max_model_len=64 sets the vllm engine, but name='native' does not "
+                                               r"read it; use name in \['vllm'\]"):
+        RolloutConfig(name="native", max_model_len=64)
+    with pytest.raises(ConfigFieldError, match=r"max_num_seqs=64 sets the vllm engine, but name='hf' does not read it; "
+                                               r"use name in \['native', 'vllm'\]"):
+        RolloutConfig(name="hf", max_num_seqs=64)
     with pytest.raises(ConfigFieldError, match="enforce_eager=True sets the vllm engine, but name='hf' does not read"):
         RolloutConfig(name="hf", enforce_eager=True)
 

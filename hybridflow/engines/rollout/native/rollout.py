@@ -175,8 +175,17 @@ class NativeRollout(BaseRollout):
 
     @classmethod
     def kwargs_from_config(cls, config: Any) -> dict[str, Any]:
-        """`rollout.enforce_eager`: True turns the CUDA-graph decode off (None and False leave it on)."""
-        return {"cuda_graphs": not config.enforce_eager}
+        """The rollout keys this engine reads as vLLM does: `enforce_eager` (True turns the CUDA-graph decode off;
+        None and False leave it on), and, where set (else the engine's own defaults: 64 slots, 4096-token prefill
+        chunks), `max_num_seqs` (the KV-cache slots, sequences decoded together) and `max_num_batched_tokens` (the
+        tokens one prefill chunk takes)."""
+        kwargs: dict[str, Any] = {"cuda_graphs": not config.enforce_eager}
+        defaults = {field.name: field.default for field in dataclasses.fields(config)}
+        if config.max_num_seqs != defaults["max_num_seqs"]:
+            kwargs["max_num_seqs"] = config.max_num_seqs
+        if config.max_num_batched_tokens != defaults["max_num_batched_tokens"]:
+            kwargs["max_prefill_tokens"] = config.max_num_batched_tokens
+        return kwargs
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto) -> DataProto:
