@@ -110,9 +110,13 @@ class ChatCompletionsRouter:
         self._manager, self._tokenizer = AsyncLLMServerManager(replicas), tokenizer
 
     def close(self) -> None:
+        """Stop answering, then stop and close the event loop (its thread ends)."""
         self._server.shutdown()
         self._server.server_close()
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join()
+        self._loop.close()
+        self._manager = None  # its replica callers hold Ray actor handles
 
     def complete(self, body: Any) -> dict:
         """The chat-completion response to `body` (`BadRequest`; RuntimeError: nothing attached or asleep)."""

@@ -38,6 +38,7 @@ class GenerativeJudge:
         self.router = ChatCompletionsRouter(ROUTER_HOST, serving.response_length, max_model_len,
                                             request_timeout_s=section.scoring.timeout_s)
         self.group: Any = None
+        self.tensor_parallel_size = serving.tensor_model_parallel_size
         self.last_stats: dict[str, float] = {}
 
     def reward_function(self, path: str, name: str, reward_kwargs: dict[str, Any]) -> GenerativeRewardFunction:
@@ -49,9 +50,11 @@ class GenerativeJudge:
         )
 
     def attach(self, group: Any) -> None:
-        """Serve the router's requests from `group`'s replicas (one per rank)."""
+        """Serve the router's requests from `group`'s replicas (one per tensor_model_parallel_size ranks)."""
         self.group = group
-        self.router.attach(group.direct_callers("generate_tokens"), load_tokenizer(self.tokenizer_path))
+        # a tensor-parallel replica takes requests on its first rank only (the others follow it)
+        leaders = group.direct_callers("generate_tokens")[:: self.tensor_parallel_size]
+        self.router.attach(leaders, load_tokenizer(self.tokenizer_path))
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
@@ -67,7 +70,9 @@ class GenerativeJudge:
             self.last_stats = stats[0] if isinstance(stats, list) and stats else {}
 
     def close(self) -> None:
+        """Stop the router and drop the replicas' handles (their callers close over Ray actor handles)."""
         self.router.close()
+        self.group = None
 
 
 class JudgedRewardManager:

@@ -209,7 +209,8 @@ def test_configs_that_cannot_be_served_are_refused_before_ray(judge_dir, tmp_pat
     one = "reward_model.rollout.tensor_model_parallel_size=1"
     validate_config(load_config([*base, one]))
     cases = [
-        ([], r"tensor_model_parallel_size=2 .* set both to 1"),
+        ([], r"reward_model.rollout.tensor_model_parallel_size=2, .* over 1 ranks"),  # verl's default: 2 ranks
+        ([one, "reward_model.rollout.expert_parallel_size=2"], r"expert_parallel_size=2 with a generative reward"),
         ([one, "reward_model.rollout.name=vllm"], r"reward_model.rollout.name='vllm'"),
         ([one, f"custom_reward_function.path={tmp_path / 'plain.py'}"],
          r"does not take \['reward_router_address', 'reward_model_tokenizer'\]"),

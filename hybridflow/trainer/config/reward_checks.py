@@ -15,11 +15,10 @@ def check_generative_reward_model(cfg: PPOConfig) -> None:
             f"reward_model.rollout.name={serving.name!r} serves the generative reward model (a custom reward "
             f"function with use_reward_loop=True); hybridflow serves it with {list(REWARD_SERVING_ENGINES)}"
         )
-    if serving.tensor_model_parallel_size != 1 or serving.expert_parallel_size != 1:
+    if serving.expert_parallel_size != 1:
         raise ValueError(
-            f"reward_model.rollout.tensor_model_parallel_size={serving.tensor_model_parallel_size} / "
-            f"expert_parallel_size={serving.expert_parallel_size} with a generative reward model: each rank serves "
-            "one whole replica of it; set both to 1"
+            f"reward_model.rollout.expert_parallel_size={serving.expert_parallel_size} with a generative reward model: "
+            "its replicas split by tensor parallelism only; set it to 1"
         )
     if section.rule_reward_coef != 0:
         raise ValueError(
