@@ -12,6 +12,7 @@ import torch
 from hybridflow.models import load_tokenizer
 from hybridflow.models.config import ModelConfig
 from hybridflow.trainer.config import load_config, validate_config
+from hybridflow.trainer.config.verl_copies import check_verl_copies
 from hybridflow.trainer.run import write_ray_timeline
 from hybridflow.trainer.scaffold import build_tokenizer, build_val_loader
 from hybridflow.workers.config import ActorConfig
@@ -88,12 +89,17 @@ def test_what_is_not_built_is_refused_naming_why(override, reason):
     ("actor_rollout_ref.ref.fsdp_config.forward_only=False", r"forward_only=False: that role only runs forwards"),
     ("actor_rollout_ref.ref.router_replay.mode=R3", r"the reference replays the rollout's experts exactly when"),
 ])
-def test_verl_s_copies_must_agree_with_what_they_copy(files, override, message):  # noqa: F811
-    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
-            "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"]
-    validate_config(load_config([*line, "actor_rollout_ref.actor.rollout_n=1", "reward_manager.name=naive"]))
+def test_verl_s_copies_must_agree_with_what_they_copy(override, message):
+    check_verl_copies(load_config(["actor_rollout_ref.actor.rollout_n=1", "reward_manager.name=naive"]))
     with pytest.raises(ValueError, match=message):
-        validate_config(load_config([*line, override]))
+        check_verl_copies(load_config([override]))
+
+
+def test_the_copies_are_checked_before_ray(files):  # noqa: F811
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+            "algorithm.adv_estimator=grpo"]
+    with pytest.raises(ValueError, match="rollout_n=3 differs"):
+        validate_config(load_config([*line, "actor_rollout_ref.actor.rollout_n=3"]))
 
 
 def test_a_custom_chat_template_renders_the_prompts(tmp_path):
