@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,15 +80,20 @@ class GenerativeRewardFunction(FileRewardFunction):
 
 def takes_keywords(function: Callable[..., Any], names: tuple[str, ...]) -> bool:
     """Whether `function` accepts every one of `names` as a keyword (or has **kwargs)."""
+    return _keyword_error(function, names) is None
+
+
+def _keyword_error(function: Callable[..., Any], names: Iterable[str]) -> TypeError | None:
+    """Why `function` cannot take `names` as keywords, or None (also for a builtin, whose signature is unknown)."""
     try:
         signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return True
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return None
     try:
         signature.bind_partial(**dict.fromkeys(names))
-    except TypeError:
-        return False
-    return True
+    except TypeError as err:
+        return err
+    return None
 
 
 def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score",
@@ -111,16 +116,9 @@ def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score",
 def _check_accepts(function: Callable[..., Any], reward_kwargs: dict[str, Any], name: str, path: str) -> None:
     """Raise unless `function` takes every name of `reward_kwargs` as a keyword (the scorer's own arguments differ by
     reward manager: naive and batch name them differently)."""
-    if not reward_kwargs:
-        return
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # a builtin or C function: nothing to check
-        return
-    try:
-        signature.bind_partial(**reward_kwargs)
-    except TypeError as err:
+    err = _keyword_error(function, reward_kwargs)
+    if err is not None:
         raise TypeError(
             f"custom_reward_function.name={name!r} in {path} does not take custom_reward_function.reward_kwargs "
             f"{sorted(reward_kwargs)}: {err}; add them to its parameters (or **kwargs)"
-        ) from None
+        )

@@ -102,6 +102,8 @@ class ChatCompletionsRouter:
         self._thread.start()
         self.address = f"{host}:{self._server.server_address[1]}"
         self.requests = 0
+        """Requests answered so far (handler threads count under `_count_lock`)."""
+        self._count_lock = threading.Lock()
 
     def attach(self, replicas: Sequence[ReplicaCall], tokenizer: Any) -> None:
         """Serve from `replicas` (`WorkerGroup.direct_callers("generate_tokens")`), templating with `tokenizer`."""
@@ -142,7 +144,8 @@ class ChatCompletionsRouter:
             for future in futures:
                 future.cancel()
             raise TimeoutError(f"the reward model gave no completion within {self.request_timeout_s} s") from None
-        self.requests += 1
+        with self._count_lock:  # handler threads run at once; += on an attribute is not atomic
+            self.requests += 1
         return _completion(request_id, request.model, prompt_ids, outputs, tokenizer)
 
 

@@ -39,7 +39,6 @@ class GenerativeJudge:
                                             request_timeout_s=section.scoring.timeout_s)
         self.group: Any = None
         self.tensor_parallel_size = serving.tensor_model_parallel_size
-        self.last_stats: dict[str, float] = {}
 
     def reward_function(self, path: str, name: str, reward_kwargs: dict[str, Any]) -> GenerativeRewardFunction:
         """The custom reward function, called with the router's address and the judge's tokenizer."""
@@ -66,8 +65,7 @@ class GenerativeJudge:
         try:
             yield
         finally:
-            stats = self.group.sleep_server()
-            self.last_stats = stats[0] if isinstance(stats, list) and stats else {}
+            self.group.sleep_server()
 
     def close(self) -> None:
         """Stop the router and drop the replicas' handles (their callers close over Ray actor handles)."""
