@@ -8,6 +8,7 @@ every component's `__post_init__`. Each failure is one ValueError naming the key
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hybridflow.trainer.config.composition import compose_with_hydra, store_schema
 from hybridflow.trainer.config.global_micro_batches import apply_global_micro_batches
 from hybridflow.trainer.config.schema import PPO_DERIVED, PPOConfig, SFTConfig
 from hybridflow.utils.config import build_config, defaults_tree, describe_fields
@@ -53,12 +55,18 @@ class ConfigTree:
 
     def all_keys(self) -> list[str]:
         """Every leaf key of the tree."""
-        return [item.key for item in describe_fields(self.root, derived=self.derived)]
+        return [key for key, _ in _leaf_types(self.root, tuple(self.derived.items()))]
 
     def free_dict_keys(self) -> frozenset[str]:
         """The leaf keys that hold free-form dicts (`engine_kwargs`, `override_config`, `reward_kwargs`, ...)."""
-        fields = describe_fields(self.root, derived=self.derived)
-        return frozenset(item.key for item in fields if item.type_name.startswith("dict"))
+        leaves = _leaf_types(self.root, tuple(self.derived.items()))
+        return frozenset(key for key, type_name in leaves if type_name.startswith("dict"))
+
+
+@functools.cache
+def _leaf_types(root: type, derived: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """(key, type name) of every leaf of `root`'s tree (the dataclasses are fixed once imported: built once)."""
+    return tuple((item.key, item.type_name) for item in describe_fields(root, derived=dict(derived)))
 
 
 PPO_TREE = ConfigTree(
@@ -156,21 +164,16 @@ def compose_config(
     config_dir: str | Path | None = None,
 ) -> DictConfig:
     """The merged, unresolved config for Hydra-syntax `overrides`; ValueError names a bad key."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    ConfigStore.instance().store(name=tree.schema_name, node=OmegaConf.create(schema_defaults(tree)))
-    GlobalHydra.instance().clear()
+    store_schema(tree.schema_name, lambda: schema_defaults(tree))
     overrides = rewrite_overrides(list(overrides or []), tree)
     config_name, directory = config_source(config_name or tree.config_name, config_dir)
     if directory != CONFIG_DIR and not any(item.startswith("hydra.searchpath") for item in overrides):
         # a user's config that extends the packaged ones (verl's `defaults: [ppo_trainer, _self_]`) finds them
         overrides.append(f"hydra.searchpath=[file://{CONFIG_DIR}]")
     try:
-        with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-            return compose(config_name=config_name, overrides=overrides)
+        return compose_with_hydra(config_name, directory, overrides, cacheable=directory == CONFIG_DIR)
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(_explain(err, tree)) from err
 
