@@ -126,7 +126,8 @@ class ActorRolloutRefWorker(Worker):
         rollout = self.config.rollout
         rollout_cls = ROLLOUTS.get(rollout.name)
         # Rollout tensor parallel: consecutive groups of tp ranks decode one replica each (the config allows it
-        # with the engines whose spec says tensor_parallel: native, hf).
+        # with the engines whose spec says tensor_parallel: native, hf, and vllm on accelerators, whose engines
+        # form their own groups over the same consecutive blocks).
         self.rollout_layout = layout = ParallelLayout(self.world_size, rollout.tensor_model_parallel_size)
         self.register_dispatch_collect_info(
             ROLLOUT_MESH, layout.dp_rank(self.rank), layout.dp, layout.is_collect(self.rank)

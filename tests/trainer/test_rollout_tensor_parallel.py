@@ -79,7 +79,7 @@ def test_grpo_with_tensor_parallel_training_and_rollout(workspace, ray_cluster):
     [
         (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size"),
         (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-         "only ['hf', 'native'] split a replica"),
+         "splits a replica over accelerators only"),  # vLLM's CPU engine is a child process
         (["actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
          "does not divide the 2 ranks"),
         ([*TP2[:1], "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4",
@@ -102,3 +102,32 @@ def test_rollout_layouts_are_refused_before_ray_starts(workspace, extra, words):
     with nothing_started(), pytest.raises(ValueError) as info:
         validate_config(load_config(config_overrides))
     assert words in str(info.value) and "tensor_model_parallel_size" in str(info.value), str(info.value)
+
+
+def test_vllm_splits_a_replica_where_the_workers_have_accelerators(workspace, monkeypatch):
+    """The refusal above is about CPU workers only: with GPUs (counted on this machine for the embedded cluster, or
+    a cluster joined by address, known once joined) the vllm layout passes the checks before Ray."""
+    from hybridflow.trainer.config.parallel_checks import check_rollout_parallelism
+    from hybridflow.utils import device
+
+    vllm_tp2 = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+    cpu = load_config(overrides(workspace, workspace / "never", *vllm_tp2))
+    joined = load_config(overrides(workspace, workspace / "never", *vllm_tp2, "ray_kwargs.ray_init.address=10.0.0.1:6379"))
+    pinned = load_config(overrides(workspace, workspace / "never", *vllm_tp2, "trainer.device=cpu"))
+    assert cpu.trainer.workers_on_cpu(None) and not joined.trainer.workers_on_cpu("10.0.0.1:6379")
+    check_rollout_parallelism(joined)
+    monkeypatch.setattr(device, "device_count", lambda: 2)
+    check_rollout_parallelism(cpu)  # auto on a machine with GPUs
+    with pytest.raises(ValueError, match="over accelerators only"):
+        check_rollout_parallelism(pinned)  # trainer.device=cpu, whatever the machine has
+
+
+def test_config_overrides_reach_a_split_rollout_only_through_vllm(workspace):
+    from hybridflow.trainer.config.model_checks import check_config_overrides_reach_the_rollout
+
+    override = "+actor_rollout_ref.model.override_config.attention_dropout=0.0"
+    native = load_config(overrides(workspace, workspace / "never", *TP2, override))
+    with pytest.raises(ValueError, match="builds its shards from the checkpoint's own config"):
+        check_config_overrides_reach_the_rollout(native)
+    vllm = load_config(overrides(workspace, workspace / "never", "actor_rollout_ref.rollout.name=vllm", TP2[1], override))
+    check_config_overrides_reach_the_rollout(vllm)  # vLLM takes them as hf_overrides in every rank's engine

@@ -24,7 +24,7 @@ from hybridflow.utils.profiler_config import RoleProfilerConfig
 
 VLLM_RESERVED_KWARGS = (
     "model", "tokenizer", "generation_config", "logprobs_mode", "seed", "distributed_executor_backend",
-    "tensor_parallel_size", "worker_extension_cls", "hf_overrides", "kv_cache_memory_bytes",
+    "tensor_parallel_size", "worker_extension_cls", "hf_overrides", "kv_cache_memory_bytes", "enable_expert_parallel",
 )
 """`vllm.LLM` arguments that hybridflow's vllm engine sets from its own state (`vllm_convert.compute_vllm_engine_kwargs`):
 not settable through rollout.engine_kwargs.vllm."""
@@ -300,7 +300,7 @@ class RolloutConfig(SamplingConfig):
     actor.router_replay.mode=R3); the hf engine in sync mode records them."""
     expert_parallel_size: int = 1
     """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size (native and hf
-    engines). Under rollout tensor parallelism a mixture-of-experts layer's experts are split whole over the group,
+    engines; vllm: its `enable_expert_parallel`). Under rollout tensor parallelism a mixture-of-experts layer's experts are split whole over the group,
     E / tp per rank, with either value: 1 is verl's default, where vLLM splits each expert's width over the group
     instead, the same share of the expert weights per rank and the same all-reduce of the partial outputs."""
     data_parallel_size: int = unsupported(

@@ -31,6 +31,9 @@ class RolloutSpec:
     """Splits one replica over ranks (`tensor_model_parallel_size` > 1)."""
     tensor_parallel_note: str = ""
     """Why not, where it is worth saying (appended to the refusal)."""
+    tensor_parallel_on_cpu: bool = True
+    """Splits a replica over CPU ranks too (vllm: only over accelerators; its CPU engine runs in a child process
+    outside the trainer's process group)."""
     runs_vision: bool = False
     """Takes image inputs (vision-language models)."""
     records_routing: bool = False
@@ -95,10 +98,6 @@ register_rollout("native", "hybridflow.engines.rollout.native:NativeRollout", Ro
     model_check="hybridflow.engines.rollout.native_support:native_unsupported_reason",
 ))
 register_rollout("vllm", "hybridflow.engines.rollout.vllm:VLLMRollout", RolloutSpec(
-    returns_log_probs=True, reads_engine_keys=True,
-    tensor_parallel_note=(
-        " (vllm: each rank runs its own vLLM engine; vLLM's own tensor parallel, one trainer rank per vLLM rank, is "
-        "not wired up yet)"
-    ),
+    returns_log_probs=True, reads_engine_keys=True, tensor_parallel=True, tensor_parallel_on_cpu=False,
     install_check="hybridflow.engines.rollout.vllm_versions:check_installed_vllm_versions",
 ))

@@ -12,7 +12,9 @@ definition; a call whose parameters vLLM cannot report exactly logs one warning)
 
 Engine placement. On GPU vLLM runs inside this process: `distributed_executor_backend="external_launcher"`
 (verl's former SPMD mode), one engine per trainer rank on that rank's device, joining the trainer's
-torch.distributed world (vLLM builds its own size-1 groups inside it). vLLM turns its engine-core child process
+torch.distributed world (vLLM builds its own groups inside it: with `rollout.tensor_model_parallel_size` = tp > 1,
+each block of tp consecutive trainer ranks is one vLLM tensor-parallel group, verl's SPMD layout, and the ranks of
+a block generate the same prompts in lock-step; `vllm_convert.check_vllm_tp_group`). vLLM turns its engine-core child process
 off for this backend (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and the rollout checks that it did. Why: the weight
 hand-over is then a plain call. `update_weights` passes the trainer's iterator of full tensors, by reference,
 to hybridflow's worker extension (`vllm_worker_extension`, called by name through `collective_rpc`), whose
@@ -62,6 +64,7 @@ from hybridflow.engines.rollout.vllm_convert import (
     VLLM_INSTALL_HINT,
     check_external_launcher_env,
     check_vllm_host,
+    check_vllm_tp_group,
     choose_logprobs_mode,
     compute_generation_result,
     compute_vllm_engine_kwargs,
@@ -144,6 +147,7 @@ class VLLMRollout(BaseRollout):
         weight_bucket_bytes: int = 2**30,
         seed: int = 0,
         hf_overrides: Mapping[str, Any] | None = None,
+        tp_mesh: Any = None,
     ) -> None:
         """
         Args:
@@ -161,6 +165,9 @@ class VLLMRollout(BaseRollout):
             weight_bucket_bytes: CPU: `update_weights` writes safetensors files of about this size.
             seed: vLLM's sampling seed.
             hf_overrides: values vLLM sets on the checkpoint's HF config (`model.override_config`).
+            tp_mesh: this replica's tensor-parallel device mesh (`rollout.tensor_model_parallel_size` > 1, GPU only):
+                its consecutive ranks form vLLM's tensor-parallel group (`check_vllm_tp_group`); every rank of it
+                generates the same prompts with the same seed, in lock-step.
         """
         self.config = config if config is not None else RolloutConfig(name="vllm")
         check_vllm_versions(installed_vllm_versions())  # before the vllm import: a mismatch fails inside it
@@ -191,6 +198,7 @@ class VLLMRollout(BaseRollout):
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 seed=seed,
                 hf_overrides=hf_overrides,
+                tensor_parallel_size=1 if tp_mesh is None else check_vllm_tp_group(tp_mesh.mesh.flatten().tolist()),
             )
             self.llm = vllm.LLM(**kwargs) if self.on_cpu else self._build_engine_in_process(vllm, kwargs)
         self._source_version = self._module_version()

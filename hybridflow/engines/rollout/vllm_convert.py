@@ -124,6 +124,22 @@ def check_vllm_host(config: RolloutConfig, on_cpu: bool) -> None:
         )
 
 
+def check_vllm_tp_group(ranks: Sequence[int]) -> int:
+    """The tensor-parallel size of a replica whose trainer ranks are `ranks`, checked against vLLM's layout.
+
+    vLLM's external launcher splits the trainer's world into tensor-parallel groups of consecutive ranks
+    (`reshape(-1, dp, pp, tp)` in its parallel state): a replica must be exactly such a block, or vLLM's groups
+    would pair other ranks than the ones given the same prompts."""
+    ranks = [int(rank) for rank in ranks]
+    size = len(ranks)
+    if size == 0 or ranks != list(range(ranks[0], ranks[0] + size)) or ranks[0] % size:
+        raise ValueError(
+            f"the vllm rollout's tensor-parallel replica holds trainer ranks {ranks}, but vLLM groups consecutive "
+            f"blocks of {size} ranks starting at a multiple of {size}; build the rollout mesh as (dp, tp) over all ranks"
+        )
+    return size
+
+
 def check_external_launcher_env(dist_initialized: bool, master_addr: str | None, master_port: str | None) -> None:
     """GPU path: vLLM's external launcher joins torch.distributed, or creates it from MASTER_ADDR/MASTER_PORT.
 
@@ -148,6 +164,7 @@ def compute_vllm_engine_kwargs(
     kv_cache_memory_bytes: int | None,
     seed: int,
     hf_overrides: Mapping[str, Any] | None = None,
+    tensor_parallel_size: int = 1,
 ) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` from the rollout's config section (and the model's HF config overrides,
     `model.override_config`, as vLLM's `hf_overrides`).
@@ -162,6 +179,10 @@ def compute_vllm_engine_kwargs(
     Accelerators: the engine runs in this process (`distributed_executor_backend="external_launcher"`, one engine
     per trainer rank, which vLLM runs without a child process) with hybridflow's worker extension, so
     `update_weights` hands tensors to vLLM's model by reference; sleep mode follows `free_cache_engine`.
+    `tensor_parallel_size` > 1 (accelerators only): the engines of that many consecutive trainer ranks form one
+    vLLM tensor-parallel group (vLLM lays the launcher's world out as external DP x TP), with the experts split
+    over it where `expert_parallel_size` says so, and vLLM's custom all-reduce off (it needs peer access between
+    devices that each rank's process cannot see).
     """
     on_cpu = device.type == "cpu"
     kwargs: dict[str, Any] = {
@@ -183,11 +204,20 @@ def compute_vllm_engine_kwargs(
         kwargs["hf_overrides"] = dict(hf_overrides)
     kwargs.update(config.engine_kwargs.get("vllm") or {})  # rollout.engine_kwargs.vllm (its reserved keys refused)
     if on_cpu:
+        if tensor_parallel_size > 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_parallel_size} with the vllm rollout on "
+                "CPU: vLLM's CPU engine runs in a child process outside the trainer's ranks and cannot join their "
+                "tensor-parallel group; use tensor_model_parallel_size=1, or rollout.name=hf or native"
+            )
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 2**30
         return kwargs
+    if tensor_parallel_size > 1:
+        kwargs.setdefault("disable_custom_all_reduce", True)
+        kwargs["enable_expert_parallel"] = config.expert_parallel_size > 1
     kwargs.update(
         distributed_executor_backend="external_launcher",
-        tensor_parallel_size=1,  # rollout.tensor_model_parallel_size > 1 is refused for vllm (RolloutConfig)
+        tensor_parallel_size=tensor_parallel_size,
         worker_extension_cls=WORKER_EXTENSION_CLS,
         gpu_memory_utilization=config.gpu_memory_utilization,
         enable_sleep_mode=config.free_cache_engine,

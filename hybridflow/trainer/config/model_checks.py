@@ -328,9 +328,11 @@ def check_lengths(cfg: PPOConfig) -> None:
 
 
 def check_config_overrides_reach_the_rollout(cfg: PPOConfig) -> None:
-    """The HF config overrides reach every model the run builds: not the tensor-parallel rollout's shards."""
-    model, tp = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    if model.hf_config_overrides and tp > 1:
+    """The HF config overrides reach every model the run builds: not the shards of the hf/native tensor-parallel
+    rollout (vllm, which reads its engine keys from the section, takes them as its `hf_overrides`, split or not)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    model, tp = cfg.actor_rollout_ref.model, rollout.tensor_model_parallel_size
+    if model.hf_config_overrides and tp > 1 and not rollout.backend_spec.reads_engine_keys:
         raise ValueError(
             f"actor_rollout_ref.model.override_config sets {sorted(model.hf_config_overrides)} and "
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the tensor-parallel rollout builds its "

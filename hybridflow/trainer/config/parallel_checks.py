@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.engines.rollout.registry import backends_with, rollout_spec
 from hybridflow.engines.training.config import FSDPEngineConfig, ParallelLayout
 from hybridflow.models.parallel_plan import check_ep_layout, check_rollout_tp_layout, check_sp_layout, check_tp_layout
 from hybridflow.trainer.config.schema import PPOConfig
@@ -114,6 +115,13 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
             f"{key}={tp} with actor_rollout_ref.hybrid_engine=False: the split rollout pool receives the weights by a "
             f"broadcast to whole-model replicas and cannot hold tensor-parallel shards yet; use {key}=1 or "
             "hybrid_engine=True"
+        )
+    if not arr.rollout.backend_spec.tensor_parallel_on_cpu and cfg.trainer.workers_on_cpu(cfg.ray_kwargs.ray_init.address):
+        on_cpu = [name for name in backends_with("tensor_parallel") if rollout_spec(name).tensor_parallel_on_cpu]
+        raise ValueError(
+            f"{key}={tp} with actor_rollout_ref.rollout.name={arr.rollout.name!r} on CPU workers: that engine splits a "
+            f"replica over accelerators only (on CPU it runs in a child process outside the trainer's ranks); use "
+            f"{key}=1, name={' or '.join(on_cpu)}, or GPU workers"
         )
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if world % tp:

@@ -69,20 +69,9 @@ def _pool_of(cfg: Any, role: str) -> tuple[str, int]:
 
 
 def _check_cuda_workers(cfg: Any) -> None:
-    from hybridflow import env
-
     run = cfg.trainer
-    joins_cluster = not run.local_mode and bool(cfg.ray_kwargs.ray_init.address or env.ray_address())
-    if run.device == "cpu":
+    if run.workers_on_cpu(cfg.ray_kwargs.ray_init.address):
+        where = "trainer.device=cpu" if run.device == "cpu" else "this machine has no CUDA device"
         raise ValueError(
-            "global_profiler.tool=torch_memory records CUDA allocations, but trainer.device=cpu; use "
-            "global_profiler.tool=torch"
+            f"global_profiler.tool=torch_memory records CUDA allocations, but {where}; use global_profiler.tool=torch"
         )
-    if run.device == "auto" and not joins_cluster:
-        from hybridflow.utils.device import device_count
-
-        if device_count() == 0:
-            raise ValueError(
-                "global_profiler.tool=torch_memory records CUDA allocations, and this machine has no CUDA device; use "
-                "global_profiler.tool=torch"
-            )

@@ -150,6 +150,18 @@ class RunConfig:
                 "(trainer.resume_mode=auto)"
             )
 
+    def workers_on_cpu(self, ray_address: str | None) -> bool:
+        """Whether the workers certainly run on CPU: `device=cpu`, or `device=auto` where they run in this
+        process (local mode) or on the embedded cluster of a machine without accelerators. A cluster given by
+        address is known only once joined (False here)."""
+        if self.device == "cpu":
+            return True
+        if self.device == "cuda" or (not self.local_mode and bool(ray_address or env.ray_address())):
+            return False
+        from hybridflow.utils.device import device_count  # imports torch: only the checks that need it call this
+
+        return device_count() == 0
+
     def check_environment(self, ray_address: str | None) -> None:
         """Each tracking backend's package is installed; `device=cuda` has a GPU where the workers run: in the
         driver's process (local mode) or on the embedded cluster this machine starts. A cluster given by address is

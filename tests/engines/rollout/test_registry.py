@@ -20,7 +20,8 @@ def test_built_in_specs_say_what_each_backend_can_do():
     hf, native, vllm = (rollout_spec(name) for name in ("hf", "native", "vllm"))
     assert all(spec.returns_log_probs for spec in (hf, native, vllm))
     assert [name for name in ROLLOUTS.names() if rollout_spec(name).log_probs_match_trainer] == ["native"]
-    assert [name for name in ROLLOUTS.names() if rollout_spec(name).tensor_parallel] == ["hf", "native"]
+    assert [name for name in ROLLOUTS.names() if rollout_spec(name).tensor_parallel] == ["hf", "native", "vllm"]
+    assert hf.tensor_parallel_on_cpu and native.tensor_parallel_on_cpu and not vllm.tensor_parallel_on_cpu
     assert hf.runs_vision and hf.records_routing and not native.runs_vision and not vllm.records_routing
     assert vllm.reads_engine_keys and not hf.reads_engine_keys and not native.reads_engine_keys
     assert native.unsupported_model_reason({"model_type": "llama"}) is None

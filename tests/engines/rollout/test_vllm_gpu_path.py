@@ -118,7 +118,7 @@ def test_dtype_auto_rule():
         ({"max_num_batched_tokens": -1}, "max_num_batched_tokens", "> 0"),
         ({"dtype": "fp8"}, "dtype", "bfloat16"),
         ({"load_format": "pt"}, "load_format", "dummy"),
-        ({"tensor_model_parallel_size": 2}, "tensor_model_parallel_size", "vLLM's own tensor parallel"),
+        ({"tensor_model_parallel_size": 2, "expert_parallel_size": 4}, "expert_parallel_size", "are equal"),
     ],
 )
 def test_config_refuses_vllm_values_that_cannot_work(values, key, words):
@@ -371,6 +371,51 @@ def test_rollout_on_gpu_without_free_cache_engine_never_sleeps(fake_vllm, monkey
     rollout.sleep()
     rollout.wake_up()
     assert llm.calls == []
+
+
+class FakeMesh:
+    """A tensor-parallel DeviceMesh's ranks (`mesh.flatten().tolist()`)."""
+
+    def __init__(self, ranks):
+        self.mesh = torch.tensor(ranks)
+
+
+def test_tensor_parallel_replicas_are_vllms_consecutive_rank_blocks(fake_vllm, monkeypatch, tiny_llama_dir,
+                                                                     tiny_tokenizer):
+    """rollout.tensor_model_parallel_size=2 with vllm (verl's usual command line): the replica's ranks become one
+    vLLM tensor-parallel group of the external launcher; a block vLLM would not form is refused; CPU refuses."""
+    from hybridflow.env import scoped_environ, set_dist_env
+    from hybridflow.engines.rollout.vllm_convert import check_vllm_tp_group
+
+    assert [check_vllm_tp_group(block) for block in ([0, 1], [2, 3], [4, 5, 6, 7], [5])] == [2, 2, 4, 1]
+    for block in ([1, 2], [0, 2], [3, 2], []):
+        with pytest.raises(ValueError, match="consecutive blocks"):
+            check_vllm_tp_group(block)
+    monkeypatch.setattr(fake_vllm, "get_torch_device", lambda local_rank=0: CUDA)
+    config = RolloutConfig(name="vllm", prompt_length=64, response_length=32, tensor_model_parallel_size=2,
+                           expert_parallel_size=2)
+    with scoped_environ():
+        set_dist_env(2, 4, 0, "127.0.0.1", "29555")
+        fake_vllm.VLLMRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=8), config=config,
+                              tp_mesh=FakeMesh([2, 3]))
+        with pytest.raises(ValueError, match="consecutive blocks"):
+            fake_vllm.VLLMRollout(tiny_llama_dir, tiny_tokenizer, SamplingParams(max_new_tokens=8), config=config,
+                                  tp_mesh=FakeMesh([1, 2]))
+    kwargs = FakeLLM.instances[-1].kwargs
+    assert (kwargs["tensor_parallel_size"], kwargs["enable_expert_parallel"]) == (2, True)
+    assert kwargs["disable_custom_all_reduce"] is True  # no peer access between one-GPU processes
+    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert "enable_expert_parallel" not in _kwargs(CUDA) and _kwargs(CUDA)["tensor_parallel_size"] == 1
+    one_replica = compute_vllm_engine_kwargs(
+        "/m", tokenizer_dir="/t", device=CUDA, config=RolloutConfig(name="vllm", tensor_model_parallel_size=2),
+        logprobs_mode="raw_logprobs", kv_cache_memory_bytes=None, seed=0, tensor_parallel_size=2,
+    )
+    assert one_replica["enable_expert_parallel"] is False  # experts split by width over the group (verl's ep=1)
+    with pytest.raises(ValueError, match="CPU engine runs in a child process"):
+        compute_vllm_engine_kwargs("/m", tokenizer_dir="/t", device=CPU, config=config, logprobs_mode="raw_logprobs",
+                                   kv_cache_memory_bytes=None, seed=0, tensor_parallel_size=2)
+    with pytest.raises(ConfigFieldError, match=r"engine_kwargs.vllm sets \['enable_expert_parallel'\]"):
+        RolloutConfig(name="vllm", engine_kwargs={"vllm": {"enable_expert_parallel": True}})
 
 
 def test_rollout_on_cpu_reloads_weights_from_files_and_refuses_dummy(fake_vllm, tiny_llama_dir, tiny_tokenizer):
