@@ -124,7 +124,8 @@ class RLHFDataConfig(DataFilesConfig):
     """Drop over-long prompts when the dataset is built (one warning with the count)."""
     filter_overlong_prompts_workers: int = 1
     """Processes that measure the prompts' lengths for filter_overlong_prompts / truncation='error' (forked from the
-    driver, at most its CPU count; up to 1024 prompts are measured in the driver)."""
+    driver, or from a fork server where it is already connected to Ray; at most its CPU count; up to 1024 prompts
+    are measured in the driver)."""
     return_raw_chat: bool = False
     """Keep the chat messages per sample as raw_prompt (agent loops need them)."""
     trust_remote_code: bool = False

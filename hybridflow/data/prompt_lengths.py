@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from hybridflow.utils.processes import start_method
+
 CHUNK = 1024
 """Prompts per batched tokenizer call (and per task handed to a worker process)."""
 
@@ -26,9 +28,9 @@ def chat_prompt_lengths(
     workers = min(workers, os.cpu_count() or 1, len(chunks))
     if workers <= 1:
         return [length for chunk in chunks for length in _lengths(tokenizer, chunk, template_kwargs)]
-    # fork: the workers start in milliseconds with the tokenizer already loaded; the dataset is built in the driver
-    # before Ray starts (no threads of ours to inherit).
-    context = multiprocessing.get_context("fork")
+    # fork: the workers start in milliseconds with the tokenizer already loaded (the dataset is built in the driver
+    # before Ray starts); a process already connected to Ray starts them from a fork server
+    context = multiprocessing.get_context(start_method("fork"))
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_set_worker_tokenizer,
                              initargs=(tokenizer,)) as pool:
         parts = pool.map(_worker_lengths, chunks, [template_kwargs] * len(chunks))

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from hybridflow.rewards.score.code import DEFAULT_LIMITS
 from hybridflow.sandbox import SandboxLimits
+from hybridflow.utils.processes import start_method
 
 __all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
 
@@ -50,14 +51,20 @@ class ScoringConfig:
 
     num_workers: int = 8
     """Scorer processes, each running one call at a time: up to this many hung calls cost one `timeout_s` together,
-    not one after another. Workers fork from the driver (copy-on-write), so idle ones cost little memory. 0 runs
+    not one after another. Workers fork from the driver (copy-on-write), so idle ones cost little memory (from a
+    fork server where the driver is connected to Ray, see mp_context). 0 runs
     scorers in the calling process: no isolation and no timeout (debugging)."""
 
     mp_context: Literal["fork", "forkserver", "spawn"] = "fork"
     """How worker processes start. 'fork' (default) starts in milliseconds and sees every function and
-    scorer registered in the driver; workers only run pure-Python scorers, never torch or Ray code.
-    'forkserver'/'spawn' start clean interpreters, which re-import the driver's main module: its code
-    must sit under `if __name__ == "__main__":` (else every worker start re-runs the script)."""
+    scorer registered in the driver; workers only run pure-Python scorers, never torch or Ray code. A process
+    connected to Ray (a run's driver, a Ray worker) is never forked: Ray does not support it, and a fork can
+    leave the parent's calls to Ray's control store hanging; there 'fork' starts the workers from a fork server
+    (a clean interpreter with the scorers imported), as 'forkserver' does, so a driver script that starts a run
+    keeps it under `if __name__ == "__main__":` (the CLI does). 'forkserver'/'spawn' start clean
+    interpreters, which re-import the driver's main module: its code must sit under
+    `if __name__ == "__main__":` (else every worker start re-runs the script), and scorers it registers at run
+    time are registered there again."""
 
     max_error_fraction: float = 0.9
     """A batch in which more than this share of scorer calls fails stops the run, naming the data sources: that
@@ -188,8 +195,9 @@ class ScorerPool:
 
     def _ensure_pool(self) -> multiprocessing.pool.Pool:
         if self._pool is None:
-            context = multiprocessing.get_context(self.config.mp_context)
-            if self.config.mp_context == "forkserver":
+            method = start_method(self.config.mp_context)  # a process connected to Ray is not forked
+            context = multiprocessing.get_context(method)
+            if method == "forkserver":
                 context.set_forkserver_preload(_FORKSERVER_PRELOAD)
             # The death signal follows the thread that started the worker: ask for it only from the main thread,
             # which lives as long as the process.

@@ -185,3 +185,37 @@ def test_scorer_workers_do_not_outlive_a_killed_driver(signal_name):
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers)
+
+
+PARENT_FILE = '''
+import os
+
+
+def score(data_source, solution_str, ground_truth, extra_info):
+    return os.getppid()
+'''
+
+
+def test_a_process_connected_to_ray_is_never_forked(tmp_path, ray_cluster, monkeypatch) -> None:
+    """Ray does not support forking a process connected to it (a fork could leave the driver's calls to Ray's
+    control store hanging): there the default 'fork' starts workers from a fork server; elsewhere they fork from
+    this process."""
+    from hybridflow.utils import processes
+
+    path = tmp_path / "parent.py"
+    path.write_text(PARENT_FILE)
+    parent_of_worker = load_custom_reward_fn(path, "score")
+    assert processes.connected_to_ray()
+    pool = ScorerPool(ScoringConfig(timeout_s=30.0, num_workers=1))
+    try:
+        [outcome] = pool.run([call(parent_of_worker, "x")])
+    finally:
+        pool.close()
+    assert outcome.status == "ok" and outcome.value != os.getpid()  # the fork server's child, not the driver's
+    monkeypatch.setattr(processes, "connected_to_ray", lambda: False)
+    pool = ScorerPool(ScoringConfig(timeout_s=30.0, num_workers=1))
+    try:
+        [outcome] = pool.run([call(parent_of_worker, "x")])
+    finally:
+        pool.close()
+    assert outcome.value == os.getpid()
