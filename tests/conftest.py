@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fork_server import use_rank_preload
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,6 +21,8 @@ def ray_cluster():
     # Ray workers import test modules (toy workers) by name: put the repo root on their path.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Connected to Ray, scorer pools start their workers from the fork server: the one two-rank tests use
+    use_rank_preload()
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray

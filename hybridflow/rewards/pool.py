@@ -197,7 +197,7 @@ class ScorerPool:
         if self._pool is None:
             method = start_method(self.config.mp_context)  # a process connected to Ray is not forked
             context = multiprocessing.get_context(method)
-            if method == "forkserver":
+            if self.config.mp_context == "forkserver":  # chosen: preload the scorers (else the server's own list)
                 context.set_forkserver_preload(_FORKSERVER_PRELOAD)
             # The death signal follows the thread that started the worker: ask for it only from the main thread,
             # which lives as long as the process.

@@ -3,7 +3,6 @@ the native rollout's sampled log-probs are the training engine's."""
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable
 
 import torch
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 
 from hybridflow.engines.rollout import NativeRollout, SamplingParams
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
+from tests.fork_server import use_rank_preload
 from hybridflow.env import set_dist_env
 from hybridflow.models import build_causal_lm
 from hybridflow.protocol import DataProto
@@ -68,23 +68,17 @@ def _entry(rank: int, world_size: int, port: int, backend: str, fn: Callable, ar
         dist.destroy_process_group()
 
 
-RANK_PRELOAD = ["torch", "torch.distributed", "transformers", "hybridflow.engines.training",
-                "hybridflow.engines.rollout", "hybridflow.models", "tests.engines.helpers"]
-"""What the fork server imports once per test session. A spawned rank imports torch, transformers and the engines
-itself (about 9 s on a 2-core host, two ranks at once); a rank forked from the server starts with them loaded."""
-
-
 def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo") -> None:
     """Run `fn(rank, world_size, *args)` in `world_size` processes joined by a `backend` group.
 
-    CPU ranks are forked from a fork server (`RANK_PRELOAD` imported once, no thread or device touched): they start
-    as clean as spawned ones, without paying the imports again. Ranks of an nccl group are spawned. The rendezvous
+    CPU ranks are forked from a fork server (`tests.fork_server.RANK_PRELOAD` imported once, no thread or device
+    touched): they start as clean as spawned ones, without paying the imports again. Ranks of an nccl group are spawned. The rendezvous
     store listens in this process on a port the OS picks, from before the ranks start until they end: no other
     process can take the port in between (a port found free and released could be taken)."""
     # CUDA ranks are spawned: the fork server's imports may query the driver, and CUDA does not survive a fork.
     start_method = "spawn" if "nccl" in backend else "forkserver"
     if start_method == "forkserver":
-        multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+        use_rank_preload()
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     mp.start_processes(
         _entry, args=(world_size, store.port, backend, fn, args), nprocs=world_size, join=True,
