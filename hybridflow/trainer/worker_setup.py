@@ -44,7 +44,7 @@ class RolloutWeightSync:
         address, port = actor.weight_sync_address()
         world_size = 1 + rollout.world_size
         run_together(
-            lambda: actor.init_weight_sync_group(address, port, world_size),
+            lambda: actor.init_weight_sync_group(address, port, world_size, info),
             lambda: rollout.init_weight_sync_group(address, port, world_size, info),
         )
         self.num_tensors = len(info)
@@ -54,6 +54,7 @@ class RolloutWeightSync:
         sent, received = run_together(self.actor.send_rollout_weights, self.rollout.receive_rollout_weights)
         return {
             "sync_rollout_weights/size_mb": sent[0]["bytes"] / 1e6,
+            "sync_rollout_weights/num_buckets": sent[0]["buckets"],
             "sync_rollout_weights/policy_version": received[0]["policy_version"],
         }
 

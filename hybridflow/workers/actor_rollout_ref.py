@@ -353,28 +353,31 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_weight_sync_group(self, address: str, port: int, world_size: int, info: WeightInfo | None = None) -> None:
         """Join the sync group (all members at once): trainer rank 0 as sender (sync rank 0), rollout rank r as
-        receiver r + 1, keeping `info`; the other trainer ranks stay out (they only help gather each tensor)."""
+        receiver r + 1, each keeping `info` (both sides plan the same buckets from it); the other trainer ranks stay
+        out (they only help gather each tensor)."""
         device = get_torch_device(self.local_rank)
-        if self.is_actor and self.rank == 0:
-            self._weight_sync = WeightSyncGroup(address, port, 0, world_size, device)
-        elif not self.is_actor:
-            if info is None:
-                raise ValueError("a rollout rank joins the weight sync group with the sender's weight info")
-            self._weight_sync = WeightSyncGroup(address, port, self.rank + 1, world_size, device)
-            self._weight_sync_info = info
+        bucket_bytes = self.config.rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20
+        if self.is_actor and self.rank != 0:
+            return
+        if info is None:
+            raise ValueError("a weight sync group member joins with the sender's weight info")
+        sync_rank = 0 if self.is_actor else self.rank + 1
+        self._weight_sync = WeightSyncGroup(address, port, sync_rank, world_size, device, bucket_bytes)
+        self._weight_sync_info = info
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def send_rollout_weights(self) -> dict[str, float]:
         """Trainer side of a sync (collective): every rank gathers each full tensor, rank 0 broadcasts it."""
         start = time.perf_counter()
         tensors = self.actor_engine.named_full_params()
-        num_bytes = 0
+        num_bytes = num_buckets = 0
         if self._weight_sync is None:
             for _ in tensors:  # ranks 1..: take part in each gather only
                 pass
         else:
-            num_bytes = self._weight_sync.send(self._actor_version(), tensors)
-        return {"seconds": time.perf_counter() - start, "bytes": float(num_bytes)}
+            num_bytes = self._weight_sync.send(self._actor_version(), self._weight_sync_info, tensors)
+            num_buckets = self._weight_sync.num_broadcasts
+        return {"seconds": time.perf_counter() - start, "bytes": float(num_bytes), "buckets": float(num_buckets)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def receive_rollout_weights(self) -> dict[str, float]:

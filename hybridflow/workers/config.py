@@ -310,6 +310,15 @@ class ActorRolloutRefConfig:
     def __post_init__(self) -> None:
         self._check_router_replay()
         check_positive("nccl_timeout", self.nccl_timeout, allow_none=True)
+        bucket_mb = self.rollout.checkpoint_engine.update_weights_bucket_megabytes
+        if self.hybrid_engine and bucket_mb != 2048:
+            raise ConfigFieldError(
+                "rollout.checkpoint_engine.update_weights_bucket_megabytes",
+                f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb} with "
+                "actor_rollout_ref.hybrid_engine=True: a colocated rollout takes the weights in memory, tensor by "
+                "tensor, with no transfer to bucket; leave it at 2048, or split the pools (hybrid_engine=False), "
+                "whose broadcast it sizes",
+            )
         for section, name in (("actor", "entropy_checkpointing"), ("actor", "entropy_from_logits_with_chunking"),
                               ("ref", "entropy_checkpointing"), ("ref", "entropy_from_logits_with_chunking")):
             if getattr(getattr(self, section), name) and not self.model.use_fused_kernels:

@@ -16,7 +16,9 @@ from tests.trainer.placement_runs import SPLIT, overrides, train, train_file, wo
 @pytest.mark.slow  # a long end-to-end run, outside the default suite's time budget: `make test-all`
 def test_split_placement_matches_colocated_and_syncs_weights_bitwise(workspace, ray_cluster):
     colocated, _ = train(overrides(workspace, workspace / "colocated"))
-    split, digests = train(overrides(workspace, workspace / "split", *SPLIT, "trainer.save_freq=1"))
+    # 1 MiB buckets: the embedding (12.6 MB) goes alone, the small tensors share buckets
+    bucketed = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1"
+    split, digests = train(overrides(workspace, workspace / "split", *SPLIT, "trainer.save_freq=1", bucketed))
 
     # The weight sync leaves every rollout rank bitwise equal to the trainer, at start and after the updates.
     (actor_start, rollout_start), (actor_end, rollout_end) = digests
@@ -35,6 +37,7 @@ def test_split_placement_matches_colocated_and_syncs_weights_bitwise(workspace, 
         assert split[step]["timing_s/sync_rollout_weights"] > 0 and "timing_s/sync_rollout_weights" not in colocated[step]
         assert split[step]["sync_rollout_weights/policy_version"] == step
         assert split[step]["sync_rollout_weights/size_mb"] > 0
+        assert 1 < split[step]["sync_rollout_weights/num_buckets"] < len(actor_start)  # fewer collectives than tensors
 
     # Resuming from step 1 loads the actor and syncs the rollout to it: step 2 reproduces the uninterrupted run.
     resumed_dir = start_from_checkpoint(workspace / "split" / "global_step_1", workspace / "split_resumed")
@@ -69,6 +72,11 @@ def test_reward_model_on_its_own_pool_scores_as_it_does_colocated(workspace, ray
     (("rollout.n_gpus_per_node=2",),
      ["rollout.n_gpus_per_node=2", "actor_rollout_ref.hybrid_engine=True", "hybrid_engine=False"]),
     (("actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=0"), ["rollout.nnodes=0", "> 0"]),
+    (("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",),
+     ["update_weights_bucket_megabytes=512", "hybrid_engine=True", "no transfer to bucket"]),
+    (("actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=2",
+      "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=0"),
+     ["update_weights_bucket_megabytes", "> 0"]),
     (("actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=-1"), ["rollout.n_gpus_per_node=-1", "> 0"]),
     (("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "trainer.local_mode=True"),
      ["actor_rollout_ref.hybrid_engine=False", "trainer.local_mode=True"]),

@@ -207,15 +207,19 @@ _VLLM_ONLY_KEYS = (
 @dataclass(frozen=True, kw_only=True)
 class CheckpointEngineConfig:
     """verl's weight-transfer settings (`rollout.checkpoint_engine.*`). The hand-over to a colocated rollout copies one
-    full tensor at a time in memory, and a split pool's broadcast sends one tensor at a time, so only the defaults
-    are taken."""
+    full tensor at a time in memory; a split pool's broadcast packs the tensors into buckets."""
 
     backend: str = unsupported("naive", "weights are handed over in memory (colocated) or broadcast (split pools)")
     """verl: the transfer backend."""
-    update_weights_bucket_megabytes: int = unsupported(2048, "weights travel one tensor at a time, not in buckets")
-    """verl: the size of each transfer bucket."""
+    update_weights_bucket_megabytes: int = 2048
+    """Split placement (hybrid_engine=False): the actor's weights reach the rollout pool in broadcasts of buckets of
+    about this many MiB, one collective per bucket (a larger tensor goes alone). A colocated hand-over copies in
+    memory, tensor by tensor, and refuses another value."""
     engine_kwargs: dict[str, Any] = unsupported({}, "there is no separate transfer engine to configure")
     """verl: the backend's own settings."""
+
+    def __post_init__(self) -> None:
+        check_positive("update_weights_bucket_megabytes", self.update_weights_bucket_megabytes)
 
 
 @dataclass(frozen=True, kw_only=True)
