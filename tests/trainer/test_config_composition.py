@@ -110,3 +110,17 @@ def test_plain_overrides_reuse_one_composition_and_hydras_own_keys_do_not(monkey
     compose_with_hydra("ppo_trainer", CONFIG_DIR, ["hydra.job.name=x"], cacheable=True)
     compose_with_hydra("ppo_trainer", CONFIG_DIR, ["data.train_batch_size=2"], cacheable=False)
     assert len(calls) == 2
+
+
+def test_a_directory_without_groups_is_cached_even_with_bytecode_beside_it(tmp_path, monkeypatch):
+    directory = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, directory, ignore=shutil.ignore_patterns("*.py"))
+    (directory / "__pycache__").mkdir(exist_ok=True)  # what Python writes beside the package's modules
+    (directory / "__pycache__" / "loader.cpython-311.pyc").write_bytes(b"")
+    store_schema(PPO_TREE.schema_name, lambda: schema_defaults(PPO_TREE))
+    compose_with_hydra("ppo_trainer", directory, [], cacheable=True)
+    calls = []
+    whole = composition._compose_fully
+    monkeypatch.setattr(composition, "_compose_fully", lambda *args: calls.append(args) or whole(*args))
+    assert compose_with_hydra("ppo_trainer", directory, ["trainer.total_epochs=3"], cacheable=True).trainer.total_epochs == 3
+    assert calls == []

@@ -81,8 +81,9 @@ def _plain_key_override(override: Any) -> bool:
 
 
 def _has_groups(directory: Path) -> bool:
-    """Whether `directory` holds config groups (subdirectories), whose choices overrides may change."""
-    return any(path.is_dir() for path in directory.iterdir())
+    """Whether `directory` holds config groups (subdirectories with YAML files), whose choices overrides may
+    change; others (`__pycache__`) are not Hydra's."""
+    return any(path.is_dir() and any(path.rglob("*.yaml")) for path in directory.iterdir())
 
 
 def _yaml_versions(directory: Path) -> tuple[tuple[str, int], ...]:
