@@ -7,9 +7,14 @@ its helpers starts them from a fork server instead there: a clean interpreter th
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
+from collections.abc import Iterable
 
-__all__ = ["connected_to_ray", "start_method"]
+__all__ = ["add_fork_server_preload", "connected_to_ray", "start_method"]
+
+_FORK_SERVER_PRELOAD: list[str] = []
+"""Every module asked for so far: the fork server is one per process and imports them when it starts."""
 
 
 def connected_to_ray() -> bool:
@@ -22,3 +27,14 @@ def start_method(preferred: str) -> str:
     """`preferred` ('fork', 'forkserver' or 'spawn'), with 'fork' replaced by 'forkserver' in a process connected
     to Ray."""
     return "forkserver" if preferred == "fork" and connected_to_ray() else preferred
+
+
+def add_fork_server_preload(modules: Iterable[str]) -> list[str]:
+    """Have this process's fork server import `modules` too when it starts (no effect once it runs); returns the
+    whole list. Callers add rather than replace (multiprocessing's own setter replaces), so the scorer pool and
+    other users of the one fork server keep each other's modules."""
+    for module in modules:
+        if module not in _FORK_SERVER_PRELOAD:
+            _FORK_SERVER_PRELOAD.append(module)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(_FORK_SERVER_PRELOAD))
+    return list(_FORK_SERVER_PRELOAD)
