@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from hybridflow.rewards.score.code import DEFAULT_LIMITS
 from hybridflow.sandbox import SandboxLimits
-from hybridflow.utils.processes import add_fork_server_preload, start_method
+from hybridflow.utils.processes import add_fork_server_preload, check_main_reimport, start_method
 
 __all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
 
@@ -199,6 +199,7 @@ class ScorerPool:
     def _ensure_pool(self) -> multiprocessing.pool.Pool:
         if self._pool is None:
             method = start_method(self.config.mp_context)  # a process connected to Ray is not forked
+            check_main_reimport(method, "the reward scorer processes")
             context = multiprocessing.get_context(method)
             if method == "forkserver":
                 add_fork_server_preload(scorer_preload())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from hybridflow.utils import processes
 
 
@@ -33,3 +35,30 @@ def test_fork_server_preloads_add_up_instead_of_replacing_each_other(monkeypatch
     assert processes.add_fork_server_preload(["hybridflow.rewards.score", "torch"]) == [
         "torch", "transformers", "hybridflow.rewards.score"]
     assert given[-1] == ["torch", "transformers", "hybridflow.rewards.score"]  # what the server imports
+
+
+def _main_script(monkeypatch, tmp_path, text):
+    import types
+
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(path)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return str(path)
+
+
+def test_an_unguarded_main_script_is_refused_before_a_fork_server_would_rerun_it(monkeypatch, tmp_path):
+    from hybridflow.rewards import ScorerPool, ScoringConfig
+
+    script = _main_script(monkeypatch, tmp_path, "from hybridflow.trainer.run import run_ppo\nrun_ppo(None, {})\n")
+    assert processes.unguarded_main_script() == script
+    processes.check_main_reimport("fork", "the workers")  # forked: nothing re-imported
+    pool = ScorerPool(ScoringConfig(mp_context="forkserver", num_workers=1))
+    with pytest.raises(RuntimeError, match=r"re-imports the main script .*train.py; it has no `if __name__"):
+        pool.run([(dict, {"a": 1})])
+    guarded = "import sys\n\ndef main():\n    pass\n\n\nif __name__ == '__main__':\n    main()\n"
+    _main_script(monkeypatch, tmp_path, guarded)
+    assert processes.unguarded_main_script() is None
+    monkeypatch.setitem(sys.modules, "__main__", type(sys)("__main__"))  # python -c, a notebook: no script
+    assert processes.unguarded_main_script() is None
