@@ -64,7 +64,7 @@ class ScoringConfig:
     connected to Ray (a run's driver, a Ray worker) is never forked: Ray does not support it, and a fork can
     leave the parent's calls to Ray's control store hanging; there 'fork' starts the workers from a fork server
     (a clean interpreter with the scorers imported), as 'forkserver' does, so a driver script that starts a run
-    keeps it under `if __name__ == "__main__":` (the CLI does). 'forkserver'/'spawn' start clean
+    keeps it under `if __name__ == "__main__":` (the CLI does; a script without that block is refused, named). 'forkserver'/'spawn' start clean
     interpreters, which re-import the driver's main module: its code must sit under
     `if __name__ == "__main__":` (else every worker start re-runs the script), and scorers it registers at run
     time are registered there again."""
