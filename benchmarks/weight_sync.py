@@ -48,7 +48,8 @@ def main() -> None:
         gather = statistics.median(row["gather_s"] for row in mine)
         print(f"{bucket_mb:>10}{mine[0]['buckets']:>9.0f}{sync:>11.3f} s{gather:>12.3f} s{sync / baseline:>9.2f}x"
               f"{str(mine[0]['bitwise_equal']):>9}")
-    print(f"load average {os.getloadavg()[0]:.2f}; raw results: {write_results('weight_sync', vars(args), rows, load_before)}")
+    path = write_results("weight_sync", vars(args), rows, load_before)
+    print(f"load average {os.getloadavg()[0]:.2f}; raw results: {path}")
 
 
 def time_syncs(args: argparse.Namespace, bucket_mb: int) -> list[dict]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from hybridflow.utils.processes import check_main_reimport, start_method
+from hybridflow.utils.processes import start_method
 
 CHUNK = 1024
 """Prompts per batched tokenizer call (and per task handed to a worker process)."""
@@ -30,9 +30,7 @@ def chat_prompt_lengths(
         return [length for chunk in chunks for length in _lengths(tokenizer, chunk, template_kwargs)]
     # fork: the workers start in milliseconds with the tokenizer already loaded (the dataset is built in the driver
     # before Ray starts); a process already connected to Ray starts them from a fork server
-    method = start_method("fork")
-    check_main_reimport(method, "the prompt-length workers")
-    context = multiprocessing.get_context(method)
+    context = multiprocessing.get_context(start_method("fork", "the prompt-length workers"))
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_set_worker_tokenizer,
                              initargs=(tokenizer,)) as pool:
         parts = pool.map(_worker_lengths, chunks, [template_kwargs] * len(chunks))

@@ -31,13 +31,14 @@ from typing import Any, Literal
 
 from hybridflow.rewards.score.code import DEFAULT_LIMITS
 from hybridflow.sandbox import SandboxLimits
-from hybridflow.utils.processes import add_fork_server_preload, check_main_reimport, start_method
+from hybridflow.utils.processes import add_fork_server_preload, start_method
 
 __all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # prctl option: signal this process when its parent dies
+
 
 def scorer_preload() -> list[str]:
     """Modules a fork server imports once, so that its workers start with the scorers loaded: the built-in scorers,
@@ -55,19 +56,18 @@ class ScoringConfig:
     num_workers: int = 8
     """Scorer processes, each running one call at a time: up to this many hung calls cost one `timeout_s` together,
     not one after another. Workers fork from the driver (copy-on-write), so idle ones cost little memory (from a
-    fork server where the driver is connected to Ray, see mp_context). 0 runs
-    scorers in the calling process: no isolation and no timeout (debugging)."""
+    fork server where the driver is connected to Ray, see mp_context). 0 runs scorers in the calling process: no
+    isolation and no timeout (debugging)."""
 
     mp_context: Literal["fork", "forkserver", "spawn"] = "fork"
     """How worker processes start. 'fork' (default) starts in milliseconds and sees every function and
     scorer registered in the driver; workers only run pure-Python scorers, never torch or Ray code. A process
     connected to Ray (a run's driver, a Ray worker) is never forked: Ray does not support it, and a fork can
     leave the parent's calls to Ray's control store hanging; there 'fork' starts the workers from a fork server
-    (a clean interpreter with the scorers imported), as 'forkserver' does, so a driver script that starts a run
-    keeps it under `if __name__ == "__main__":` (the CLI does; a script without that block is refused, named). 'forkserver'/'spawn' start clean
-    interpreters, which re-import the driver's main module: its code must sit under
-    `if __name__ == "__main__":` (else every worker start re-runs the script), and scorers it registers at run
-    time are registered there again."""
+    (a clean interpreter with the scorers imported), as 'forkserver' does. 'forkserver'/'spawn' start clean
+    interpreters, which re-import the driver's main script: what it runs must sit under
+    `if __name__ == "__main__":` (the CLI's does; a script without that block is refused, named), and scorers it
+    registers at run time are registered there again."""
 
     max_error_fraction: float = 0.9
     """A batch in which more than this share of scorer calls fails stops the run, naming the data sources: that
@@ -198,8 +198,7 @@ class ScorerPool:
 
     def _ensure_pool(self) -> multiprocessing.pool.Pool:
         if self._pool is None:
-            method = start_method(self.config.mp_context)  # a process connected to Ray is not forked
-            check_main_reimport(method, "the reward scorer processes")
+            method = start_method(self.config.mp_context, "the reward scorer processes")  # Ray's are not forked
             context = multiprocessing.get_context(method)
             if method == "forkserver":
                 add_fork_server_preload(scorer_preload())

@@ -24,10 +24,13 @@ def connected_to_ray() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-def start_method(preferred: str) -> str:
-    """`preferred` ('fork', 'forkserver' or 'spawn'), with 'fork' replaced by 'forkserver' in a process connected
-    to Ray."""
-    return "forkserver" if preferred == "fork" and connected_to_ray() else preferred
+def start_method(preferred: str, purpose: str) -> str:
+    """How `purpose`'s processes start: `preferred` ('fork', 'forkserver' or 'spawn'), with 'fork' replaced by
+    'forkserver' in a process connected to Ray; a start that re-imports an unguarded main script is refused
+    (`check_main_reimport`)."""
+    method = "forkserver" if preferred == "fork" and connected_to_ray() else preferred
+    check_main_reimport(method, purpose)
+    return method
 
 
 def add_fork_server_preload(modules: Iterable[str]) -> list[str]:

@@ -355,10 +355,10 @@ class ActorRolloutRefWorker(Worker):
         """Join the sync group (all members at once): trainer rank 0 as sender (sync rank 0), rollout rank r as
         receiver r + 1, each keeping `info` (both sides plan the same buckets from it); the other trainer ranks stay
         out (they only help gather each tensor)."""
-        device = get_torch_device(self.local_rank)
-        bucket_bytes = self.config.rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         if self.is_actor and self.rank != 0:
             return
+        device = get_torch_device(self.local_rank)
+        bucket_bytes = self.config.rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         if info is None:
             raise ValueError("a weight sync group member joins with the sender's weight info")
         sync_rank = 0 if self.is_actor else self.rank + 1

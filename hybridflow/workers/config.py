@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from hybridflow.algorithms.config import LossAggMode, PPOLossConfig
-from hybridflow.engines.rollout.config import RolloutConfig
+from hybridflow.engines.rollout.config import DEFAULT_BUCKET_MEGABYTES, RolloutConfig
 from hybridflow.engines.training.config import (
     FSDPConfig,
     FSDPEngineConfig,
@@ -311,13 +311,13 @@ class ActorRolloutRefConfig:
         self._check_router_replay()
         check_positive("nccl_timeout", self.nccl_timeout, allow_none=True)
         bucket_mb = self.rollout.checkpoint_engine.update_weights_bucket_megabytes
-        if self.hybrid_engine and bucket_mb != 2048:
+        if self.hybrid_engine and bucket_mb != DEFAULT_BUCKET_MEGABYTES:
             raise ConfigFieldError(
                 "rollout.checkpoint_engine.update_weights_bucket_megabytes",
                 f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_mb} with "
                 "actor_rollout_ref.hybrid_engine=True: a colocated rollout takes the weights in memory, tensor by "
-                "tensor, with no transfer to bucket; leave it at 2048, or split the pools (hybrid_engine=False), "
-                "whose broadcast it sizes",
+                f"tensor, with no transfer to bucket; leave it at {DEFAULT_BUCKET_MEGABYTES}, or split the pools "
+                "(hybrid_engine=False), whose broadcast it sizes",
             )
         for section, name in (("actor", "entropy_checkpointing"), ("actor", "entropy_from_logits_with_chunking"),
                               ("ref", "entropy_checkpointing"), ("ref", "entropy_from_logits_with_chunking")):

@@ -40,7 +40,11 @@ SYNC_TIMEOUT = timedelta(minutes=30)
 
 def describe_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightInfo:
     """The `WeightInfo` of `named_tensors` (consumes them one at a time)."""
-    return [(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for name, tensor in named_tensors]
+    return [_describe(name, tensor) for name, tensor in named_tensors]
+
+
+def _describe(name: str, tensor: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+    return name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
 
 
 def digest_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
@@ -86,7 +90,7 @@ class WeightSyncGroup:
     """One member of the sync group; rank 0 hosts the rendezvous store at `address:port`."""
 
     def __init__(self, address: str, port: int, rank: int, world_size: int, device: torch.device,
-                 bucket_bytes: int = 2048 * 2**20) -> None:
+                 bucket_bytes: int) -> None:
         if world_size < 2:
             raise ValueError(f"a weight sync group needs a sender and at least one receiver, got world_size={world_size}")
         if bucket_bytes <= 0:
@@ -118,7 +122,7 @@ class WeightSyncGroup:
             for index, offset in bucket:
                 name, tensor = next(tensors)
                 expected = info[index]
-                if (name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) != expected:
+                if _describe(name, tensor) != expected:
                     raise RuntimeError(f"weight sync: tensor {name!r} {tuple(tensor.shape)} {tensor.dtype} does not "
                                        f"match the receivers' weight info {expected}")
                 data = tensor.detach().contiguous().view(-1).view(torch.uint8)

@@ -11,10 +11,10 @@ import torch.multiprocessing as mp
 
 from hybridflow.engines.rollout import NativeRollout, SamplingParams
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
-from tests.fork_server import use_rank_preload
 from hybridflow.env import set_dist_env
 from hybridflow.models import build_causal_lm
 from hybridflow.protocol import DataProto
+from tests.fork_server import use_rank_preload
 
 
 def encode_prompts(tokenizer, texts: list[str], meta_info: dict | None = None) -> DataProto:
@@ -72,9 +72,9 @@ def run_distributed(fn: Callable, world_size: int, *args, backend: str = "gloo")
     """Run `fn(rank, world_size, *args)` in `world_size` processes joined by a `backend` group.
 
     CPU ranks are forked from a fork server (`tests.fork_server.RANK_PRELOAD` imported once, no thread or device
-    touched): they start as clean as spawned ones, without paying the imports again. Ranks of an nccl group are spawned. The rendezvous
-    store listens in this process on a port the OS picks, from before the ranks start until they end: no other
-    process can take the port in between (a port found free and released could be taken)."""
+    touched): they start as clean as spawned ones, without paying the imports again. Ranks of an nccl group are
+    spawned. The rendezvous store listens in this process on a port the OS picks, from before the ranks start until
+    they end: no other process can take the port in between (a port found free and released could be taken)."""
     # CUDA ranks are spawned: the fork server's imports may query the driver, and CUDA does not survive a fork.
     start_method = "spawn" if "nccl" in backend else "forkserver"
     if start_method == "forkserver":

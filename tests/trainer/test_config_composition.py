@@ -122,5 +122,6 @@ def test_a_directory_without_groups_is_cached_even_with_bytecode_beside_it(tmp_p
     calls = []
     whole = composition._compose_fully
     monkeypatch.setattr(composition, "_compose_fully", lambda *args: calls.append(args) or whole(*args))
-    assert compose_with_hydra("ppo_trainer", directory, ["trainer.total_epochs=3"], cacheable=True).trainer.total_epochs == 3
+    composed = compose_with_hydra("ppo_trainer", directory, ["trainer.total_epochs=3"], cacheable=True)
+    assert composed.trainer.total_epochs == 3
     assert calls == []

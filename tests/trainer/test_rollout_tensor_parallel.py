@@ -112,7 +112,8 @@ def test_vllm_splits_a_replica_where_the_workers_have_accelerators(workspace, mo
 
     vllm_tp2 = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
     cpu = load_config(overrides(workspace, workspace / "never", *vllm_tp2))
-    joined = load_config(overrides(workspace, workspace / "never", *vllm_tp2, "ray_kwargs.ray_init.address=10.0.0.1:6379"))
+    joined = load_config(overrides(workspace, workspace / "never", *vllm_tp2,
+                                   "ray_kwargs.ray_init.address=10.0.0.1:6379"))
     pinned = load_config(overrides(workspace, workspace / "never", *vllm_tp2, "trainer.device=cpu"))
     assert cpu.trainer.workers_on_cpu(None) and not joined.trainer.workers_on_cpu("10.0.0.1:6379")
     check_rollout_parallelism(joined)
@@ -129,5 +130,6 @@ def test_config_overrides_reach_a_split_rollout_only_through_vllm(workspace):
     native = load_config(overrides(workspace, workspace / "never", *TP2, override))
     with pytest.raises(ValueError, match="builds its shards from the checkpoint's own config"):
         check_config_overrides_reach_the_rollout(native)
-    vllm = load_config(overrides(workspace, workspace / "never", "actor_rollout_ref.rollout.name=vllm", TP2[1], override))
+    vllm = load_config(overrides(workspace, workspace / "never", "actor_rollout_ref.rollout.name=vllm", TP2[1],
+                                 override))
     check_config_overrides_reach_the_rollout(vllm)  # vLLM takes them as hf_overrides in every rank's engine

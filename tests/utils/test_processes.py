@@ -11,15 +11,16 @@ from hybridflow.utils import processes
 
 
 def test_fork_becomes_a_fork_server_only_where_ray_is_connected(monkeypatch):
+    methods = ("fork", "forkserver", "spawn")
     monkeypatch.setattr(processes, "connected_to_ray", lambda: False)
-    assert [processes.start_method(name) for name in ("fork", "forkserver", "spawn")] == ["fork", "forkserver", "spawn"]
+    assert [processes.start_method(name, "the workers") for name in methods] == ["fork", "forkserver", "spawn"]
     monkeypatch.setattr(processes, "connected_to_ray", lambda: True)
-    assert [processes.start_method(name) for name in ("fork", "forkserver", "spawn")] == [
-        "forkserver", "forkserver", "spawn"]
+    assert [processes.start_method(name, "the workers") for name in methods] == ["forkserver", "forkserver", "spawn"]
 
 
 def test_asking_does_not_import_ray():
-    code = "import sys\nfrom hybridflow.utils.processes import connected_to_ray\nprint(connected_to_ray(), 'ray' in sys.modules)"
+    code = ("import sys\nfrom hybridflow.utils.processes import connected_to_ray\n"
+            "print(connected_to_ray(), 'ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
         "False", "False"]
 

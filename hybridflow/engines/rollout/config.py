@@ -204,6 +204,10 @@ _VLLM_ONLY_KEYS = (
 """Rollout keys only the vllm engine reads."""
 
 
+DEFAULT_BUCKET_MEGABYTES = 2048
+"""verl's `rollout.checkpoint_engine.update_weights_bucket_megabytes` default."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointEngineConfig:
     """verl's weight-transfer settings (`rollout.checkpoint_engine.*`). The hand-over to a colocated rollout copies one
@@ -211,7 +215,7 @@ class CheckpointEngineConfig:
 
     backend: str = unsupported("naive", "weights are handed over in memory (colocated) or broadcast (split pools)")
     """verl: the transfer backend."""
-    update_weights_bucket_megabytes: int = 2048
+    update_weights_bucket_megabytes: int = DEFAULT_BUCKET_MEGABYTES
     """Split placement (hybrid_engine=False): the actor's weights reach the rollout pool in broadcasts of buckets of
     about this many MiB, one collective per bucket (a larger tensor goes alone). A colocated hand-over copies in
     memory, tensor by tensor, and refuses another value."""
@@ -304,9 +308,10 @@ class RolloutConfig(SamplingConfig):
     actor.router_replay.mode=R3); the hf engine in sync mode records them."""
     expert_parallel_size: int = 1
     """Ranks that split one rollout replica's experts (verl's key): 1, or tensor_model_parallel_size (native and hf
-    engines; vllm: its `enable_expert_parallel`). Under rollout tensor parallelism a mixture-of-experts layer's experts are split whole over the group,
-    E / tp per rank, with either value: 1 is verl's default, where vLLM splits each expert's width over the group
-    instead, the same share of the expert weights per rank and the same all-reduce of the partial outputs."""
+    engines; vllm: its `enable_expert_parallel`). Under rollout tensor parallelism a mixture-of-experts layer's
+    experts are split whole over the group, E / tp per rank, with either value: 1 is verl's default, where vLLM
+    splits each expert's width over the group instead, the same share of the expert weights per rank and the same
+    all-reduce of the partial outputs."""
     data_parallel_size: int = unsupported(
         1, "replicas are data-parallel already (the pool's ranks / tensor_model_parallel_size); data-parallel "
         "attention inside one replica is not wired"

@@ -14,9 +14,9 @@ Engine placement. On GPU vLLM runs inside this process: `distributed_executor_ba
 (verl's former SPMD mode), one engine per trainer rank on that rank's device, joining the trainer's
 torch.distributed world (vLLM builds its own groups inside it: with `rollout.tensor_model_parallel_size` = tp > 1,
 each block of tp consecutive trainer ranks is one vLLM tensor-parallel group, verl's SPMD layout, and the ranks of
-a block generate the same prompts in lock-step; `vllm_convert.check_vllm_tp_group`). vLLM turns its engine-core child process
-off for this backend (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and the rollout checks that it did. Why: the weight
-hand-over is then a plain call. `update_weights` passes the trainer's iterator of full tensors, by reference,
+a block generate the same prompts in lock-step; `vllm_convert.check_vllm_tp_group`). vLLM turns its engine-core
+child process off for this backend (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and the rollout checks that it did.
+Why: the weight hand-over is then a plain call. `update_weights` passes the trainer's iterator of full tensors, by reference,
 to hybridflow's worker extension (`vllm_worker_extension`, called by name through `collective_rpc`), whose
 model `load_weights` copies each tensor into vLLM's (fused, dtype-converted) parameters on the same device:
 no host round trip over ZMQ, no CUDA IPC handles (`reduce_tensor`, which verl needs only because its vLLM

@@ -135,7 +135,8 @@ def check_vllm_tp_group(ranks: Sequence[int]) -> int:
     if size == 0 or ranks != list(range(ranks[0], ranks[0] + size)) or ranks[0] % size:
         raise ValueError(
             f"the vllm rollout's tensor-parallel replica holds trainer ranks {ranks}, but vLLM groups consecutive "
-            f"blocks of {size} ranks starting at a multiple of {size}; build the rollout mesh as (dp, tp) over all ranks"
+            f"blocks of {size} ranks starting at a multiple of {size}; build the rollout mesh as (dp, tp) over all "
+            "ranks"
         )
     return size
 

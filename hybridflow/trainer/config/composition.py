@@ -21,10 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 
 __all__ = ["compose_with_hydra", "store_schema"]
 
-_STORED_SCHEMAS: dict[str, DictConfig] = {}
-"""Schema name -> the node stored in Hydra's ConfigStore under it (built once per process)."""
+_STORED_SCHEMAS: set[str] = set()
+"""Schema names stored in Hydra's ConfigStore (built once per process)."""
 _COMPOSED: dict[tuple, DictConfig] = {}
-"""(schema, config name, directory, YAML versions) -> the config composed without overrides."""
+"""(config name, directory, YAML versions) -> the config composed without overrides (the schemas it extends are
+stored once per process and never change)."""
 
 
 def store_schema(name: str, defaults: Any) -> None:
@@ -33,8 +34,8 @@ def store_schema(name: str, defaults: Any) -> None:
 
     store = ConfigStore.instance()
     if name not in _STORED_SCHEMAS or f"{name}.yaml" not in store.repo:
-        _STORED_SCHEMAS[name] = OmegaConf.create(defaults() if callable(defaults) else defaults)
-        store.store(name=name, node=_STORED_SCHEMAS[name])
+        store.store(name=name, node=OmegaConf.create(defaults() if callable(defaults) else defaults))
+        _STORED_SCHEMAS.add(name)
 
 
 def compose_with_hydra(config_name: str, directory: Path, overrides: Sequence[str], *, cacheable: bool) -> DictConfig:
@@ -46,7 +47,7 @@ def compose_with_hydra(config_name: str, directory: Path, overrides: Sequence[st
     parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     if not cacheable or _has_groups(directory) or not all(_plain_key_override(item) for item in parsed):
         return _compose_fully(config_name, directory, overrides)
-    key = (config_name, str(directory), _yaml_versions(directory), tuple(sorted(_STORED_SCHEMAS)))
+    key = (config_name, str(directory), _yaml_versions(directory))
     if key not in _COMPOSED:
         _COMPOSED[key] = _compose_fully(config_name, directory, [])
     from hydra._internal.config_loader_impl import ConfigLoaderImpl

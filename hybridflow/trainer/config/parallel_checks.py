@@ -116,7 +116,8 @@ def check_rollout_parallelism(cfg: PPOConfig) -> None:
             f"broadcast to whole-model replicas and cannot hold tensor-parallel shards yet; use {key}=1 or "
             "hybrid_engine=True"
         )
-    if not arr.rollout.backend_spec.tensor_parallel_on_cpu and cfg.trainer.workers_on_cpu(cfg.ray_kwargs.ray_init.address):
+    on_cpu_workers = cfg.trainer.workers_on_cpu(cfg.ray_kwargs.ray_init.address)
+    if not arr.rollout.backend_spec.tensor_parallel_on_cpu and on_cpu_workers:
         on_cpu = [name for name in backends_with("tensor_parallel") if rollout_spec(name).tensor_parallel_on_cpu]
         raise ValueError(
             f"{key}={tp} with actor_rollout_ref.rollout.name={arr.rollout.name!r} on CPU workers: that engine splits a "

@@ -150,13 +150,18 @@ class RunConfig:
                 "(trainer.resume_mode=auto)"
             )
 
+    def joins_cluster(self, ray_address: str | None) -> bool:
+        """Whether the workers run on a Ray cluster given by address (ray_kwargs.ray_init.address or RAY_ADDRESS),
+        not in this process (local mode) or on the embedded cluster this machine starts."""
+        return not self.local_mode and bool(ray_address or env.ray_address())
+
     def workers_on_cpu(self, ray_address: str | None) -> bool:
         """Whether the workers certainly run on CPU: `device=cpu`, or `device=auto` where they run in this
         process (local mode) or on the embedded cluster of a machine without accelerators. A cluster given by
         address is known only once joined (False here)."""
         if self.device == "cpu":
             return True
-        if self.device == "cuda" or (not self.local_mode and bool(ray_address or env.ray_address())):
+        if self.device == "cuda" or self.joins_cluster(ray_address):
             return False
         from hybridflow.utils.device import device_count  # imports torch: only the checks that need it call this
 
@@ -170,8 +175,7 @@ class RunConfig:
             package = LOGGER_PACKAGES.get(name)
             if package and importlib.util.find_spec(package) is None:
                 raise ValueError(f"trainer.logger includes {name!r} but {package} is not installed; pip install {package}")
-        joins_cluster = not self.local_mode and bool(ray_address or env.ray_address())
-        if self.device == "cuda" and not joins_cluster:
+        if self.device == "cuda" and not self.joins_cluster(ray_address):
             # Imported here: counting devices imports torch, which a config error must not wait for.
             from hybridflow.utils.device import device_count
 
