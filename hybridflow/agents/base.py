@@ -37,6 +37,8 @@ class AgentLoopOutput:
     """A score the loop computed itself (e.g. from a tool or an interaction); None: the reward manager scores."""
     truncated: bool = False
     """The response hit the length budget."""
+    aborted: bool = False
+    """The step's over-sampling ended it (`rollout.over_sample_rate`): the manager empties its response."""
 
     def __post_init__(self) -> None:
         lengths = {len(self.response_ids), len(self.response_mask), len(self.response_logprobs)}

@@ -11,6 +11,13 @@ The output holds `prompts` (left-padded to `rollout.prompt_length`, as verl's ag
 every real token, tool output included), `position_ids` (response positions continue the prompt's over every real
 token), `rollout_log_probs`, and per-row `__num_turns__` and `__tool_calls__`; metrics
 (`num_turns/*`, `tool_calls/*`, tool error rate and latency, server batching) go to `meta_info['metrics']`.
+
+Over-sampling (verl's `rollout.over_sample_rate` r > 0, training batches only): once int(N * (1 - r)) of the N
+loops have returned, the replicas abort what is left (`GenerationServer.abort`, called in the workers'
+`CONTROL_GROUP`). A loop whose request was aborted ends; its row keeps its prompt but gets an empty response
+(`response_mask` all 0: no loss), as verl pads aborted requests, and is flagged in `__aborted__` (metric
+`agent/aborted`). Its reward is the reward function's for an empty response, and it stays in its group's
+advantage statistics (verl's behaviour); the step's time is no longer set by its slowest trajectories.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from hybridflow.engines.rollout.base import SamplingParams
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.server import build_prompt_batch
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller import CONTROL_GROUP
 from hybridflow.engines.rollout.config import RolloutConfig
 
 
@@ -53,11 +61,11 @@ class AgentLoopManager:
         default = "tool_agent" if rollout.multi_turn.enable else rollout.agent.default_agent_loop
         AGENT_LOOPS.get(default)  # an unknown name fails here, listing the known loops
         self.default_agent = default
+        leaders = slice(None, None, rollout.tensor_model_parallel_size)
+        self.abort_callers = worker_group.direct_callers("abort_generation", CONTROL_GROUP)[leaders]
         self.context = AgentLoopContext(
             # A tensor-parallel replica takes requests on its first rank only (the others follow it).
-            server=AsyncLLMServerManager(
-                worker_group.direct_callers("generate_tokens")[:: rollout.tensor_model_parallel_size]
-            ),
+            server=AsyncLLMServerManager(worker_group.direct_callers("generate_tokens")[leaders]),
             tokenizer=tokenizer,
             response_length=response_length,
             multi_turn=rollout.multi_turn,
@@ -76,8 +84,9 @@ class AgentLoopManager:
         base = SamplingParams.from_config(self.rollout.val_kwargs if validate else self.rollout, self.response_length)
         params = base.with_overrides(prompts.meta_info)  # e.g. ReMax's greedy baseline: do_sample=False
         wake = self.worker_group.wake_up_rollout_server()
+        over_sampled = 0.0 if validate else self.rollout.over_sample_rate
         try:
-            outputs = asyncio.run(self._run_all(prompts, params))
+            outputs = asyncio.run(self._run_all(prompts, params, completions_needed(len(prompts), over_sampled)))
         finally:
             # a tensor-parallel replica's stats are its leader's (the followers take no requests of their own)
             server_stats = self.worker_group.sleep_rollout_server()[:: self.rollout.tensor_model_parallel_size]
@@ -91,19 +100,42 @@ class AgentLoopManager:
         output.meta_info["metrics"] = metrics
         return output
 
-    async def _run_all(self, prompts: DataProto, params: SamplingParams) -> list[AgentLoopOutput]:
+    async def _run_all(self, prompts: DataProto, params: SamplingParams, needed: int) -> list[AgentLoopOutput]:
+        """Every row's loop; once `needed` of them have returned, the replicas abort the rest (over-sampling)."""
         limit = asyncio.Semaphore(self.rollout.agent.max_concurrent_loops)
         rows = prompts.non_tensor_batch
+        request_ids = [uuid.uuid4().hex for _ in range(len(prompts))]
+        server = self.context.server
+        server.aborted.clear()
 
         async def run_row(index: int) -> AgentLoopOutput:
             fields = {key: values[index] for key, values in rows.items() if key != "raw_prompt"}
             name = fields.pop("agent_name", None) or self.default_agent
             loop = AGENT_LOOPS.get(str(name))(self.context)
-            fields["request_id"] = uuid.uuid4().hex
+            fields["request_id"] = request_ids[index]
             async with limit:
                 return await loop.run(list(rows["raw_prompt"][index]), params, **fields)
 
-        return list(await asyncio.gather(*(run_row(i) for i in range(len(prompts)))))
+        tasks = [asyncio.ensure_future(run_row(i)) for i in range(len(prompts))]
+        if needed < len(tasks):
+            pending, returned = set(tasks), 0
+            while returned < needed:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                returned += len(done)
+            await asyncio.gather(*(abort() for abort in self.abort_callers))
+        outputs = list(await asyncio.gather(*tasks))
+        for output, request_id in zip(outputs, request_ids):
+            if request_id in server.aborted:
+                output.aborted = True
+        return outputs
+
+
+def completions_needed(num_loops: int, over_sample_rate: float) -> int:
+    """Loops that must return before the rest are aborted: verl's int(N * (1 - over_sample_rate)), at least one;
+    N (none aborted) at rate 0."""
+    if over_sample_rate <= 0.0:
+        return num_loops
+    return max(1, int(num_loops * (1.0 - over_sample_rate)))
 
 
 def build_output(
@@ -113,7 +145,9 @@ def build_output(
     every rollout backend uses (`build_output_for_prompts`): prompts left-padded to `prompt_length` (or the
     longest, if longer), responses right-padded to `response_length`, tool/user tokens attended but outside
     `response_mask`."""
+    outputs = [_emptied(out) if out.aborted else out for out in outputs]
     prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id, prompt_length)
+    prompts.non_tensor_batch["__aborted__"] = np.array([out.aborted for out in outputs], dtype=bool)
     prompts.non_tensor_batch["__num_turns__"] = np.array([out.num_turns for out in outputs], dtype=np.int64)
     prompts.non_tensor_batch["__tool_calls__"] = np.array(
         [out.metrics.get("tool_calls", 0) for out in outputs], dtype=np.int64
@@ -121,6 +155,14 @@ def build_output(
     responses, attention, response_mask, log_probs = _pad_responses(outputs, pad_token_id, response_length)
     return build_output_for_prompts(
         prompts, responses, response_mask, log_probs, pad_token_id, attention_response_mask=attention
+    )
+
+
+def _emptied(output: AgentLoopOutput) -> AgentLoopOutput:
+    """An aborted trajectory as verl pads it: its prompt, no response (nothing to train on), no loop score."""
+    return AgentLoopOutput(
+        prompt_ids=output.prompt_ids, response_ids=[], response_mask=[], response_logprobs=[],
+        num_turns=output.num_turns, metrics=output.metrics, aborted=True,
     )
 
 
@@ -151,7 +193,7 @@ def _pad_responses(
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     """num_turns/{mean,max,min}, tool_calls/{mean,max,used_ratio} (used_ratio: the share of trajectories that
     called a tool), tool/error_rate, tool/timeouts (calls stopped at their tool's timeout_s, summed over the
-    batch), tool/latency_s, agent/truncated."""
+    batch), tool/latency_s, agent/truncated, agent/aborted (the share over-sampling ended)."""
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
     calls = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.float64)
     errors = float(sum(o.metrics.get("tool_errors", 0) for o in outputs))
@@ -164,6 +206,7 @@ def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
         "tool_calls/max": float(calls.max()),
         "tool_calls/used_ratio": float((calls > 0).mean()),
         "agent/truncated": float(np.mean([o.truncated for o in outputs])),
+        "agent/aborted": float(np.mean([o.aborted for o in outputs])),
     }
     if calls.sum() > 0:
         metrics["tool/error_rate"] = errors / float(calls.sum())

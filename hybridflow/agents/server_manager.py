@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hybridflow.engines.rollout.base import SamplingParams
-from hybridflow.engines.rollout.server import TokenOutput
+from hybridflow.engines.rollout.server import ABORTED, TokenOutput
 
 ReplicaCall = Callable[..., Awaitable[Any]]
 """`await call(request_id, prompt_ids, sampling_params) -> TokenOutput` on one replica."""
@@ -29,6 +29,8 @@ class AsyncLLMServerManager:
         self.in_flight = [0] * len(self.replicas)
         self.routed = [0] * len(self.replicas)
         self._sticky: OrderedDict[str, int] = OrderedDict()
+        self.aborted: set[str] = set()
+        """Request ids a replica answered with finish_reason 'abort' (`GenerationServer.abort`); the caller clears it."""
 
     def replica_for(self, request_id: str) -> int:
         """The replica serving `request_id` (chosen now if new)."""
@@ -47,6 +49,9 @@ class AsyncLLMServerManager:
         self.in_flight[replica] += 1
         self.routed[replica] += 1
         try:
-            return await self.replicas[replica](request_id, prompt_ids, sampling_params)
+            output = await self.replicas[replica](request_id, prompt_ids, sampling_params)
         finally:
             self.in_flight[replica] -= 1
+        if output.finish_reason == ABORTED:
+            self.aborted.add(request_id)
+        return output

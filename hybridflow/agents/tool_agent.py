@@ -19,6 +19,7 @@ from hybridflow.agents.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput
 from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.tool_parsers import TOOL_PARSERS
 from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.server import ABORTED
 from hybridflow.tools.schemas import FunctionCall
 
 
@@ -59,6 +60,8 @@ class ToolAgentLoop(AgentLoopBase):
                     budget = min(budget, cfg.max_tokens_per_turn)
                 params = dataclasses.replace(sampling_params, max_new_tokens=budget)
                 turn = await self.context.server.generate(kwargs["request_id"], prompt_ids + out.response_ids, params)
+                if turn.finish_reason == ABORTED:  # over-sampling ended the step: the manager empties this row
+                    break
                 out.extend(turn.token_ids, generated=True, logprobs=turn.log_probs)
                 assistant_turns += 1
                 turn_text = self.context.tokenizer.decode(turn.token_ids, skip_special_tokens=False)

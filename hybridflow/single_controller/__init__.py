@@ -1,6 +1,7 @@
 """The single controller: a driver calls methods on groups of SPMD workers (Ray actors or local objects)."""
 
 from hybridflow.single_controller.base import (
+    CONTROL_GROUP,
     Dispatch,
     Execute,
     Worker,
@@ -13,6 +14,7 @@ from hybridflow.single_controller.base import (
 )
 
 __all__ = [
+    "CONTROL_GROUP",
     "Dispatch",
     "Execute",
     "Worker",

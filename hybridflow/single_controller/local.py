@@ -66,8 +66,10 @@ class LocalWorkerGroup(WorkerGroup):
     def _resolve(self, handles: list[Any], method_name: str, ranks: list[int]) -> list[Any]:
         return handles
 
-    def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
-        method = getattr(self._workers[rank], method_name)
+    def _direct_caller(
+        self, rank: int, method_name: str, concurrency_group: str | None = None
+    ) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._workers[rank], method_name)  # every call gets its own thread: no groups needed
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             # A thread per call, as a threaded Ray actor would: blocking workers batch concurrent calls.

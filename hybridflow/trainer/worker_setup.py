@@ -10,6 +10,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.single_controller import CONTROL_GROUP
 from hybridflow.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.placement import ROLLOUT_POOL, build_pool_manager, describe_placement
@@ -110,6 +111,7 @@ def role_classes(config: PPOConfig, roles: list[str], runtime: WorkerRuntimeConf
             # peaked at 7.6 GiB and went on.
             classes[key].update_options({
                 "max_concurrency": rollout.agent.max_concurrent_requests_per_replica,
+                "concurrency_groups": {CONTROL_GROUP: 1},  # aborts (over_sample_rate) never wait behind requests
                 "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": "2"}},
             })
     if "critic" in roles:

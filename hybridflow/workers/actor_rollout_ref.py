@@ -333,6 +333,14 @@ class ActorRolloutRefWorker(Worker):
         return stats
 
     @register(dispatch_mode=Dispatch.DIRECT_ROLLOUT_METHOD)
+    def abort_generation(self) -> int:
+        """End this rank's requests still in its server (`GenerationServer.abort`; over_sample_rate): call it in the
+        `CONTROL_GROUP`, beside the threads that wait on requests. Returns the queued requests it answered."""
+        if self._server is None or not self._server.running:
+            return 0  # the step's server is already asleep: nothing is left to end
+        return self._server.abort()
+
+    @register(dispatch_mode=Dispatch.DIRECT_ROLLOUT_METHOD)
     def generate_tokens(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
         """One token-in-token-out request to this rank's server; concurrent calls are batched together."""
         if self._server is None or not self._server.running:

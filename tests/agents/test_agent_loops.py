@@ -19,6 +19,7 @@ from hybridflow.engines.rollout.base import SamplingParams
 from hybridflow.engines.rollout.config import RolloutConfig, SamplingConfig
 from hybridflow.engines.rollout.server import TokenOutput
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller import CONTROL_GROUP
 from hybridflow.tools import BaseTool, OpenAIFunctionToolSchema
 from hybridflow.tools.calculator import CalculatorTool
 from tests.agents.scripted_server import PARAMS, QUESTION, ScriptedServer, call, context
@@ -188,13 +189,20 @@ def test_single_turn_and_batch_layout(chat_tokenizer):
     assert metrics["tool_calls/mean"] == pytest.approx(2 / 3)
 
 
+async def _nothing_to_abort() -> int:
+    return 0
+
+
 class FakeWorkerGroup:
     """The generation-server side of a worker group, with one scripted replica."""
 
     def __init__(self, server) -> None:
         self.server = server
 
-    def direct_callers(self, name: str):
+    def direct_callers(self, name: str, concurrency_group: str | None = None):
+        if name == "abort_generation":
+            assert concurrency_group == CONTROL_GROUP  # never behind the requests' threads
+            return [getattr(self.server, "abort", _nothing_to_abort)]
         assert name == "generate_tokens"
         return [self.server]
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 import torch
 
 from hybridflow.protocol import DataProto, DataProtoFuture
-from hybridflow.single_controller import WorkerError
+from hybridflow.single_controller import CONTROL_GROUP, WorkerError
 from hybridflow.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -16,7 +17,7 @@ from hybridflow.single_controller.ray import (
     ResourcePoolManager,
     create_colocated_worker_cls,
 )
-from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, CriticRole, RendezvousProbe
+from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, CriticRole, GatedServer, RendezvousProbe
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +160,28 @@ def test_killed_worker_fails_the_call_quickly(ray_cluster):
     finally:
         wg.shutdown()
         pool.release()
+
+
+def test_a_control_group_call_runs_while_every_request_thread_waits(ray_cluster):
+    """The rollout replicas' aborts (over_sample_rate) run in `CONTROL_GROUP`: with the one request thread taken and
+    a second request queued behind it, the release still runs at once, and both requests see it."""
+    pool = RayResourcePool([1])
+    cls = RayClassWithInitArgs(GatedServer)
+    cls.update_options({"max_concurrency": 1, "concurrency_groups": {CONTROL_GROUP: 1}})
+    group = RayWorkerGroup(pool, cls, name_prefix="gated")
+    try:
+        wait = group.direct_callers("wait_for_release")[0]
+        release = group.direct_callers("release", CONTROL_GROUP)[0]
+
+        async def scenario():
+            first, second = asyncio.ensure_future(wait(20.0)), asyncio.ensure_future(wait(0.5))
+            await asyncio.sleep(1.0)  # both sent: the first holds the only request thread
+            start = time.perf_counter()
+            await release()
+            return await first, await second, time.perf_counter() - start
+
+        first, second, release_s = asyncio.run(scenario())
+    finally:
+        group.shutdown()
+        pool.release()
+    assert first and second and release_s < 10.0  # the release did not wait out the first request's 20 s

@@ -138,3 +138,22 @@ class RendezvousProbe(Worker):
         dist.all_reduce(total)
         return self.master_at_init, os.environ.get("MASTER_ADDR") or None, total.item()
 
+
+
+class GatedServer(Worker):
+    """A server whose requests wait until `release` is called (the generation server's abort, in miniature)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.released = threading.Event()
+
+    @register(dispatch_mode=Dispatch.DIRECT_ROLLOUT_METHOD)
+    def wait_for_release(self, timeout_s: float) -> bool:
+        return self.released.wait(timeout_s)
+
+    @register(dispatch_mode=Dispatch.DIRECT_ROLLOUT_METHOD)
+    def release(self) -> int:
+        self.released.set()
+        return os.getpid()

@@ -317,8 +317,10 @@ class RolloutConfig(SamplingConfig):
         "attention inside one replica is not wired"
     )
     """verl: data-parallel ranks inside one rollout replica (vLLM's data-parallel attention)."""
-    over_sample_rate: float = unsupported(0.0, "every rollout request runs to its end; none is aborted early")
-    """verl: abort the slowest requests once (1 - over_sample_rate) of them have finished."""
+    over_sample_rate: float = 0.0
+    """Agent loops (mode=async), training batches: once int(N * (1 - over_sample_rate)) of a batch's N trajectories
+    have ended, the rest are aborted; each keeps its prompt with an empty response (no loss; the reward of an empty
+    response), as verl pads them, and the share is logged (`agent/aborted`). 0: every trajectory runs to its end."""
     multi_stage_wake_up: bool = False
     """Wake the rollout in two stages around each weight hand-over (verl's key, SGLang's in verl): its weights first,
     then, once the trainer's tensors are copied in and freed, its KV cache; so the hand-over's transient full tensors
@@ -388,6 +390,7 @@ class RolloutConfig(SamplingConfig):
                 f"ranks{spec.tensor_parallel_note}; use name={splitting[0]} or tensor_model_parallel_size=1",
             )
         self._check_moe()
+        self._check_over_sampling()
         self._check_engine_kwargs()
         if spec.reads_engine_keys:
             self._check_vllm_engine()
@@ -420,6 +423,27 @@ class RolloutConfig(SamplingConfig):
                 f"enable_rollout_routing_replay=True with name={self.name!r}, mode={self.mode!r}: only the sync "
                 f"generation of {recording} records the routed experts; use name={recording[0]} mode=sync or leave "
                 "it False",
+            )
+
+    def _check_over_sampling(self) -> None:
+        """Aborts reach the generation servers of agent loops; a streaming engine split over ranks decodes what its
+        leader admitted in lock-step, so it could end only the queued requests, not the slow ones."""
+        rate = self.over_sample_rate
+        check_range("over_sample_rate", rate, 0.0, 1.0, high_open=True)
+        if rate > 0.0 and self.mode != "async":
+            raise ConfigFieldError(
+                "over_sample_rate",
+                f"over_sample_rate={rate} with mode={self.mode!r}: trajectories are aborted on the agent loops' "
+                "generation servers, while the batch rollout generates a batch in one call; set mode=async or leave "
+                "it at 0",
+            )
+        if rate > 0.0 and self.tensor_model_parallel_size > 1 and self.backend_spec.streams_requests:
+            raise ConfigFieldError(
+                "over_sample_rate",
+                f"over_sample_rate={rate} with name={self.name!r} and tensor_model_parallel_size="
+                f"{self.tensor_model_parallel_size}: a tensor-parallel replica's continuous batching decodes what "
+                "its first rank admitted in lock-step, so an abort could end only queued requests, not the slow ones "
+                "being decoded; use tensor_model_parallel_size=1 or leave over_sample_rate at 0",
             )
 
     def _refuse_vllm_only_keys(self) -> None:

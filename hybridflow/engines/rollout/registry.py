@@ -34,6 +34,9 @@ class RolloutSpec:
     tensor_parallel_on_cpu: bool = True
     """Splits a replica over CPU ranks too (vllm: only over accelerators; its CPU engine runs in a child process
     outside the trainer's process group)."""
+    streams_requests: bool = False
+    """Serves agent-loop requests by continuous batching (its class's `supports_streaming`): new requests join a
+    running decode, and an abort ends the sequences being decoded at the next step."""
     runs_vision: bool = False
     """Takes image inputs (vision-language models)."""
     records_routing: bool = False
@@ -93,7 +96,7 @@ register_rollout("hf", "hybridflow.engines.rollout.hf:HFRollout", RolloutSpec(
     returns_log_probs=True, runs_vision=True, records_routing=True, tensor_parallel=True,
 ))
 register_rollout("native", "hybridflow.engines.rollout.native:NativeRollout", RolloutSpec(
-    returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True,
+    returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True, streams_requests=True,
     engine_keys=("enforce_eager", "max_num_seqs", "max_num_batched_tokens"),
     model_check="hybridflow.engines.rollout.native_support:native_unsupported_reason",
 ))

@@ -8,9 +8,10 @@ from hybridflow.single_controller.base.decorator import (
     register_dispatch_mode,
 )
 from hybridflow.single_controller.base.worker import Worker
-from hybridflow.single_controller.base.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
+from hybridflow.single_controller.base.worker_group import CONTROL_GROUP, WorkerError, WorkerGroup, WorkerTimeoutError
 
 __all__ = [
+    "CONTROL_GROUP",
     "Dispatch",
     "Execute",
     "Worker",

@@ -23,6 +23,12 @@ from hybridflow.single_controller.base.decorator import (
 _GROUP_OWN_METHODS = frozenset({"query_dispatch_info", "get_master_addr_port"})
 
 
+
+CONTROL_GROUP = "control"
+"""A Ray concurrency group of one thread on workers that serve many blocking requests at once (the rollout
+replicas' `generate_tokens`): calls made in it (`direct_callers(name, CONTROL_GROUP)`, e.g. aborting a step's
+requests) run even while every default thread waits on a request."""
+
 class WorkerError(RuntimeError):
     """A worker raised or died during a group call; names the rank, the method and (if known) the group."""
 
@@ -95,16 +101,22 @@ class WorkerGroup(abc.ABC):
         """Wait for `handles`; raise `WorkerError` naming the first rank that failed."""
 
     @abc.abstractmethod
-    def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
+    def _direct_caller(
+        self, rank: int, method_name: str, concurrency_group: str | None = None
+    ) -> Callable[..., Awaitable[Any]]:
         """An async function calling `method_name` on `rank` alone (concurrent calls allowed)."""
 
-    def direct_callers(self, name: str) -> list[Callable[..., Awaitable[Any]]]:
+    def direct_callers(self, name: str, concurrency_group: str | None = None) -> list[Callable[..., Awaitable[Any]]]:
         """One async function per rank calling the worker method `name` on that rank only.
 
         For `Dispatch.DIRECT_ROLLOUT_METHOD` methods (generation server replicas); awaiting many calls at
-        once runs them concurrently in the workers.
+        once runs them concurrently in the workers. `concurrency_group`: run the calls on that group's threads
+        (declared when the workers were made, `CONTROL_GROUP`), so that they never wait behind the default
+        threads' backlog of requests.
         """
-        return [self._direct_caller(rank, self._method_prefix + name) for rank in range(self.world_size)]
+        return [
+            self._direct_caller(rank, self._method_prefix + name, concurrency_group) for rank in range(self.world_size)
+        ]
 
     def _make_future(self, handles: list[Any], collect: Callable[[list[Any]], Any], returns_proto: bool) -> Any:
         """What a non-blocking call returns; the default resolves at once (no asynchrony)."""

@@ -225,7 +225,8 @@ class RayClassWithInitArgs:
         options = dict(self.options)
         runtime_env = dict(options.pop("runtime_env", {}))
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
-        remote_cls = ray.remote(self.cls)
+        groups = options.pop("concurrency_groups", None)  # a class option of Ray's, refused by `.options()`
+        remote_cls = ray.remote(concurrency_groups=groups)(self.cls) if groups else ray.remote(self.cls)
         return remote_cls.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=placement_group, placement_group_bundle_index=bundle_index
@@ -456,12 +457,17 @@ class RayWorkerGroup(WorkerGroup):
         prefix = self._method_prefix
         return method_name[len(prefix):] if prefix and method_name.startswith(prefix) else method_name
 
-    def _direct_caller(self, rank: int, method_name: str) -> Callable[..., Awaitable[Any]]:
+    def _direct_caller(
+        self, rank: int, method_name: str, concurrency_group: str | None = None
+    ) -> Callable[..., Awaitable[Any]]:
         handle = self._workers[rank]
         method = self._public_name(method_name)
+        actor_method = getattr(handle, method_name)
+        if concurrency_group is not None:
+            actor_method = actor_method.options(concurrency_group=concurrency_group)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            ref = getattr(handle, method_name).remote(*args, **kwargs)
+            ref = actor_method.remote(*args, **kwargs)
             try:
                 return await asyncio.wait_for(_awaited(ref), self.rpc_timeout_s)
             except asyncio.TimeoutError as err:

@@ -166,6 +166,9 @@ class ScriptedSource:
     def finish(self, key, token_ids, log_probs, finish_reason):
         self.finished.append((key, token_ids, log_probs, finish_reason))
 
+    def abort_requested(self):
+        return False
+
 
 def test_streaming_batcher_admits_requests_into_a_running_decode(sharp_llama, tiny_tokenizer):
     rollout = NativeRollout(sharp_llama, tiny_tokenizer, GREEDY, max_num_seqs=4)

@@ -155,6 +155,9 @@ class RequestSource(Protocol):
     def finish(self, key: Hashable, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
         """Deliver one finished response."""
 
+    def abort_requested(self) -> bool:
+        """True: end every sequence of the run now ('abort', with its tokens so far); checked once per step."""
+
 
 @dataclass
 class _Serving:
@@ -208,9 +211,26 @@ class _Serving:
             cached = int(run.slots.length[slot])  # prompt + response, less the last token (never fed)
             self.prefix_cache.park(slot, (self.prompt_ids[row] + response)[:cached])
             reason = "length" if count >= limit else "stop"
-            self.source.finish(self.keys[row], response, run.log_probs[row, :count].tolist(), reason)
-            self.keys[row] = None
-            self.free_rows.append(row)
+            self._hand_over(row, response, run.log_probs[row, :count].tolist(), reason)
+
+    def abort(self) -> None:
+        """End every sequence now (`RequestSource.abort_requested`): those decoding with their tokens so far, those
+        waiting for a slot with none; nothing is parked (no next turn follows an aborted request)."""
+        run, s = self.run, self.run.slots
+        active = slice(0, run.num_active)
+        counts = s.count[active].tolist()
+        for row, count in zip(s.row[active].tolist(), counts):
+            self._hand_over(row, run.tokens[row, :count].tolist(), run.log_probs[row, :count].tolist(), "abort")
+        while self.waiting:
+            self._hand_over(self.waiting.popleft(), [], [], "abort")
+        for tensor in s.tensors():
+            tensor[active] = 0  # freed slots: valid padding rows for `_decode_step`
+        run.num_active, run.span, run.unchecked_steps = 0, 0, 0
+
+    def _hand_over(self, row: int, token_ids: list[int], log_probs: list[float], reason: str) -> None:
+        self.source.finish(self.keys[row], token_ids, log_probs, reason)
+        self.keys[row] = None
+        self.free_rows.append(row)
 
 
 class ContinuousBatcher:
@@ -304,7 +324,8 @@ class ContinuousBatcher:
         slots (prefill), then decodes all active slots one token; a finished response is delivered at once
         and its slot and row are reused. All requests of a run share `params` except `max_new_tokens`
         (per request). A request must satisfy len(prompt) + max_new_tokens <= max_len (the cache length).
-        At most `max_seqs` (default `max_num_seqs`) are decoded at once. Returns the run's stats
+        At most `max_seqs` (default `max_num_seqs`) are decoded at once. When `source.abort_requested()` (asked
+        once per step, a host flag), every sequence ends at once with its tokens so far. Returns the run's stats
         (`decoded_rows / num_decode_steps` is the mean batch of a decode step).
 
         Prefix reuse: a finished sequence's K/V stay in one of `max_seqs` parking slots (a `PrefixCache`;
@@ -320,6 +341,10 @@ class ContinuousBatcher:
         while (requests := serving.take()) is not None:
             for key, prompt, max_new_tokens in requests:
                 serving.enqueue(key, prompt, max_new_tokens)
+            if source.abort_requested():
+                self._retire(serving.run)  # those that ended since the last check end as they are
+                serving.abort()
+                continue
             self._resume_prefixes(serving)
             self._fill_slots(serving.run, serving.waiting)
             if serving.run.num_active:

@@ -1,0 +1,33 @@
+"""GRPO with agent loops and over-sampling on 2 Ray workers (tiny model, native engine's continuous batching): the
+stragglers of each step are aborted through the workers' control group, trained on nothing, and counted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.tiny_runs import build_workspace
+from tests.trainer.placement_runs import overrides, train
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return build_workspace(tmp_path_factory.mktemp("over_sampling"), train_size=8, test_size=2)
+
+
+@pytest.mark.slow  # a Ray run; the server's abort, the manager and the control group are tested in every CI run
+def test_grpo_with_over_sampling_aborts_and_trains_on_the_rest(workspace, ray_cluster):
+    records, _ = train(overrides(
+        workspace, workspace / "over_sampled", "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True", "actor_rollout_ref.rollout.n=4",
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.over_sample_rate=0.25",
+        "actor_rollout_ref.rollout.agent.max_concurrent_requests_per_replica=2",  # stragglers wait in the queue
+    ))
+    assert sorted(records) == [1, 2]
+    for step, record in records.items():
+        # 16 trajectories a step: after 12 have ended the rest are aborted (some may have ended meanwhile)
+        assert 0.0 <= record["agent/aborted"] <= 0.25, (step, record["agent/aborted"])
+        for key in ("actor/pg_loss", "actor/grad_norm", "response_length/mean"):
+            assert math.isfinite(record[key]), (step, key, record[key])
+    assert any(record["agent/aborted"] > 0 for record in records.values()), "no step aborted anything"
