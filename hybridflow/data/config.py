@@ -56,8 +56,9 @@ class DataFilesConfig:
     """Use at most this many validation rows; -1 uses all."""
     shuffle: bool = True
     """Shuffle training rows (seeded, resumable)."""
-    seed: int = 1
-    """Seed of the data order."""
+    seed: int | None = 1
+    """Seed of the data order. null (verl's default): a seed is drawn from the OS's entropy when the run starts,
+    logged, and saved with the sampler's state in each checkpoint, so a resumed run continues the same order."""
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for tokenizer.apply_chat_template (e.g. {enable_thinking: false})."""
 

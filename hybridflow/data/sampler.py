@@ -1,12 +1,14 @@
 """A seeded sampler whose position can be saved and restored, so a resumed run sees the same prompts.
 
 The order of epoch `e` is `torch.randperm(n)` drawn from a generator seeded with `seed + e` (or 0..n-1
-without shuffling); the state is `(epoch, number of indices already yielded in that epoch)`. Resuming
+without shuffling; a seed of None is drawn once and saved in the state); the state is `(epoch, number of indices already yielded in that epoch)`. Resuming
 from a saved state continues mid-epoch with exactly the indices an uninterrupted run would have given.
 """
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -14,6 +16,8 @@ import torch
 from torch.utils.data import Sampler
 
 __all__ = ["StatefulSampler", "build_sampler"]
+
+logger = logging.getLogger(__name__)
 
 
 class StatefulSampler(Sampler[int]):
@@ -24,12 +28,17 @@ class StatefulSampler(Sampler[int]):
     loader prefetches `num_workers * prefetch_factor` batches, which the saved position then includes.
     """
 
-    def __init__(self, num_samples: int, shuffle: bool, seed: int) -> None:
+    def __init__(self, num_samples: int, shuffle: bool, seed: int | None) -> None:
+        """seed None: one is drawn from the OS's entropy and logged; a saved state's seed then replaces it on
+        `load_state_dict` (a resumed unseeded run continues its own order)."""
         if num_samples < 1:
             raise ValueError(f"a sampler needs a non-empty dataset, got {num_samples} samples")
         self.num_samples = num_samples
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed_drawn = seed is None
+        self.seed = secrets.randbits(31) if seed is None else seed
+        if self.seed_drawn and shuffle:
+            logger.info("data.seed=null: drew the data order's seed %d (saved with each checkpoint; a resume takes the saved one)", self.seed)
         self.epoch = 0
         self.position = 0  # indices of `epoch` already yielded
 
@@ -58,7 +67,11 @@ class StatefulSampler(Sampler[int]):
                 "shuffle": self.shuffle, "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state`; refuses a state saved for another dataset size, seed or shuffle setting."""
+        """Continue from `state`; refuses a state saved for another dataset size, seed or shuffle setting (a drawn
+        seed takes the saved one)."""
+        if self.seed_drawn and state["seed"] != self.seed:
+            logger.info("data.seed=null: resuming with the saved data order's seed %d", state["seed"])
+            self.seed = int(state["seed"])
         for key in ("num_samples", "seed", "shuffle"):
             if state[key] != getattr(self, key):
                 raise ValueError(
@@ -71,6 +84,6 @@ class StatefulSampler(Sampler[int]):
         self.position = int(state["position"])
 
 
-def build_sampler(dataset: Sized, shuffle: bool, seed: int) -> StatefulSampler:
+def build_sampler(dataset: Sized, shuffle: bool, seed: int | None) -> StatefulSampler:
     """A resumable sampler over `dataset` (data.shuffle, data.seed): pass it to `DataLoader(sampler=...)`."""
     return StatefulSampler(len(dataset), shuffle=shuffle, seed=seed)

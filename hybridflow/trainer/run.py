@@ -49,7 +49,7 @@ def build_dataloaders(
         return train_loader, None
     val_set = dataset_cls(data_files=data.val_files, tokenizer=tokenizer, config=data,
                           max_samples=data.val_max_samples, processor=processor)
-    shuffle_seed = data.seed if data.validation_shuffle else None
+    shuffle_seed = train_loader.sampler.seed if data.validation_shuffle else None  # data.seed, or the drawn one
     return train_loader, build_val_loader(val_set, data.val_batch_size, collate_fn, shuffle_seed)
 
 

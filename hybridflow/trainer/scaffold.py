@@ -58,7 +58,7 @@ def build_processor(model: ModelConfig, tokenizer: Any, trust_remote_code: bool 
     return load_processor(resolve_model_path(model.path), tokenizer, trust_remote_code=trusted)
 
 
-def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int,
+def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int | None,
                        collate_fn: Callable[[list], Any]) -> DataLoader:
     """Full batches only, in a seeded order that `sampler.state_dict()` can resume exactly."""
     if len(dataset) < batch_size:

@@ -52,3 +52,27 @@ def test_state_from_another_setup_is_refused() -> None:
     state = build_sampler(DATASET, shuffle=True, seed=1).state_dict()
     with pytest.raises(ValueError, match="seed=1"):
         build_sampler(DATASET, shuffle=True, seed=2).load_state_dict(state)
+
+
+def test_an_unseeded_sampler_draws_its_seed_and_a_resume_continues_its_order(caplog) -> None:
+    """data.seed=null (verl's default): each run draws a seed (logged); a resume takes the checkpoint's."""
+    with caplog.at_level("INFO", logger="hybridflow.data.sampler"):
+        first = build_sampler(list(range(1000)), shuffle=True, seed=None)
+    other = build_sampler(list(range(1000)), shuffle=True, seed=None)
+    assert first.seed != other.seed and list(first) != list(other)  # 2**-31 odds of a tie
+    assert f"seed {first.seed} (saved" in caplog.text
+    drawn = build_sampler(DATASET, shuffle=True, seed=None)  # the run that saves
+    uninterrupted = take(build_sampler(DATASET, shuffle=True, seed=drawn.seed), 7)
+    before = take(drawn, 4)
+    resumed = build_sampler(DATASET, shuffle=True, seed=None)
+    resumed.load_state_dict(drawn.state_dict())
+    assert resumed.seed == drawn.seed and before + take(resumed, 3) == uninterrupted
+    with pytest.raises(ValueError, match="seed="):  # a seed set on the command line still must match
+        build_sampler(DATASET, shuffle=True, seed=drawn.seed + 1).load_state_dict(drawn.state_dict())
+
+
+def test_data_seed_null_loads_as_verl_writes_it() -> None:
+    from hybridflow.trainer.config import load_config
+
+    assert load_config(["data.seed=null"]).data.seed is None
+    assert load_config([]).data.seed == 1
