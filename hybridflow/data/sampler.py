@@ -1,8 +1,9 @@
 """A seeded sampler whose position can be saved and restored, so a resumed run sees the same prompts.
 
 The order of epoch `e` is `torch.randperm(n)` drawn from a generator seeded with `seed + e` (or 0..n-1
-without shuffling; a seed of None is drawn once and saved in the state); the state is `(epoch, number of indices already yielded in that epoch)`. Resuming
-from a saved state continues mid-epoch with exactly the indices an uninterrupted run would have given.
+without shuffling; a seed of None is drawn once and saved in the state); the state is `(epoch, number of
+indices already yielded in that epoch)`. Resuming from a saved state continues mid-epoch with exactly the
+indices an uninterrupted run would have given.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class StatefulSampler(Sampler[int]):
         self.seed_drawn = seed is None
         self.seed = secrets.randbits(31) if seed is None else seed
         if self.seed_drawn and shuffle:
-            logger.info("data.seed=null: drew the data order's seed %d (saved with each checkpoint; a resume takes the saved one)", self.seed)
+            logger.info("data.seed=null: drew the data order's seed %d (saved with each checkpoint; a resume takes "
+                        "the saved one)", self.seed)
         self.epoch = 0
         self.position = 0  # indices of `epoch` already yielded
 
