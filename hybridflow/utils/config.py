@@ -77,6 +77,22 @@ def check_positive(field: str, value: float | int | None, allow_none: bool = Fal
         raise ConfigFieldError(field, f"{field}={value!r} must be > 0")
 
 
+def check_micro_batch(field: str, value: int | None, budget_field: str, cut_by_tokens: bool) -> None:
+    """A micro-batch size in rows: > 0, or None (verl's default) where token budgets cut the micro-batches
+    (`budget_field`=True) and the row count is not read."""
+    if value is None and not cut_by_tokens:
+        raise ConfigFieldError(
+            field,
+            f"{field}=None with {budget_field}=False: micro-batches are cut by rows, so give their size; set {field} "
+            f"to a row count or {budget_field}=True (verl asks the same)",
+        )
+    check_positive(field, value, allow_none=True)
+
+
+ROWS_UNREAD = 1
+"""The engine's micro-batch rows where token budgets cut the micro-batches (a null size): never read there."""
+
+
 def check_at_least(field: str, value: float | int, minimum: float | int, why: str = "") -> None:
     """Raise unless `value` >= `minimum`."""
     if value < minimum:

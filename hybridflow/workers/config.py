@@ -21,7 +21,9 @@ from hybridflow.engines.training.config import (
     RouterReplayConfig,
 )
 from hybridflow.models.config import ModelConfig
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
+from hybridflow.utils.config import (
+    ROWS_UNREAD, ConfigFieldError, check_at_least, check_literal_fields, check_micro_batch, check_positive, unsupported,
+)
 from hybridflow.utils.profiler_config import RoleProfilerConfig
 
 __all__ = [
@@ -109,8 +111,9 @@ class ActorConfig(PPOLossConfig):
     """Training engine: fsdp2 (fsdp is accepted as a synonym; both shard with FSDP2)."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step (times rollout.n samples), before splitting over ranks."""
-    ppo_micro_batch_size_per_gpu: int = 4
-    """Samples per forward/backward on one rank (gradient accumulation fills the mini-batch)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 4
+    """Samples per forward/backward on one rank (gradient accumulation fills the mini-batch); null (verl's default)
+    only with use_dynamic_bsz, whose token budget cuts the micro-batches."""
     ppo_micro_batch_size: Optional[int] = None
     """verl's old global form of ppo_micro_batch_size_per_gpu: that key becomes this // the role's
     data-parallel ranks when the config loads (verl's workers divide it so)."""
@@ -174,7 +177,8 @@ class ActorConfig(PPOLossConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
-        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        check_micro_batch("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use_dynamic_bsz",
+                          self.use_dynamic_bsz)
         check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
         check_positive("ppo_epochs", self.ppo_epochs)
         check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
@@ -198,7 +202,7 @@ class ActorConfig(PPOLossConfig):
             model=model,
             fsdp=self.fsdp_config,
             optim=self.optim,
-            micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu or ROWS_UNREAD,
             total_training_steps=total_training_steps,
             share_prompts=self.use_prefix_grouper,
             ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
@@ -236,9 +240,10 @@ class RefConfig:
     """verl: as the actor's (True needs model.use_fused_kernels, whose head works chunk by chunk)."""
     entropy_from_logits_with_chunking: bool = False
     """verl: as the actor's (True needs model.use_fused_kernels, whose head works chunk by chunk)."""
-    log_prob_micro_batch_size_per_gpu: int = 8
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 8
     """Samples per forward when computing reference log-probs (the PPO trainer sets it from
-    rollout.log_prob_micro_batch_size_per_gpu unless given; 8 applies to a reference built on its own)."""
+    rollout.log_prob_micro_batch_size_per_gpu unless given; 8 applies to a reference built on its own); null only
+    with log_prob_use_dynamic_bsz."""
     log_prob_micro_batch_size: Optional[int] = None
     """verl's old global form of log_prob_micro_batch_size_per_gpu: that key becomes this // the role's
     data-parallel ranks when the config loads (verl's workers divide it so)."""
@@ -264,7 +269,8 @@ class RefConfig:
     actor's do (actor.router_replay.mode=R3, the batch carries them); R3 here without it is refused."""
 
     def __post_init__(self) -> None:
-        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_micro_batch("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu,
+                          "log_prob_use_dynamic_bsz", self.log_prob_use_dynamic_bsz)
         check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
         check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
 
@@ -280,7 +286,7 @@ class RefConfig:
         return FSDPEngineConfig(
             model=dataclasses.replace(model, lora_rank=0, lora_adapter_path=None),
             fsdp=self.fsdp_config,
-            micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu,
+            micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu or ROWS_UNREAD,
             share_prompts=share_prompts,
             ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,
         )
@@ -364,13 +370,13 @@ class CriticConfig:
     """Critic optimizer."""
     ppo_mini_batch_size: int = 256
     """Prompts per critic optimizer step (times rollout.n)."""
-    ppo_micro_batch_size_per_gpu: int = 4
-    """Samples per forward/backward on one rank."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 4
+    """Samples per forward/backward on one rank; null only with use_dynamic_bsz."""
     ppo_micro_batch_size: Optional[int] = None
     """verl's old global form of ppo_micro_batch_size_per_gpu: that key becomes this // the role's
     data-parallel ranks when the config loads (verl's workers divide it so)."""
-    forward_micro_batch_size_per_gpu: int = 8
-    """Samples per forward when computing values."""
+    forward_micro_batch_size_per_gpu: Optional[int] = 8
+    """Samples per forward when computing values; null only with use_dynamic_bsz."""
     forward_micro_batch_size: Optional[int] = None
     """verl's old global form of forward_micro_batch_size_per_gpu: that key becomes this // the role's
     data-parallel ranks when the config loads (verl's workers divide it so)."""
@@ -407,8 +413,8 @@ class CriticConfig:
     def __post_init__(self) -> None:
         check_literal_fields(self)
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
-        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
-        check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu)
+        for name in ("ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+            check_micro_batch(name, getattr(self, name), "use_dynamic_bsz", self.use_dynamic_bsz)
         check_positive("ppo_epochs", self.ppo_epochs)
         check_positive("cliprange_value", self.cliprange_value)
         check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
@@ -430,7 +436,7 @@ class CriticConfig:
             model=self.model,
             fsdp=self.model.fsdp_config,
             optim=self.optim,
-            micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            micro_batch_size_per_gpu=self.ppo_micro_batch_size_per_gpu or ROWS_UNREAD,
             total_training_steps=total_training_steps,
             share_prompts=self.use_prefix_grouper,
             ulysses_sequence_parallel_size=self.ulysses_sequence_parallel_size,

@@ -195,7 +195,7 @@ def run_update(
     data: DataProto,
     *,
     mini_batch_size_per_rank: int,
-    micro_batch_size: int,
+    micro_batch_size: int | None,
     max_token_len: int | None = None,
     epochs: int,
     shuffle: bool,

@@ -16,6 +16,7 @@ from hybridflow.utils.config import (
     ConfigFieldError,
     check_at_least,
     check_literal_fields,
+    check_micro_batch,
     check_positive,
     check_range,
     unsupported,
@@ -238,9 +239,10 @@ class RolloutConfig(SamplingConfig):
     """Prompt tokens (the trainer sets it from data.max_prompt_length)."""
     response_length: int = 512
     """Most tokens generated per response (the trainer sets it from data.max_response_length)."""
-    log_prob_micro_batch_size_per_gpu: int = 8
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 8
     """Samples per forward when recomputing old log-probs (the PPO trainer sets it from
-    actor.ppo_micro_batch_size_per_gpu unless given; 8 applies to a rollout built on its own)."""
+    actor.ppo_micro_batch_size_per_gpu unless given; 8 applies to a rollout built on its own); null only with
+    log_prob_use_dynamic_bsz."""
     log_prob_micro_batch_size: Optional[int] = None
     """verl's old global form of log_prob_micro_batch_size_per_gpu: that key becomes this // the role's
     data-parallel ranks when the config loads (verl's workers divide it so)."""
@@ -376,7 +378,8 @@ class RolloutConfig(SamplingConfig):
             )
         check_positive("prompt_length", self.prompt_length)
         check_positive("response_length", self.response_length)
-        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_micro_batch("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu,
+                          "log_prob_use_dynamic_bsz", self.log_prob_use_dynamic_bsz)
         check_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
         check_positive("tensor_model_parallel_size", self.tensor_model_parallel_size)

@@ -52,7 +52,7 @@ class BatchSizes:
 
 
 def derive_batch_sizes(
-    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int, epochs: int, token_budget: int | None = None,
+    cfg: PPOConfig, prefix: str, mini_batch: int, micro_batch: int | None, epochs: int, token_budget: int | None = None,
     group_size: int = 1,
 ) -> BatchSizes:
     """Check and derive the batch numbers of one updated model (`prefix` names its config keys); with a token
@@ -92,8 +92,8 @@ def derive_batch_sizes(
         mini_batch_prompts=mini_batch,
         mini_batch_samples=mini_samples,
         mini_batch_samples_per_rank=per_rank,
-        micro_batch_per_rank=micro_batch,
-        grad_accum_steps=per_rank // micro_batch,
+        micro_batch_per_rank=micro_batch or 0,  # 0: not set (token budgets cut the micro-batches)
+        grad_accum_steps=per_rank // micro_batch if token_budget is None else 0,
         optimizer_steps_per_step=(prompts // mini_batch) * epochs,
         token_budget=token_budget,
         group_size=group_size,

@@ -49,7 +49,8 @@ def apply_global_micro_batches(cfg: DictConfig, defaults: dict) -> None:
         if size is None:
             continue
         per_gpu_node = OmegaConf.select(cfg, entry.per_gpu_key)
-        if not _is_interpolation(cfg, entry.per_gpu_key) and per_gpu_node != _lookup(defaults, entry.per_gpu_key):
+        given = per_gpu_node is not None and per_gpu_node != _lookup(defaults, entry.per_gpu_key)  # null: verl's unset
+        if not _is_interpolation(cfg, entry.per_gpu_key) and given:
             raise ValueError(
                 f"{entry.global_key}={size} and {entry.per_gpu_key}={per_gpu_node} are both given; verl takes one: "
                 f"drop {entry.global_key} (the old global form)"
