@@ -35,6 +35,11 @@ def _to_plain(data: Any) -> Any:
     return data
 
 
+VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "gsm8k_answer"}
+"""verl's tool classes that a registered tool here reproduces (same schema, replies and rewards): a verl tools file
+naming one builds this tool, so verl's example configs load unchanged."""
+
+
 def _import_class(path: str, where: str) -> type:
     module_name, _, attr = path.rpartition(".")
     if not module_name:
@@ -44,8 +49,9 @@ def _import_class(path: str, where: str) -> type:
     except ImportError as err:
         hint = ""
         if module_name.split(".")[0] == "verl":
-            hint = (f"; verl's tool classes are not part of hybridflow: name a registered tool instead "
-                    f"(`name: <tool>`, one of {TOOLS.names()}) or give a class of your own (hybridflow.tools.BaseTool)")
+            hint = (f"; of verl's tool classes hybridflow builds only {sorted(VERL_TOOL_CLASSES)}: name a registered "
+                    f"tool instead (`name: <tool>`, one of {TOOLS.names()}) or give a class of your own "
+                    "(hybridflow.tools.BaseTool)")
         raise ValueError(f"{where}.class_name={path!r}: cannot import module {module_name!r}: {err}{hint}") from err
     try:
         return getattr(module, attr)
@@ -67,6 +73,8 @@ def _resolve_class(entry: Mapping[str, Any], where: str) -> type[BaseTool]:
     else:
         if not isinstance(entry["class_name"], str):
             raise ValueError(f"{where}.class_name must be a string, got {entry['class_name']!r}")
+        if entry["class_name"] in VERL_TOOL_CLASSES:
+            return TOOLS.get(VERL_TOOL_CLASSES[entry["class_name"]])
         cls = _import_class(entry["class_name"], where)
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
         field = "name" if "name" in entry else "class_name"

@@ -68,8 +68,9 @@ def test_load_from_a_list_and_from_omegaconf():
     ("- {name: calculator}\n- {name: abacus}", "tools[1].name: unknown tool 'abacus'; known: ["),
     ("- {class_name: hybridflow.tools.nope.Tool}",
      "tools[0].class_name='hybridflow.tools.nope.Tool': cannot import"),
-    ("- {class_name: verl.tools.gsm8k_tool.Gsm8kTool}",  # a verl tools YAML
-     "verl's tool classes are not part of hybridflow: name a registered tool instead (`name: <tool>`, one of ["),
+    ("- {class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool}",  # a verl tools YAML
+     "of verl's tool classes hybridflow builds only ['verl.tools.gsm8k_tool.Gsm8kTool']: name a registered tool "
+     "instead (`name: <tool>`, one of ["),
     ("- {class_name: hybridflow.tools.calculator.Nope}",
      "module 'hybridflow.tools.calculator' has no attribute 'Nope'"),
     ("- {class_name: hybridflow.tools.schemas.ToolResponse}",
