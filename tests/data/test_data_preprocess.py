@@ -182,3 +182,27 @@ def test_arithmetic_rows_whose_answer_ignores_operator_precedence_are_dropped(ca
     with caplog.at_level(logging.WARNING, logger="hybridflow.data.preprocess.reasoning_gym"):
         rg_script.build_rows(easy_task, easy_config, 64, 16, seed=0)
     assert "operator precedence" not in caplog.text
+
+
+def test_gsm8k_multiturn_tool_rows_feed_the_gsm8k_answer_tool(tmp_path: Path) -> None:
+    """verl's gsm8k_multiturn_w_tool layout: a system prompt naming the tool, and the tool's ground truth per row."""
+    import asyncio
+
+    from hybridflow.data.preprocess.gsm8k import TOOL_SYSTEM_PROMPT
+    from hybridflow.tools.gsm8k_answer import Gsm8kAnswerTool
+
+    source = tmp_path / "train.jsonl"
+    source.write_text(json.dumps({"question": "What is 6*7?", "answer": "6*7=42\n#### 42"}) + "\n")
+    gsm8k_script.main(["--input", str(source), "--local_dir", str(tmp_path / "out"), "--multiturn_tool"])
+    [row] = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and row["prompt"][0]["content"] == TOOL_SYSTEM_PROMPT
+    kwargs = row["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"]["create_kwargs"]
+    assert kwargs == {"ground_truth": "42"} and row["extra_info"]["interaction_kwargs"]["ground_truth"] == "42"
+
+    async def submit() -> float:
+        tool = Gsm8kAnswerTool()
+        instance = await tool.create(**kwargs)  # as the tool agent creates it from the row
+        await tool.execute(instance, {"answer": "42"})
+        return await tool.calc_reward(instance)
+
+    assert asyncio.run(submit()) == 1.0

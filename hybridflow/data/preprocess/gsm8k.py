@@ -8,6 +8,10 @@ Input records have `question` and `answer`, the answer ending in `#### N`. --inp
 (its split from --split, else from the file name train/test) or a directory holding train.jsonl and/or
 test.jsonl. Rows: data_source `openai/gsm8k`, the question plus verl's instruction to answer after
 "####", `reward_model.ground_truth` = N (commas removed).
+
+--multiturn_tool writes verl's `gsm8k_multiturn_w_tool` rows instead, for the tool agent with the `gsm8k_answer`
+tool (`calc_gsm8k_reward`): verl's system prompt asking for the tool before the final answer, and per row
+`extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth` and `interaction_kwargs` (query, ground_truth).
 """
 
 from __future__ import annotations
@@ -21,12 +25,20 @@ from typing import Any
 from hybridflow.data.preprocess.common import (
     add_output_args, check_outputs_free, make_row, read_json_records, write_splits)
 
-__all__ = ["DATA_SOURCE", "INSTRUCTION", "build_rows", "extract_answer", "main"]
+__all__ = ["DATA_SOURCE", "INSTRUCTION", "TOOL_SYSTEM_PROMPT", "build_rows", "extract_answer", "main"]
 
 logger = logging.getLogger(__name__)
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+TOOL_INSTRUCTION = "Let's think step by step and output the final answer after `####`."
+TOOL_SYSTEM_PROMPT = (
+    "You are a math expert. You are given a question and you need to solve it step by step. Reasoning step by step "
+    "before any tool call. You should use the `calc_gsm8k_reward` tool after step by step solving the question, "
+    "before generate final answer at least once and refine your answer if necessary. Put your final answer in the "
+    "format of `#### <answer>`."
+)
+"""verl's `gsm8k_multiturn_w_tool` prompt (examples/data_preprocess), word for word."""
 
 
 def extract_answer(answer: str, where: str) -> str:
@@ -36,20 +48,28 @@ def extract_answer(answer: str, where: str) -> str:
     return answer.split("####")[-1].strip().replace(",", "")
 
 
-def build_rows(records: Iterable[tuple[str, dict[str, Any]]], split: str) -> list[dict[str, Any]]:
-    """Parquet rows from (where, {'question', 'answer'}) records."""
+def build_rows(
+    records: Iterable[tuple[str, dict[str, Any]]], split: str, multiturn_tool: bool = False
+) -> list[dict[str, Any]]:
+    """Parquet rows from (where, {'question', 'answer'}) records (`multiturn_tool`: the tool agent's layout)."""
     rows = []
     for index, (where, record) in enumerate(records):
         for key in ("question", "answer"):
             if not isinstance(record.get(key), str):
                 raise ValueError(f"{where}: field {key!r} is missing")
-        rows.append(make_row(
-            data_source=DATA_SOURCE,
-            content=f"{record['question']} {INSTRUCTION}",
-            ability="math",
-            ground_truth=extract_answer(record["answer"], where),
-            extra_info={"split": split, "index": index, "question": record["question"], "answer": record["answer"]},
-        ))
+        solution = extract_answer(record["answer"], where)
+        extra_info = {"split": split, "index": index, "question": record["question"], "answer": record["answer"]}
+        if not multiturn_tool:
+            rows.append(make_row(data_source=DATA_SOURCE, content=f"{record['question']} {INSTRUCTION}",
+                                 ability="math", ground_truth=solution, extra_info=extra_info))
+            continue
+        question = f"{record['question']} {TOOL_INSTRUCTION}"
+        row = make_row(data_source=DATA_SOURCE, content=question, ability="math", ground_truth=solution,
+                       extra_info={**extra_info, "need_tools_kwargs": True,
+                                   "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": solution}}},
+                                   "interaction_kwargs": {"query": question, "ground_truth": solution}})
+        row["prompt"].insert(0, {"role": "system", "content": TOOL_SYSTEM_PROMPT})
+        rows.append(row)
     return rows
 
 
@@ -84,16 +104,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     source.add_argument("--input", help="a GSM8K .jsonl file, or a directory with train.jsonl/test.jsonl")
     source.add_argument("--hf", action="store_true", help="download openai/gsm8k with `datasets`")
     parser.add_argument("--split", choices=("train", "test"), help="split of a single --input file")
+    parser.add_argument("--multiturn_tool", action="store_true",
+                        help="verl's gsm8k_multiturn_w_tool rows, for the tool agent and its gsm8k_answer tool")
     add_output_args(parser)
     args = parser.parse_args(argv)
     if args.hf:
         splits = [args.split] if args.split else ["train", "test"]
         check_outputs_free(args.local_dir, splits, args.overwrite)
-        out = {split: build_rows(_hub_records(split), split) for split in splits}
+        out = {split: build_rows(_hub_records(split), split, args.multiturn_tool) for split in splits}
     else:
         inputs = _local_inputs(Path(args.input).expanduser(), args.split)
         check_outputs_free(args.local_dir, list(inputs), args.overwrite)
-        out = {split: build_rows(read_json_records(path), split) for split, path in inputs.items()}
+        out = {split: build_rows(read_json_records(path), split, args.multiturn_tool) for split, path in inputs.items()}
     write_splits(args.local_dir, out, args.overwrite)
 
 
