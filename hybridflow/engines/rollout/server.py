@@ -193,20 +193,11 @@ class GenerationServer:
         next `start`, with no tokens and `finish_reason='abort'`; a continuous-batching run ends the sequences it is
         decoding at its next step with their tokens so far. Returns the number of queued requests answered now."""
         self._aborting.set()
-        aborted, stop_seen = 0, False
-        while True:
-            try:
-                request = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if request is None:
-                stop_seen = True
-            else:
-                self._answer_aborted([request])
-                aborted += 1
+        queued, stop_seen = _drain(self._queue)
+        self._answer_aborted(queued)
         if stop_seen:
             self._queue.put(None)  # `stop` asked the engine thread to end: keep that
-        return aborted
+        return len(queued)
 
     def _answer_aborted(self, requests: list[_Request]) -> None:
         """Answer requests that never reached the engine as aborted; counted (from any thread)."""
@@ -410,6 +401,20 @@ class GenerationServer:
             self.reused_tokens += int(stats.get("reused_tokens", 0))
 
 
+def _drain(requests: queue.Queue) -> tuple[list[_Request], bool]:
+    """Take every request now queued; also whether a stop (None) was among them."""
+    taken, stop_seen = [], False
+    while True:
+        try:
+            request = requests.get_nowait()
+        except queue.Empty:
+            return taken, stop_seen
+        if request is None:
+            stop_seen = True
+        else:
+            taken.append(request)
+
+
 def _answer_aborted(request: _Request) -> None:
     """Answer a request that never reached the engine as aborted (no tokens)."""
     request.future.set_result(TokenOutput([], [], ABORTED))
@@ -478,17 +483,10 @@ class _RunSource:
 
     def _answer_waiting(self) -> None:
         """Answer the requests waiting for a run, here and in the queue, as aborted (a stop request is kept)."""
-        waiting = list(self.pending)
+        queued, stop_seen = _drain(self.requests)
+        waiting = [*self.pending, *queued]
         self.pending.clear()
-        while True:
-            try:
-                request = self.requests.get_nowait()
-            except queue.Empty:
-                break
-            if request is None:
-                self.stopping = True
-            else:
-                waiting.append(request)
+        self.stopping = self.stopping or stop_seen
         for request in waiting:
             _answer_aborted(request)
         self.num_aborted += len(waiting)
