@@ -15,9 +15,10 @@ token), `rollout_log_probs`, and per-row `__num_turns__` and `__tool_calls__`; m
 Over-sampling (verl's `rollout.over_sample_rate` r > 0, training batches only): once int(N * (1 - r)) of the N
 loops have returned, the replicas abort what is left (`GenerationServer.abort`, called in the workers'
 `CONTROL_GROUP`). A loop whose request was aborted ends; its row keeps its prompt but gets an empty response
-(`response_mask` all 0: no loss), as verl pads aborted requests, and is flagged in `__aborted__` (metric
-`agent/aborted`). Its reward is the reward function's for an empty response, and it stays in its group's
-advantage statistics (verl's behaviour); the step's time is no longer set by its slowest trajectories.
+(`response_mask` all 0: no loss), as verl pads aborted requests, and is flagged in `__aborted__` (verl's metric
+`response/aborted_ratio` counts the empty responses). Its reward is the reward function's for an empty response,
+and it stays in its group's advantage statistics (verl's behaviour); the step's time is no longer set by its
+slowest trajectories.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import hybridflow.agents.single_turn  # noqa: F401  (registers single_turn_agent
 import hybridflow.agents.tool_agent  # noqa: F401  (registers tool_agent)
 from hybridflow.agents.base import AGENT_LOOPS, AgentLoopContext, AgentLoopOutput
 from hybridflow.agents.server_manager import AsyncLLMServerManager
-from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.base import SamplingParams, completions_needed
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.server import build_prompt_batch
 from hybridflow.protocol import DataProto
@@ -130,14 +131,6 @@ class AgentLoopManager:
         return outputs
 
 
-def completions_needed(num_loops: int, over_sample_rate: float) -> int:
-    """Loops that must return before the rest are aborted: verl's int(N * (1 - over_sample_rate)), at least one;
-    N (none aborted) at rate 0."""
-    if over_sample_rate <= 0.0:
-        return num_loops
-    return max(1, int(num_loops * (1.0 - over_sample_rate)))
-
-
 def build_output(
     outputs: Sequence[AgentLoopOutput], pad_token_id: int, response_length: int, prompt_length: int = 0
 ) -> DataProto:
@@ -193,7 +186,7 @@ def _pad_responses(
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     """num_turns/{mean,max,min}, tool_calls/{mean,max,used_ratio} (used_ratio: the share of trajectories that
     called a tool), tool/error_rate, tool/timeouts (calls stopped at their tool's timeout_s, summed over the
-    batch), tool/latency_s, agent/truncated, agent/aborted (the share over-sampling ended)."""
+    batch), tool/latency_s, agent/truncated."""
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
     calls = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.float64)
     errors = float(sum(o.metrics.get("tool_errors", 0) for o in outputs))
@@ -206,7 +199,6 @@ def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
         "tool_calls/max": float(calls.max()),
         "tool_calls/used_ratio": float((calls > 0).mean()),
         "agent/truncated": float(np.mean([o.truncated for o in outputs])),
-        "agent/aborted": float(np.mean([o.aborted for o in outputs])),
     }
     if calls.sum() > 0:
         metrics["tool/error_rate"] = errors / float(calls.sum())

@@ -544,13 +544,14 @@ def test_verls_dapo_reward_kwargs_set_the_overlong_buffer(files):
 
 def test_a_tools_file_that_fails_to_load_is_named_by_its_key(files, tmp_path):
     tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {}\n")
+    tools.write_text("tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: {}\n")
     line = [f"data.train_files={files['train']}", "actor_rollout_ref.rollout.mode=async",
             "actor_rollout_ref.rollout.multi_turn.enable=True", "data.return_raw_chat=True",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}"]
     with nothing_started():
         with pytest.raises(ValueError, match=r"^actor_rollout_ref.rollout.multi_turn.tool_config_path: .*tools\[0\]"
-                                             r".class_name='verl.tools.gsm8k_tool.Gsm8kTool'.*name a registered tool"):
+                                             r".class_name='verl.tools.sandbox_fusion_tools.SandboxFusionTool'"
+                                             r".*name a registered tool"):
             validate_config(load_config(line))
 
 
@@ -578,7 +579,7 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
         "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True": "nothing computes sum",
         "reward_model.sandbox_fusion.url=http://sandbox": "local sandbox",
         "actor_rollout_ref.rollout.data_parallel_size=2": "replicas are data-parallel already",
-        "actor_rollout_ref.rollout.over_sample_rate=0.1": "rollout.mode=async or leave it at 0",  # agent loops only
+        "actor_rollout_ref.rollout.over_sample_rate=0.1": "cannot end early",  # hf's sync generate
         "actor_rollout_ref.actor.fsdp_config.full_determinism=True": "deterministic kernels",
     }
     for override, reason in refused.items():

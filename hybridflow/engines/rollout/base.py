@@ -186,6 +186,14 @@ def place_rollout_model(
     return model.to(device).eval(), device
 
 
+def completions_needed(num_rows: int, over_sample_rate: float) -> int:
+    """Trajectories that must end before over-sampling aborts the rest: verl's int(N * (1 - over_sample_rate)), at
+    least one; N (none aborted) at rate 0."""
+    if over_sample_rate <= 0.0:
+        return num_rows
+    return max(1, int(num_rows * (1.0 - over_sample_rate)))
+
+
 def rollout_engine_metrics(stats: dict | None) -> dict[str, float]:
     """A rollout's own figures for its last call (`last_stats`: the native engine's prefill and decode seconds,
     decode steps, CUDA graphs captured...) as `rollout/engine/<name>` metrics; numbers only."""

@@ -320,9 +320,11 @@ class RolloutConfig(SamplingConfig):
     )
     """verl: data-parallel ranks inside one rollout replica (vLLM's data-parallel attention)."""
     over_sample_rate: float = 0.0
-    """Agent loops (mode=async), training batches: once int(N * (1 - over_sample_rate)) of a batch's N trajectories
-    have ended, the rest are aborted; each keeps its prompt with an empty response (no loss; the reward of an empty
-    response), as verl pads them, and the share is logged (`agent/aborted`). 0: every trajectory runs to its end."""
+    """Training batches: once int(N * (1 - over_sample_rate)) of N trajectories have ended, the rest are aborted;
+    each keeps its prompt with an empty response (no loss; the reward of an empty response), as verl pads them,
+    flagged in `__aborted__` and counted in verl's `response/aborted_ratio`. With mode=async over the batch's agent
+    loops on all replicas; with mode=sync (engines that batch continuously: native) over each rank's share.
+    0: every trajectory runs to its end."""
     multi_stage_wake_up: bool = False
     """Wake the rollout in two stages around each weight hand-over (verl's key, SGLang's in verl): its weights first,
     then, once the trainer's tensors are copied in and freed, its KV cache; so the hand-over's transient full tensors
@@ -429,18 +431,21 @@ class RolloutConfig(SamplingConfig):
             )
 
     def _check_over_sampling(self) -> None:
-        """Aborts reach the generation servers of agent loops; a streaming engine split over ranks decodes what its
-        leader admitted in lock-step, so it could end only the queued requests, not the slow ones."""
+        """Aborts reach the agent loops' generation servers (async), or end a batch generation early in an engine that
+        batches continuously (sync); a streaming server split over ranks decodes what its leader admitted in
+        lock-step, so it could end only the queued requests, not the slow ones."""
         rate = self.over_sample_rate
         check_range("over_sample_rate", rate, 0.0, 1.0, high_open=True)
-        if rate > 0.0 and self.mode != "async":
+        if rate > 0.0 and self.mode == "sync" and not self.backend_spec.streams_requests:
+            continuous = backends_with("streams_requests")
             raise ConfigFieldError(
                 "over_sample_rate",
-                f"over_sample_rate={rate} with mode={self.mode!r}: trajectories are aborted on the agent loops' "
-                "generation servers, while the batch rollout generates a batch in one call; set mode=async or leave "
-                "it at 0",
+                f"over_sample_rate={rate} with mode='sync' and name={self.name!r}: that engine decodes a batch in one "
+                f"call that cannot end early; set name={continuous[0]} (continuous batching), or mode=async (agent "
+                "loops), or leave it at 0",
             )
-        if rate > 0.0 and self.tensor_model_parallel_size > 1 and self.backend_spec.streams_requests:
+        streaming_tp = self.tensor_model_parallel_size > 1 and self.backend_spec.streams_requests
+        if rate > 0.0 and self.mode == "async" and streaming_tp:
             raise ConfigFieldError(
                 "over_sample_rate",
                 f"over_sample_rate={rate} with name={self.name!r} and tensor_model_parallel_size="

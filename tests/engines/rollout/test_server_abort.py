@@ -3,6 +3,7 @@ a continuous-batching run ends the sequences it decodes with their tokens so far
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -152,3 +153,44 @@ def test_a_stopped_server_counts_no_abort(sharp_llama, tiny_tokenizer, streaming
     server = GenerationServer(NativeRollout(sharp_llama, tiny_tokenizer, GREEDY), tiny_tokenizer.pad_token_id,
                               max_model_len=64 if streaming else None)
     assert server.abort() == 0 and server.stats()["num_aborted"] == 0
+
+
+def test_batch_generation_over_samples_and_the_kept_rows_are_as_if_alone(sharp_llama, tiny_tokenizer):
+    """mode=sync with the native engine: a training call ends once int(rows * (1 - rate)) rows have ended; the rest
+    keep no tokens and are flagged; the kept rows are the uncut call's; validation never ends early."""
+    from hybridflow.engines.rollout.server import build_prompt_batch
+
+    prompts = _prompts(tiny_tokenizer)
+    batch = build_prompt_batch(prompts, tiny_tokenizer.pad_token_id)
+    greedy = NativeRollout(sharp_llama, tiny_tokenizer, SamplingParams(max_new_tokens=24, do_sample=False))
+    tokens = greedy.generate_sequences(batch).batch["responses"].tolist()
+    # stop tokens taken from the greedy responses end the rows at different steps: stragglers to cut
+    budgets = SamplingParams(max_new_tokens=24, do_sample=False,
+                             stop_token_ids=[tokens[row][step] for row, step in enumerate((2, 5, 8, 12))])
+    plain = NativeRollout(sharp_llama, tiny_tokenizer, budgets)
+    uncut = plain.generate_sequences(batch)
+    lengths = uncut.batch["response_mask"].sum(-1)
+    assert lengths.tolist() == [3, 6, 9, 13, 24], lengths
+    rollout = NativeRollout(sharp_llama, tiny_tokenizer, budgets, over_sample_rate=0.4)  # int(5 * 0.6) = 3 rows
+    out = rollout.generate_sequences(batch)
+    aborted = torch.tensor(out.non_tensor_batch["__aborted__"].tolist())
+    kept = ~aborted
+    assert aborted.tolist() == [False, False, False, True, True]  # the three shortest ended first
+    assert torch.equal(out.batch["responses"][kept], uncut.batch["responses"][kept])
+    assert out.batch["response_mask"][aborted].sum() == 0
+    assert (out.batch["responses"][aborted] == tiny_tokenizer.pad_token_id).all()
+    assert rollout.last_stats["num_decode_steps"] < plain.last_stats["num_decode_steps"]
+    assert rollout.last_stats["aborted_rows"] == int(aborted.sum())
+    batch.meta_info["validate"] = True
+    assert "__aborted__" not in rollout.generate_sequences(batch).non_tensor_batch
+
+    # two slots for 5 prompts x 2 samples: prompts still waiting for a slot end too, with all their samples
+    twice = dataclasses.replace(budgets, n=2)
+    batch.meta_info["validate"] = False
+    uncut = NativeRollout(sharp_llama, tiny_tokenizer, twice, max_num_seqs=2).generate_sequences(batch)
+    small = NativeRollout(sharp_llama, tiny_tokenizer, twice, max_num_seqs=2, over_sample_rate=0.5)
+    out = small.generate_sequences(batch)
+    aborted = torch.tensor(out.non_tensor_batch["__aborted__"].tolist())
+    assert int((~aborted).sum()) >= 5 and aborted.view(5, 2).all(1).any()  # a whole prompt never started
+    assert torch.equal(out.batch["responses"][~aborted], uncut.batch["responses"][~aborted])
+    assert small.last_stats["aborted_rows"] == int(aborted.sum())

@@ -57,6 +57,8 @@ class GenerationResult:
     """(rows,) int64, tokens generated including the stop token."""
     stats: dict[str, float] = field(default_factory=dict)
     """Wall times in seconds (`prefill_s`, `decode_s`, `first_token_s`) and `num_decode_steps`."""
+    aborted: torch.Tensor | None = None
+    """(rows,) bool on the host with `finish_after`: the rows ended with no tokens (over-sampling); else None."""
 
     def response_mask(self) -> torch.Tensor:
         """(rows, max_new_tokens) int64: 1 on the generated tokens (stop token included), 0 on padding."""
@@ -102,6 +104,7 @@ class _Run:
     num_active: int = 0
     span: int = 0  # at least 1 + the longest cached length among active slots: the attention width of the next step
     unchecked_steps: int = 0  # decode steps since finished sequences were last retired
+    num_finished: int = 0  # rows retired so far
     start: float = field(default_factory=time.perf_counter)
     stats: dict[str, float] = field(
         default_factory=lambda: {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "num_decode_steps": 0,
@@ -280,12 +283,15 @@ class ContinuousBatcher:
         stop_ids: list[int],
         pad_id: int,
         max_seqs: int | None = None,
+        finish_after: int | None = None,
     ) -> GenerationResult:
         """Generate `params.n` responses per prompt.
 
         prompts, positions: per prompt, (prompt_len,) int64 token ids and rope positions (no padding), on the
             host: the prefill sends each chunk to the device in one copy.
         max_seqs: cache slots this call may hold at most (a memory budget), below `max_num_seqs`; None: no limit.
+        finish_after: once this many rows have ended, the rest end with no tokens (`GenerationResult.aborted`;
+            verl's over-sampling); None: every row runs to its end.
         """
         n, max_new = params.n, params.max_new_tokens
         limit = self.slot_limit(max_seqs)
@@ -305,7 +311,7 @@ class ContinuousBatcher:
         run = _Run.create(
             prompts, positions, params, stop_ids, pad_id, capacity, num_rows, max_new, self.cache.num_slots, device
         )
-        return self._loop(run, deque(range(len(prompts))))
+        return self._loop(run, deque(range(len(prompts))), finish_after)
 
     @torch.inference_mode()
     def serve(
@@ -423,9 +429,12 @@ class ContinuousBatcher:
         run.stats["prefill_s"] += time.perf_counter() - start
 
     # ------------------------------------------------------------------ the loop
-    def _loop(self, run: _Run, waiting: deque[int]) -> GenerationResult:
-        start, captures_before = time.perf_counter(), self.decode.num_captures
+    def _loop(self, run: _Run, waiting: deque[int], finish_after: int | None = None) -> GenerationResult:
+        start, captures_before, aborted = time.perf_counter(), self.decode.num_captures, None
         while True:
+            if finish_after is not None and run.num_finished >= finish_after:
+                aborted = self._abort_rest(run, waiting)
+                break
             self._fill_slots(run, waiting)
             if run.num_active == 0:
                 break
@@ -435,7 +444,23 @@ class ContinuousBatcher:
         # dropped whenever the cache moves (sleep/wake_up between steps), so a count above 0 every step is a cost
         run.stats["decode_graph_captures"] = self.decode.num_captures - captures_before
         logger.debug("native rollout: %s", run.stats)
-        return GenerationResult(run.tokens[:, :-1], run.log_probs[:, :-1], run.num_generated, dict(run.stats))
+        return GenerationResult(run.tokens[:, :-1], run.log_probs[:, :-1], run.num_generated, dict(run.stats), aborted)
+
+    def _abort_rest(self, run: _Run, waiting: deque[int]) -> torch.Tensor:
+        """End the sequences still decoding and the prompts still waiting: their rows keep no tokens. Returns the
+        (rows,) bool mask of those rows, on the host."""
+        self._retire(run)  # those that ended since the last check end as they are
+        n, s = run.params.n, run.slots
+        rows = s.row[: run.num_active].tolist() + [p * n + i for p in waiting for i in range(n)]
+        waiting.clear()
+        aborted = torch.zeros(run.num_generated.numel(), dtype=torch.bool)
+        aborted[rows] = True
+        on_device = aborted.to(run.num_generated.device)
+        run.num_generated[on_device], run.tokens[on_device], run.log_probs[on_device] = 0, run.pad_id, 0.0
+        for tensor in s.tensors():
+            tensor[: run.num_active] = 0
+        run.num_active, run.stats["aborted_rows"] = 0, len(rows)
+        return aborted
 
     def _fill_slots(self, run: _Run, waiting: deque[int]) -> None:
         """Admit waiting prompts while `n` slots are free; retiring after each admission frees the slots of
@@ -548,6 +573,7 @@ class ContinuousBatcher:
         if not bool(done.any()):
             return
         finished = s.row[active][done]
+        run.num_finished += finished.numel()
         run.num_generated[finished] = s.count[active][done]
         if run.on_retire is not None:  # before compaction: the finished slots still hold their K/V
             run.on_retire(finished.tolist(), done.nonzero().squeeze(1).tolist())

@@ -25,6 +25,7 @@ from torch import nn
 from hybridflow.engines.rollout.base import (
     BaseRollout,
     SamplingParams,
+    completions_needed,
     place_rollout_model,
     sleep_rollout_model,
     wake_up_rollout_model,
@@ -105,6 +106,7 @@ class NativeRollout(BaseRollout):
         done_check_interval: int | None = None,
         cuda_graphs: bool = True,
         compile_decode: bool = False,
+        over_sample_rate: float = 0.0,
     ) -> None:
         """
         Args:
@@ -134,6 +136,9 @@ class NativeRollout(BaseRollout):
             compile_decode: run the decode step through `torch.compile` (inductor fuses its elementwise work:
                 fewer kernels per step, and fewer nodes per captured graph). Opt-in, an A/B for a GPU run
                 (`benchmarks/gpu_profile.py`, section decode); it needs the torch-ops step (`kernels="torch"` on CPU).
+            over_sample_rate: training calls (not `validate`) end once int(rows * (1 - rate)) rows have ended; the
+                rest keep no tokens and are flagged in `__aborted__` (verl's over-sampling, `rollout.over_sample_rate`
+                with mode=sync). 0: every row runs to its end.
         """
         check_kernel_mode(kernels)
         if max_num_seqs < 1 or max_prefill_tokens < 1:
@@ -148,6 +153,7 @@ class NativeRollout(BaseRollout):
         self.tokenizer = prepare_tokenizer(tokenizer)
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
+        self.over_sample_rate = over_sample_rate
         self.num_threads = num_threads
         cpu_kernels = load_cpu_kernels(kernels) if self.device.type == "cpu" else None
         self.forward = LlamaFamilyForward(self.model, cpu_kernels, self.tp)
@@ -180,6 +186,8 @@ class NativeRollout(BaseRollout):
         chunks), `max_num_seqs` (the KV-cache slots, sequences decoded together) and `max_num_batched_tokens` (the
         tokens one prefill chunk takes)."""
         kwargs: dict[str, Any] = {"cuda_graphs": not config.enforce_eager}
+        if config.mode == "sync" and config.over_sample_rate > 0:  # agent loops: the agent-loop manager's, over all
+            kwargs["over_sample_rate"] = config.over_sample_rate  # replicas
         defaults = {field.name: field.default for field in dataclasses.fields(config)}
         if config.max_num_seqs != defaults["max_num_seqs"]:
             kwargs["max_num_seqs"] = config.max_num_seqs
@@ -212,6 +220,7 @@ class NativeRollout(BaseRollout):
             copies = 1
         distinct = slice(None, None, copies)
         prompt_list, position_list = unpad_rows(prompt_ids[distinct], prompt_pos[distinct], keep[distinct])
+        rate = 0.0 if prompts.meta_info.get("validate", False) else self.over_sample_rate
         with self._threads():
             result = self.batcher.generate(
                 prompt_list,
@@ -220,11 +229,15 @@ class NativeRollout(BaseRollout):
                 stop_ids,
                 self.tokenizer.pad_token_id,
                 max_seqs=max_seqs,
+                finish_after=completions_needed(len(prompts) * params.n, rate) if rate > 0 else None,
             )
         self.last_stats = result.stats
-        return build_output_for_prompts(
+        output = build_output_for_prompts(
             prompts, result.tokens, result.response_mask(), result.log_probs, self.tokenizer.pad_token_id, params.n
         )
+        if result.aborted is not None:
+            output.non_tensor_batch["__aborted__"] = result.aborted.numpy()
+        return output
 
     def serve(
         self,
