@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, unsupported
+from hybridflow.utils.config import ConfigFieldError, check_at_least, unsupported
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "FusedKernelOptions", "ModelConfig", "check_lora_adapter_path", "check_override_config"]
 
@@ -73,14 +73,21 @@ def check_override_config(override_config: dict[str, Any]) -> None:
 class FusedKernelOptions:
     """How the fused vocabulary projection runs (verl's `fused_kernel_options.*`)."""
 
-    impl_backend: Literal["torch"] = "torch"
-    """Implementation: torch (chunked matmuls and reductions); verl's triton backend is not implemented."""
+    impl_backend: str = "torch"
+    """Implementation: torch (chunked matmuls and reductions, on every device); verl's triton backend is refused."""
     chunk_size: int = 1024
     """Rows projected to the vocabulary at once; the projection's memory is about 3 x chunk_size x vocab x 4 bytes.
     A hybridflow key: verl's torch backend uses 512."""
 
     def __post_init__(self) -> None:
-        check_literal_fields(self)
+        if self.impl_backend != "torch":
+            raise ConfigFieldError(
+                "impl_backend",
+                f"impl_backend={self.impl_backend!r}: hybridflow's fused head is its torch one on every device "
+                "(projection, log-softmax and entropy chunk by chunk, engines/training/chunked_projection.py); verl's "
+                "triton kernels are not built. Set impl_backend=torch: the same log-probs and entropy, the memory "
+                "bounded by chunk_size",
+            )
         check_at_least("chunk_size", self.chunk_size, 1)
 
 

@@ -63,6 +63,7 @@ REFUSED = [  # (override, words of the reason)
     ("data.sampler.class_path=my_sampler.py", "resumable shuffle"),
     ("reward_manager.source=importlib", "reward_manager.source"),
     ("actor_rollout_ref.rollout.disable_log_stats=False", "engine_kwargs.vllm"),
+    ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton", "triton kernels are not built"),
 ]
 
 
