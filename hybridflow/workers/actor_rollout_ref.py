@@ -171,6 +171,8 @@ class ActorRolloutRefWorker(Worker):
                      **(rollout_cls.kwargs_from_config(rollout) if spec.engine_keys else {})}
         if tp_mesh is not None:
             extra["tp_mesh"] = tp_mesh
+        if rollout.mode == "sync" and rollout.over_sample_rate > 0:  # agent loops over-sample in the manager
+            extra["over_sample_rate"] = rollout.over_sample_rate
         self.rollout = rollout_cls(
             model,
             self.tokenizer,

@@ -120,8 +120,7 @@ def test_the_tool_agent_ends_at_an_aborted_turn(chat_tokenizer):
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"over_sample_rate": 0.1}, "set name=native (continuous batching), or mode=async"),
-        ({"over_sample_rate": 0.1, "name": "vllm"}, "set name=native (continuous batching), or mode=async"),
+        ({"over_sample_rate": 0.1, "name": "vllm"}, "use name in ['hf', 'native'], or mode=async"),
         ({"over_sample_rate": 1.0, "mode": "async"}, "must be in [0.0, 1.0)"),
         ({"over_sample_rate": -0.1, "mode": "async"}, "must be in [0.0, 1.0)"),
         ({"over_sample_rate": 0.1, "mode": "async", "name": "native", "tensor_model_parallel_size": 2},
@@ -135,8 +134,10 @@ def test_settings_it_cannot_honour_are_refused(overrides, words):
 
 
 def test_the_layouts_that_over_sample():
-    """Per-batch servers abort queued requests on their leader alone (an hf replica split over ranks may); the native
-    engine's batch generation ends early on every rank of a tensor-parallel group alike (its steps are the same)."""
+    """Per-batch servers abort queued requests on their leader alone (an hf replica split over ranks may); batch
+    generation (native, hf) ends early on every rank of a tensor-parallel group alike (its steps are the same)."""
     assert RolloutConfig(mode="async", over_sample_rate=0.1, tensor_model_parallel_size=2).over_sample_rate == 0.1
-    for tp in (1, 2):
-        assert RolloutConfig(name="native", over_sample_rate=0.1, tensor_model_parallel_size=tp).over_sample_rate == 0.1
+    for name in ("native", "hf"):
+        for tp in (1, 2):
+            config = RolloutConfig(name=name, over_sample_rate=0.1, tensor_model_parallel_size=tp)
+            assert config.over_sample_rate == 0.1

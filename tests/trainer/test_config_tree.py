@@ -568,7 +568,7 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
             "actor_rollout_ref.actor.fsdp_config.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.use_orig_params=True",
             "actor_rollout_ref.rollout.skip_tokenizer_init=True", "reward_model.reward_manager=prime",
             "actor_rollout_ref.model.use_shm=True", "data.trust_remote_code=True", "actor_rollout_ref.nccl_timeout=1800",
-            "actor_rollout_ref.rollout.over_sample_rate=0"]
+            "actor_rollout_ref.rollout.over_sample_rate=0.1"]
     held += ["actor_rollout_ref.actor.calculate_sum_pi_squared=True",
              "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True"]
     cfg = load_config([*line, *held])
@@ -579,7 +579,6 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
         "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True": "nothing computes sum",
         "reward_model.sandbox_fusion.url=http://sandbox": "local sandbox",
         "actor_rollout_ref.rollout.data_parallel_size=2": "replicas are data-parallel already",
-        "actor_rollout_ref.rollout.over_sample_rate=0.1": "cannot end early",  # hf's sync generate
         "actor_rollout_ref.actor.fsdp_config.full_determinism=True": "deterministic kernels",
     }
     for override, reason in refused.items():

@@ -323,7 +323,7 @@ class RolloutConfig(SamplingConfig):
     """Training batches: once int(N * (1 - over_sample_rate)) of N trajectories have ended, the rest are aborted;
     each keeps its prompt with an empty response (no loss; the reward of an empty response), as verl pads them,
     flagged in `__aborted__` and counted in verl's `response/aborted_ratio`. With mode=async over the batch's agent
-    loops on all replicas; with mode=sync (engines that batch continuously: native) over each rank's share.
+    loops on all replicas; with mode=sync (native and hf engines) over each generate call of each rank.
     0: every trajectory runs to its end."""
     multi_stage_wake_up: bool = False
     """Wake the rollout in two stages around each weight hand-over (verl's key, SGLang's in verl): its weights first,
@@ -436,13 +436,12 @@ class RolloutConfig(SamplingConfig):
         lock-step, so it could end only the queued requests, not the slow ones."""
         rate = self.over_sample_rate
         check_range("over_sample_rate", rate, 0.0, 1.0, high_open=True)
-        if rate > 0.0 and self.mode == "sync" and not self.backend_spec.streams_requests:
-            continuous = backends_with("streams_requests")
+        if rate > 0.0 and self.mode == "sync" and not self.backend_spec.ends_batches_early:
+            early = backends_with("ends_batches_early")
             raise ConfigFieldError(
                 "over_sample_rate",
-                f"over_sample_rate={rate} with mode='sync' and name={self.name!r}: that engine decodes a batch in one "
-                f"call that cannot end early; set name={continuous[0]} (continuous batching), or mode=async (agent "
-                "loops), or leave it at 0",
+                f"over_sample_rate={rate} with mode='sync' and name={self.name!r}: that engine's batch generation "
+                f"cannot end early here; use name in {early}, or mode=async (agent loops), or leave it at 0",
             )
         streaming_tp = self.tensor_model_parallel_size > 1 and self.backend_spec.streams_requests
         if rate > 0.0 and self.mode == "async" and streaming_tp:

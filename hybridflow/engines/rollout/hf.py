@@ -26,13 +26,14 @@ from collections.abc import Collection, Iterable, Iterator
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import (
     BaseRollout,
     SamplingParams,
+    completions_needed,
     place_rollout_model,
     sleep_rollout_model,
     wake_up_rollout_model,
@@ -86,6 +87,32 @@ class SampledLogProbRecorder(LogitsProcessor):
         return torch.stack(self.records[:num_tokens], dim=1)
 
 
+class FinishAfter(StoppingCriteria):
+    """Stops a `generate` call once `needed` of its rows have ended (an eos or stop token), for over-sampling; the
+    rows still running then are `unfinished_rows`. Every rank of a tensor-parallel replica sees the same tokens and
+    stops at the same step."""
+
+    def __init__(self, prompt_len: int, eos_ids: list[int], needed: int, max_new_tokens: int) -> None:
+        self.prompt_len, self.needed, self.max_new_tokens = prompt_len, needed, max_new_tokens
+        self.eos = torch.tensor(eos_ids)
+        self.stopped = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
+        ended = self._ended(input_ids[:, self.prompt_len :])
+        self.stopped = int(ended.sum()) >= self.needed  # one host sync per step, as generate's own check
+        return torch.full_like(ended, self.stopped)
+
+    def unfinished_rows(self, generated: torch.Tensor) -> torch.Tensor:
+        """(bs,) bool: the rows this criterion cut (none if it never stopped the call, or if the call ended at its
+        length limit anyway)."""
+        if not self.stopped or generated.size(1) >= self.max_new_tokens:
+            return torch.zeros(len(generated), dtype=torch.bool, device=generated.device)
+        return ~self._ended(generated)
+
+    def _ended(self, generated: torch.Tensor) -> torch.Tensor:
+        return torch.isin(generated, self.eos.to(generated.device)).any(dim=-1)
+
+
 class HFRollout(BaseRollout):
     """Generation with transformers' `generate` on this process's HF model, or on its shard of a tensor-parallel
     replica."""
@@ -103,6 +130,7 @@ class HFRollout(BaseRollout):
         dtype: str | torch.dtype = "float32",
         memory_utilization: float | None = None,
         tp_mesh=None,
+        over_sample_rate: float = 0.0,
     ) -> None:
         """
         Args:
@@ -117,6 +145,9 @@ class HFRollout(BaseRollout):
                 parallelism). Every rank of it must make the same calls with the same arguments and the same
                 torch RNG state. The rollout then holds its own shard of `model` (sliced from it, or read slice by
                 slice from a checkpoint) and never shares the trainer's module.
+            over_sample_rate: each training `generate` call (not `validate`) stops once int(rows * (1 - rate)) of its
+                rows have ended; the rest keep no tokens and are flagged in `__aborted__` (verl's over-sampling,
+                `rollout.over_sample_rate` with mode=sync). 0: every row runs to its end.
         """
         self.tp = RolloutTensorParallel.from_mesh(tp_mesh) if tp_mesh is not None and tp_mesh.size() > 1 else None
         if self.tp is None:
@@ -138,6 +169,7 @@ class HFRollout(BaseRollout):
         self.sampling_params = sampling_params
         self.val_sampling_params = val_sampling_params or sampling_params.greedy()
         self.micro_batch_size = micro_batch_size
+        self.over_sample_rate = over_sample_rate
         # Router replay (R3): record each position's experts as `routed_experts` (MoE models only).
         self.record_routed_experts = False
         # Sampling is defined by SamplingParams alone, not by defaults shipped in the checkpoint.
@@ -151,13 +183,16 @@ class HFRollout(BaseRollout):
             prompts = prompts.repeat(params.n, interleave=True)
         rows = self._rows_per_call(prompts.batch["input_ids"].size(1) + params.max_new_tokens, len(prompts))
         chunks = prompts.split(rows) if rows < len(prompts) else [prompts]
-        parts = [self._generate(chunk, params) for chunk in chunks]
-        responses, response_mask, log_probs, routed = (
+        rate = 0.0 if prompts.meta_info.get("validate", False) else self.over_sample_rate
+        parts = [self._generate(chunk, params, rate) for chunk in chunks]
+        responses, response_mask, log_probs, routed, aborted = (
             torch.cat(columns) if columns[0] is not None else None for columns in zip(*parts)
         )
         output = build_output_for_prompts(prompts, responses, response_mask, log_probs, self.tokenizer.pad_token_id)
         if routed is not None:
             output.batch[ROUTED_EXPERTS_KEY] = routed
+        if aborted is not None:
+            output.non_tensor_batch["__aborted__"] = aborted.cpu().numpy()
         return output
 
     def _rows_per_call(self, sequence_len: int, num_rows: int) -> int:
@@ -169,24 +204,35 @@ class HFRollout(BaseRollout):
         return max(rows, 1)
 
     @torch.no_grad()
-    def _generate(self, prompts: DataProto, params: SamplingParams) -> tuple[torch.Tensor, ...]:
-        """One `generate` call: (responses, response_mask, log_probs), each (bs, max_new_tokens), and the
-        `routed_experts` (bs, prompt_len + max_new_tokens, layers, k) when recording them (else None)."""
+    def _generate(self, prompts: DataProto, params: SamplingParams, over_sample_rate: float = 0.0) -> tuple:
+        """One `generate` call: (responses, response_mask, log_probs), each (bs, max_new_tokens), the
+        `routed_experts` (bs, prompt_len + max_new_tokens, layers, k) when recording them (else None), and with
+        `over_sample_rate` the (bs,) bool rows it ended with no tokens (else None)."""
         prompt_ids = prompts.batch["input_ids"].to(self.device)
         eos_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *params.stop_token_ids]))
         pad_id = self.tokenizer.pad_token_id
         recorder = SampledLogProbRecorder(params.log_prob_temperature)
         shape = moe_shape_of(self.model.config) if self.record_routed_experts else None
+        finish = None
+        if over_sample_rate > 0:
+            needed = completions_needed(len(prompt_ids), over_sample_rate)
+            finish = FinishAfter(prompt_ids.size(1), eos_ids, needed, params.max_new_tokens)
         with record_routing(self.model) if shape is not None else contextlib.nullcontext() as routing:
             sequences = self.model.generate(
                 **self._model_inputs(prompts),
                 generation_config=self._generation_config(params, eos_ids, pad_id),
                 logits_processor=self._logits_processors(params, recorder),
+                stopping_criteria=StoppingCriteriaList([finish] if finish is not None else []),
             )
         generated = sequences[:, prompt_ids.size(1) :]
         seq_len = prompt_ids.size(1) + params.max_new_tokens
         routed = routing.routed_experts(len(prompt_ids), seq_len, shape.num_experts) if shape is not None else None
-        return (*self._pad_responses(generated, recorder.finish(generated), params, eos_ids, pad_id), routed)
+        responses, mask, log_probs = self._pad_responses(generated, recorder.finish(generated), params, eos_ids, pad_id)
+        aborted = None
+        if finish is not None:
+            aborted = finish.unfinished_rows(generated)
+            responses[aborted], mask[aborted], log_probs[aborted] = pad_id, 0, 0.0
+        return responses, mask, log_probs, routed, aborted
 
     def _model_inputs(self, prompts: DataProto) -> dict[str, torch.Tensor]:
         """ids, mask and position ids of a text batch; for images, ids, mask and the rows' multi-modal inputs (the

@@ -34,6 +34,9 @@ class RolloutSpec:
     tensor_parallel_on_cpu: bool = True
     """Splits a replica over CPU ranks too (vllm: only over accelerators; its CPU engine runs in a child process
     outside the trainer's process group)."""
+    ends_batches_early: bool = False
+    """Its batch generation (mode=sync) can end once enough rows have ended (`rollout.over_sample_rate`; the
+    constructor's `over_sample_rate`)."""
     streams_requests: bool = False
     """Serves agent-loop requests by continuous batching (its class's `supports_streaming`): new requests join a
     running decode, and an abort ends the sequences being decoded at the next step."""
@@ -93,10 +96,11 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 
 register_rollout("hf", "hybridflow.engines.rollout.hf:HFRollout", RolloutSpec(
-    returns_log_probs=True, runs_vision=True, records_routing=True, tensor_parallel=True,
+    returns_log_probs=True, runs_vision=True, records_routing=True, tensor_parallel=True, ends_batches_early=True,
 ))
 register_rollout("native", "hybridflow.engines.rollout.native:NativeRollout", RolloutSpec(
     returns_log_probs=True, log_probs_match_trainer=True, tensor_parallel=True, streams_requests=True,
+    ends_batches_early=True,
     engine_keys=("enforce_eager", "max_num_seqs", "max_num_batched_tokens"),
     model_check="hybridflow.engines.rollout.native_support:native_unsupported_reason",
 ))

@@ -194,3 +194,27 @@ def test_batch_generation_over_samples_and_the_kept_rows_are_as_if_alone(sharp_l
     assert int((~aborted).sum()) >= 5 and aborted.view(5, 2).all(1).any()  # a whole prompt never started
     assert torch.equal(out.batch["responses"][~aborted], uncut.batch["responses"][~aborted])
     assert small.last_stats["aborted_rows"] == int(aborted.sum())
+
+
+def test_hf_batch_generation_over_samples_too(sharp_llama, tiny_tokenizer):
+    """The hf engine's generate stops once int(rows * (1 - rate)) rows have ended; the kept rows are the uncut call's,
+    the rest keep no tokens; validation never stops early."""
+    from hybridflow.engines.rollout.server import build_prompt_batch
+
+    prompts = _prompts(tiny_tokenizer)
+    batch = build_prompt_batch(prompts, tiny_tokenizer.pad_token_id)
+    greedy = HFRollout(sharp_llama, tiny_tokenizer, SamplingParams(max_new_tokens=24, do_sample=False))
+    tokens = greedy.generate_sequences(batch).batch["responses"].tolist()
+    budgets = SamplingParams(max_new_tokens=24, do_sample=False,
+                             stop_token_ids=[tokens[row][step] for row, step in enumerate((2, 5, 8, 12))])
+    uncut = HFRollout(sharp_llama, tiny_tokenizer, budgets).generate_sequences(batch)
+    assert uncut.batch["response_mask"].sum(-1).tolist() == [3, 6, 9, 13, 24]
+    rollout = HFRollout(sharp_llama, tiny_tokenizer, budgets, over_sample_rate=0.4)
+    out = rollout.generate_sequences(batch)
+    aborted = torch.tensor(out.non_tensor_batch["__aborted__"].tolist())
+    assert aborted.tolist() == [False, False, False, True, True]
+    assert torch.equal(out.batch["responses"][~aborted], uncut.batch["responses"][~aborted])
+    assert out.batch["response_mask"][aborted].sum() == 0
+    assert (out.batch["responses"][aborted] == tiny_tokenizer.pad_token_id).all()
+    batch.meta_info["validate"] = True
+    assert "__aborted__" not in rollout.generate_sequences(batch).non_tensor_batch

@@ -186,8 +186,6 @@ class NativeRollout(BaseRollout):
         chunks), `max_num_seqs` (the KV-cache slots, sequences decoded together) and `max_num_batched_tokens` (the
         tokens one prefill chunk takes)."""
         kwargs: dict[str, Any] = {"cuda_graphs": not config.enforce_eager}
-        if config.mode == "sync" and config.over_sample_rate > 0:  # agent loops: the agent-loop manager's, over all
-            kwargs["over_sample_rate"] = config.over_sample_rate  # replicas
         defaults = {field.name: field.default for field in dataclasses.fields(config)}
         if config.max_num_seqs != defaults["max_num_seqs"]:
             kwargs["max_num_seqs"] = config.max_num_seqs
