@@ -39,6 +39,11 @@ def check_fully_async(cfg: PPOConfig) -> None:
     check_off_policy_trainer(cfg, "fully async", [
         (cfg.trainer.critic_warmup > 0, f"trainer.critic_warmup={cfg.trainer.critic_warmup}",
          "the rollouter's staleness gate counts on a weight sync every trigger_parameter_sync_step steps; set it to 0"),
+        (cfg.async_training.partial_rollout and cfg.actor_rollout_ref.rollout.over_sample_rate > 0,
+         f"actor_rollout_ref.rollout.over_sample_rate={cfg.actor_rollout_ref.rollout.over_sample_rate} with "
+         "async_training.partial_rollout=True",
+         "over-sampling would end each chunk's call early and empty the rows that the next chunk continues; leave "
+         "over_sample_rate at 0 or set partial_rollout=False"),
     ])
     async_cfg, length = cfg.async_training, cfg.actor_rollout_ref.rollout.response_length
     if async_cfg.partial_rollout and async_cfg.partial_rollout_chunk_tokens >= length:

@@ -114,6 +114,9 @@ def test_syncs_before():
     (SPLIT + ("algorithm.filter_groups.enable=True",), ["algorithm.filter_groups.enable=True", "hybridflow train"]),
     (SPLIT + ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"), ["rollout.mode=async"]),
     (SPLIT + ("trainer.critic_warmup=1",), ["trainer.critic_warmup=1", "set it to 0"]),
+    (SPLIT + ("actor_rollout_ref.rollout.over_sample_rate=0.1", "async_training.partial_rollout=True",
+              "async_training.staleness_threshold=1", "async_training.partial_rollout_chunk_tokens=4"),
+     ["over_sample_rate=0.1 with async_training.partial_rollout=True", "the next chunk continues"]),
 ])
 def test_what_the_fully_async_trainer_needs_is_checked(train_file, extra, words):  # noqa: F811
     with pytest.raises(ValueError) as info:
