@@ -39,6 +39,10 @@ class AgentLoopOutput:
     """The response hit the length budget."""
     aborted: bool = False
     """The step's over-sampling ended it (`rollout.over_sample_rate`): the manager empties its response."""
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    """verl's per-trajectory extras (the tool agent's `tool_rewards`, each tool call's step reward, and
+    `turn_scores`, each interaction turn's score): the reward managers merge them into the reward function's
+    `extra_info`, as verl's do."""
 
     def __post_init__(self) -> None:
         lengths = {len(self.response_ids), len(self.response_mask), len(self.response_logprobs)}

@@ -141,6 +141,9 @@ def build_output(
     outputs = [_emptied(out) if out.aborted else out for out in outputs]
     prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id, prompt_length)
     prompts.non_tensor_batch["__aborted__"] = np.array([out.aborted for out in outputs], dtype=bool)
+    extra_fields = np.empty(len(outputs), dtype=object)  # one dict per row (np.array would make a 2-D array)
+    extra_fields[:] = [dict(out.extra_fields) for out in outputs]
+    prompts.non_tensor_batch["tool_extra_fields"] = extra_fields
     prompts.non_tensor_batch["__num_turns__"] = np.array([out.num_turns for out in outputs], dtype=np.int64)
     prompts.non_tensor_batch["__tool_calls__"] = np.array(
         [out.metrics.get("tool_calls", 0) for out in outputs], dtype=np.int64

@@ -48,6 +48,8 @@ class ToolAgentLoop(AgentLoopBase):
         self.parser = TOOL_PARSERS.get(cfg.format)()
         self.messages = list(messages)
         self.metrics: dict[str, float] = {"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0, "tool_latency_s": 0.0}
+        self.tool_rewards: list[float] = []  # each run call's step reward, in call order (verl's tool_rewards)
+        self.turn_scores: list[float] = []  # each interaction turn's score (verl's turn_scores)
         self.tool_instances = await self._create_tools(kwargs.get("tools_kwargs") or {})
         interaction, interaction_id = await self._start_interaction(kwargs.get("interaction_kwargs") or {})
         prompt_ids = self.encoder.encode_prompt(self.messages)
@@ -77,6 +79,7 @@ class ToolAgentLoop(AgentLoopBase):
                 elif interaction is not None and (cfg.max_user_turns is None or user_turns < cfg.max_user_turns):
                     done, reply, score, _ = await interaction.generate_response(interaction_id, self.messages)
                     out.reward_score = score
+                    self.turn_scores.append(score)
                     if done:
                         break
                     followup = [{"role": "user", "content": reply}]
@@ -90,6 +93,7 @@ class ToolAgentLoop(AgentLoopBase):
             await self._release(interaction, interaction_id)
         out.num_turns = len(self.messages) - len(messages)  # model, tool and user messages after the prompt
         out.metrics = {**self.metrics, "assistant_turns": assistant_turns, "user_turns": user_turns}
+        out.extra_fields = {"tool_rewards": list(self.tool_rewards), "turn_scores": list(self.turn_scores)}
         return out
 
     def _append_followup(self, out: AgentLoopOutput, ids: list[int]) -> bool:
@@ -115,7 +119,9 @@ class ToolAgentLoop(AgentLoopBase):
         errors = [f"Error: {message}" for message in parse_errors] + [
             f"Error: at most {limit} tool calls per turn; call {call.name!r} was not run." for call in calls[limit:]
         ]
-        results = await asyncio.gather(*(self._call_tool(call) for call in calls[:limit]))
+        outcomes = await asyncio.gather(*(self._call_tool(call) for call in calls[:limit]))
+        results = [text for text, _ in outcomes]
+        self.tool_rewards.extend(reward for _, reward in outcomes if reward is not None)
         # Malformed and over-limit calls are attempted calls that failed: counted in both.
         self.metrics["tool_calls"] += len(errors)
         self.metrics["tool_errors"] += len(errors)
@@ -125,14 +131,15 @@ class ToolAgentLoop(AgentLoopBase):
             for text in [*results, *errors]
         ]
 
-    async def _call_tool(self, call: FunctionCall) -> str:
+    async def _call_tool(self, call: FunctionCall) -> tuple[str, float | None]:
+        """The tool's reply for the model and its step reward (None for a call that reached no tool)."""
         self.metrics["tool_calls"] += 1
         tool = self.context.tools.get(call.name)
         if tool is None:
             self.metrics["tool_errors"] += 1
-            return f"Error: unknown tool {call.name!r}; available tools: {sorted(self.context.tools)}"
+            return f"Error: unknown tool {call.name!r}; available tools: {sorted(self.context.tools)}", None
         start = time.perf_counter()
-        response, _, tool_metrics = await tool.execute(self.tool_instances[call.name], call.arguments)
+        response, reward, tool_metrics = await tool.execute(self.tool_instances[call.name], call.arguments)
         elapsed = time.perf_counter() - start
         self.metrics["tool_latency_s"] += elapsed
         self.metrics[f"tool_latency_s/{call.name}"] = self.metrics.get(f"tool_latency_s/{call.name}", 0.0) + elapsed
@@ -141,7 +148,7 @@ class ToolAgentLoop(AgentLoopBase):
             self.metrics["tool_errors"] += 1
         if tool_metrics.get("timeout"):  # the tool's config.timeout_s; the model got an error message
             self.metrics["tool_timeouts"] += 1
-        return response.text
+        return response.text, float(reward)
 
     # ------------------------------------------------------------------ interaction and clean-up
     async def _start_interaction(self, interaction_kwargs: dict[str, Any]) -> tuple[Any, str | None]:

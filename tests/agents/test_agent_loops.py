@@ -270,3 +270,17 @@ def test_truncate_text_sides():
         cut = truncate_text(text, 40, side)
         assert len(cut) == 40 and "(truncated)" in cut
     assert truncate_text(text, 40, "right").startswith("abc") and truncate_text(text, 40, "left").endswith("xyz")
+
+
+def test_tool_rewards_travel_with_the_trajectory(chat_tokenizer):
+    """Each tool call's step reward is kept in call order (verl's `tool_rewards`), for the reward function."""
+    from hybridflow.tools.gsm8k_answer import NO_GAIN_PENALTY, Gsm8kAnswerTool
+
+    turns = [call("calc_gsm8k_reward", answer="4"), call("calc_gsm8k_reward", answer="5"),
+             call("calc_gsm8k_reward", answer="5"), "#### 5"]
+    ctx = context(chat_tokenizer, ScriptedServer(chat_tokenizer, turns), tools={"calc_gsm8k_reward": Gsm8kAnswerTool()})
+    tools_kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}}
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", tools_kwargs=tools_kwargs))
+    assert out.extra_fields == {"tool_rewards": [NO_GAIN_PENALTY, 0.0, NO_GAIN_PENALTY], "turn_scores": []}
+    batch = build_output([out], chat_tokenizer.pad_token_id, 512)
+    assert batch.non_tensor_batch["tool_extra_fields"][0] == out.extra_fields

@@ -222,3 +222,17 @@ def test_from_config_reads_the_sections(name: str, managers: list) -> None:
     assert manager.reward_fn_key == "source" and manager.pool.config is FAST and manager.num_examine == 0
     if name == "dapo":
         assert manager.overlong is overlong and manager.max_resp_len == RESPONSE_LEN
+
+
+def test_an_agent_loop_s_tool_extra_fields_reach_the_reward_function_s_extra_info() -> None:
+    """verl's reward managers merge each row's `tool_extra_fields` (tool_rewards, turn_scores) into its extra_info."""
+    import numpy as np
+
+    from hybridflow.rewards.manager.base import decode_batch
+
+    batch = make_batch(SAMPLES[:2])
+    fields = np.empty(2, dtype=object)
+    fields[:] = [{"tool_rewards": [0.0, -0.05], "turn_scores": [1.0]}, {}]
+    batch.non_tensor_batch["tool_extra_fields"] = fields
+    decoded = decode_batch(batch, CharTokenizer(), "data_source")
+    assert decoded.extra_infos == [{"index": 0, "tool_rewards": [0.0, -0.05], "turn_scores": [1.0]}, {"index": 1}]

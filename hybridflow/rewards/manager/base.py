@@ -88,7 +88,8 @@ def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> Decoded
 
     data.batch: prompts (bs, prompt_len) left-padded, responses (bs, response_len),
     attention_mask (bs, prompt_len + response_len). data.non_tensor_batch: `reward_fn_key`,
-    reward_model ({'ground_truth', ...}), optionally extra_info.
+    reward_model ({'ground_truth', ...}), optionally extra_info, and an agent loop's `tool_extra_fields` (its
+    `tool_rewards`, `turn_scores`), merged into each row's extra_info as verl's reward managers merge them.
     """
     for key in ("prompts", "responses", "attention_mask"):
         if key not in data.batch.keys():
@@ -104,14 +105,17 @@ def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> Decoded
     response_ids = [responses[i, :n].tolist() for i, n in enumerate(response_lengths)]
     prompt_ids = [prompts[i, prompt_len - n:].tolist() for i, n in enumerate(prompt_lengths)]
     extra = data.non_tensor_batch.get("extra_info")
+    extra_infos = [dict(info) if isinstance(info, dict) else {} for info in extra] if extra is not None else [
+        {} for _ in range(len(data))]
+    for info, fields in zip(extra_infos, data.non_tensor_batch.get("tool_extra_fields", [])):
+        info.update(fields if isinstance(fields, dict) else {})
     return DecodedBatch(
         prompt_strs=tokenizer.batch_decode(prompt_ids, skip_special_tokens=True),
         response_strs=tokenizer.batch_decode(response_ids, skip_special_tokens=True),
         valid_response_lengths=[int(n) for n in response_lengths],
         data_sources=[str(ds) for ds in data.non_tensor_batch[reward_fn_key]],
         ground_truths=[rm["ground_truth"] for rm in data.non_tensor_batch["reward_model"]],
-        extra_infos=[dict(info) if isinstance(info, dict) else {} for info in extra]
-        if extra is not None else [{} for _ in range(len(data))],
+        extra_infos=extra_infos,
     )
 
 
