@@ -3,11 +3,14 @@
 verl's interface: `start_interaction`, `generate_response(instance_id, messages) -> (should_terminate,
 response_text, score, metadata)`, `calculate_score`, `finalize_interaction`. Built-in: `answer_feedback`,
 which scores the model's last answer with the row's reward scorer and, while it is wrong, tells the model so
-and lets it try again (verl's gsm8k interaction, for any data source with a registered scorer).
+and lets it try again (verl's gsm8k interaction, for any data source with a registered scorer); and `gsm8k`,
+verl's `verl.interactions.gsm8k_interaction.Gsm8kInteraction` itself (strict GSM8K extraction, its messages), which
+a verl interaction file naming that class builds.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,6 +20,7 @@ from typing import Any
 import yaml
 
 from hybridflow.rewards.score import resolve_scorer
+from hybridflow.rewards.score.gsm8k import compute_score as compute_gsm8k_score
 from hybridflow.utils.registry import Registry
 
 
@@ -73,6 +77,35 @@ class AnswerFeedbackInteraction(BaseInteraction):
         return False, message, score, {}
 
 
+@INTERACTIONS.register("gsm8k")
+class Gsm8kInteraction(BaseInteraction):
+    """verl's GSM8K interaction: the last assistant message is scored against `ground_truth` (the row's
+    `interaction_kwargs`) with strict GSM8K extraction (`#### <answer>`); right ends the trajectory, wrong asks for
+    another try, in verl's words."""
+
+    async def start_interaction(self, instance_id: str | None = None, **kwargs: Any) -> str:
+        if kwargs.get("ground_truth") is None:
+            raise ValueError("the gsm8k interaction needs the problem's answer: give each row "
+                             "extra_info.interaction_kwargs.ground_truth (verl's GSM8K preprocessing does)")
+        return await super().start_interaction(instance_id, **kwargs)
+
+    async def generate_response(
+        self, instance_id: str, messages: list[dict], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
+        state = self.instances[instance_id]
+        answer = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
+        state["score"] = compute_gsm8k_score(answer, str(state["ground_truth"]), method="strict")
+        if state["score"] == 1.0:
+            return True, "Your response is correct!", state["score"], {}
+        retry = "Your response is incorrect! You need to reflect on your answer and try again."
+        return False, retry, state["score"], {}
+
+
+VERL_INTERACTION_CLASSES = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "gsm8k"}
+"""verl's interaction classes that a registered interaction here reproduces: a verl interaction file naming one
+builds it."""
+
+
 def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction]:
     """Read `interaction: [{name, type | class_name, config}]` from a YAML file; name -> instance."""
     data = yaml.safe_load(Path(path).read_text()) or {}
@@ -84,14 +117,23 @@ def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction
         where = f"{path}: interaction[{index}]"
         if not isinstance(entry, Mapping) or "name" not in entry:
             raise ValueError(f"{where} needs a 'name' (and 'type' or 'class_name')")
-        if "class_name" in entry:
-            module_name, _, class_name = str(entry["class_name"]).rpartition(".")
-            import importlib
-
-            cls = getattr(importlib.import_module(module_name), class_name)
+        if entry.get("class_name") in VERL_INTERACTION_CLASSES:
+            cls = INTERACTIONS.get(VERL_INTERACTION_CLASSES[entry["class_name"]])
+        elif "class_name" in entry:
+            cls = _import_interaction(str(entry["class_name"]), where)
         else:
             cls = INTERACTIONS.get(entry.get("type", entry["name"]))
         if entry["name"] in interactions:
             raise ValueError(f"{where}: name {entry['name']!r} is used twice")
         interactions[entry["name"]] = cls(entry.get("config"))
     return interactions
+
+
+def _import_interaction(path: str, where: str) -> type[BaseInteraction]:
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as err:
+        hint = (f"; of verl's interaction classes hybridflow builds only {sorted(VERL_INTERACTION_CLASSES)}: name a "
+                f"registered one with `type:` ({INTERACTIONS.names()})" if module_name.split(".")[0] == "verl" else "")
+        raise ValueError(f"{where}.class_name={path!r} cannot be imported: {err}{hint}") from err

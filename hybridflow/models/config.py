@@ -189,10 +189,11 @@ class ModelConfig:
     custom_chat_template: Optional[str] = None
     """A Jinja chat template that replaces the tokenizer's own (verl's key), wherever this model's tokenizer renders
     conversations: the driver's prompts and every worker's tokenizer."""
-    enable_activation_offload: bool = unsupported(
-        False, "activations are not offloaded to the host; enable_gradient_checkpointing saves their memory"
-    )
-    """verl: offload activations to CPU between forward and backward."""
+    enable_activation_offload: bool = False
+    """Keep the tensors a training forward saves for its backward in host memory (pinned on accelerators) until the
+    backward needs them (`torch.autograd.graph.save_on_cpu`; verl's key): activation memory on the accelerator for
+    host-device copies. With enable_gradient_checkpointing only each layer's input is saved. On CPU ranks a no-op
+    (they are in host memory already)."""
     hf_config_path: Optional[str] = unsupported(None, "the HF config is read from path, with override_config on top")
     """verl: an HF config read from another place than the weights."""
     tiled_mlp: TiledMLPConfig = field(default_factory=lambda: TiledMLPConfig())

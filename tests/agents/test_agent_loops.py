@@ -284,3 +284,26 @@ def test_tool_rewards_travel_with_the_trajectory(chat_tokenizer):
     assert out.extra_fields == {"tool_rewards": [NO_GAIN_PENALTY, 0.0, NO_GAIN_PENALTY], "turn_scores": []}
     batch = build_output([out], chat_tokenizer.pad_token_id, 512)
     assert batch.non_tensor_batch["tool_extra_fields"][0] == out.extra_fields
+
+
+def test_verl_s_gsm8k_interaction_file_builds_its_interaction(chat_tokenizer, tmp_path):
+    """verl's gsm8k interaction config (class_name verl.interactions...Gsm8kInteraction) loads unchanged; the row's
+    interaction_kwargs (name, query, ground_truth, as verl's preprocessing writes them) drive it: strict extraction,
+    verl's messages, the turn scores kept for the reward function."""
+    config = tmp_path / "gsm8k_interaction_config.yaml"
+    config.write_text('interaction:\n  - name: "gsm8k"\n    class_name: "verl.interactions.gsm8k_interaction.'
+                      'Gsm8kInteraction"\n    config: {}\n')
+    interactions = load_interactions(config)
+    server = ScriptedServer(chat_tokenizer, ["The answer is 5.", "#### 5", "never asked"])  # strict: needs ####
+    ctx = context(chat_tokenizer, server, interactions=interactions)
+    kwargs = {"name": "gsm8k", "query": "What is 2 + 3?", "ground_truth": "5"}
+    out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", interaction_kwargs=kwargs))
+    assert len(server.outputs) == 2 and out.reward_score == 1.0 and out.extra_fields["turn_scores"] == [0.0, 1.0]
+    feedback = chat_tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert "Your response is incorrect! You need to reflect on your answer and try again." in feedback
+    with pytest.raises(ValueError, match="interaction_kwargs.ground_truth"):
+        asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r2", interaction_kwargs={"name": "gsm8k"}))
+    other = tmp_path / "other.yaml"
+    other.write_text("interaction:\n  - name: x\n    class_name: verl.interactions.other.Other\n")
+    with pytest.raises(ValueError, match=r"builds only \['verl.interactions.gsm8k_interaction.Gsm8kInteraction'\]"):
+        load_interactions(other)

@@ -206,3 +206,18 @@ def test_gsm8k_multiturn_tool_rows_feed_the_gsm8k_answer_tool(tmp_path: Path) ->
         return await tool.calc_reward(instance)
 
     assert asyncio.run(submit()) == 1.0
+
+
+def test_gsm8k_multiturn_interaction_rows_name_verl_s_interaction(tmp_path: Path) -> None:
+    from hybridflow.data.preprocess.gsm8k import INTERACTION_SYSTEM_PROMPT
+
+    source = tmp_path / "test.jsonl"
+    source.write_text(json.dumps({"question": "What is 6*7?", "answer": "6*7=42\n#### 42"}) + "\n")
+    gsm8k_script.main(["--input", str(source), "--local_dir", str(tmp_path / "out"), "--multiturn_interaction"])
+    [row] = pq.read_table(tmp_path / "out" / "test.parquet").to_pylist()
+    assert row["prompt"][0] == {"role": "system", "content": INTERACTION_SYSTEM_PROMPT}
+    assert row["extra_info"]["interaction_kwargs"] == {
+        "name": "gsm8k", "query": row["prompt"][1]["content"], "ground_truth": "42"}
+    with pytest.raises(SystemExit):  # one layout at a time
+        gsm8k_script.main(["--input", str(source), "--local_dir", str(tmp_path / "x"), "--multiturn_tool",
+                           "--multiturn_interaction"])

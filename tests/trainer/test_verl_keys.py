@@ -155,3 +155,15 @@ def test_calculate_entropy_makes_the_update_compute_it():
     assert update_computes_entropy(ActorConfig(entropy_coeff=0.0, calculate_entropy=True), False)
     assert update_computes_entropy(ActorConfig(entropy_coeff=0.01), False)
     assert update_computes_entropy(ActorConfig(entropy_coeff=0.0), True)
+
+
+def test_multi_turn_defaults_to_agent_loops_as_verl_s_async_mode(files):  # noqa: F811
+    """verl's rollout.mode defaults to async; here the default follows multi_turn.enable (only agent loops run the
+    tool agent), and a mode given on the command line wins: multi-turn with mode=sync is refused before Ray."""
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+            "data.return_raw_chat=True"]
+    assert load_config(line).actor_rollout_ref.rollout.mode == "sync"
+    multi_turn = [*line, "actor_rollout_ref.rollout.multi_turn.enable=True"]
+    assert load_config(multi_turn).actor_rollout_ref.rollout.mode == "async"
+    with pytest.raises(ValueError, match="multi_turn.enable=True needs actor_rollout_ref.rollout.mode=async"):
+        validate_config(load_config([*multi_turn, "actor_rollout_ref.rollout.mode=sync"]))

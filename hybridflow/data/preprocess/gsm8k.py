@@ -12,6 +12,9 @@ test.jsonl. Rows: data_source `openai/gsm8k`, the question plus verl's instructi
 --multiturn_tool writes verl's `gsm8k_multiturn_w_tool` rows instead, for the tool agent with the `gsm8k_answer`
 tool (`calc_gsm8k_reward`): verl's system prompt asking for the tool before the final answer, and per row
 `extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth` and `interaction_kwargs` (query, ground_truth).
+--multiturn_interaction writes verl's `gsm8k_multiturn_w_interaction` rows, for the tool agent with the `gsm8k`
+interaction: verl's system prompt asking to rethink when told the answer is wrong, and `interaction_kwargs` (name
+gsm8k, query, ground_truth).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any
 from hybridflow.data.preprocess.common import (
     add_output_args, check_outputs_free, make_row, read_json_records, write_splits)
 
-__all__ = ["DATA_SOURCE", "INSTRUCTION", "TOOL_SYSTEM_PROMPT", "build_rows", "extract_answer", "main"]
+__all__ = ["DATA_SOURCE", "INSTRUCTION", "INTERACTION_SYSTEM_PROMPT", "LAYOUTS", "TOOL_SYSTEM_PROMPT", "build_rows",
+           "extract_answer", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,12 @@ TOOL_SYSTEM_PROMPT = (
     "format of `#### <answer>`."
 )
 """verl's `gsm8k_multiturn_w_tool` prompt (examples/data_preprocess), word for word."""
+INTERACTION_SYSTEM_PROMPT = (
+    "You are a math expert. You are given a question and you need to solve it step by step. You should rethinking "
+    "carefully if user point out your answer is wrong. Put your final answer in the format of `#### <answer>`."
+)
+"""verl's `gsm8k_multiturn_w_interaction` prompt, word for word."""
+LAYOUTS = ("single_turn", "multiturn_tool", "multiturn_interaction")
 
 
 def extract_answer(answer: str, where: str) -> str:
@@ -49,9 +59,11 @@ def extract_answer(answer: str, where: str) -> str:
 
 
 def build_rows(
-    records: Iterable[tuple[str, dict[str, Any]]], split: str, multiturn_tool: bool = False
+    records: Iterable[tuple[str, dict[str, Any]]], split: str, layout: str = "single_turn"
 ) -> list[dict[str, Any]]:
-    """Parquet rows from (where, {'question', 'answer'}) records (`multiturn_tool`: the tool agent's layout)."""
+    """Parquet rows from (where, {'question', 'answer'}) records, in one of `LAYOUTS` (module docstring)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
     rows = []
     for index, (where, record) in enumerate(records):
         for key in ("question", "answer"):
@@ -59,16 +71,22 @@ def build_rows(
                 raise ValueError(f"{where}: field {key!r} is missing")
         solution = extract_answer(record["answer"], where)
         extra_info = {"split": split, "index": index, "question": record["question"], "answer": record["answer"]}
-        if not multiturn_tool:
+        if layout == "single_turn":
             rows.append(make_row(data_source=DATA_SOURCE, content=f"{record['question']} {INSTRUCTION}",
                                  ability="math", ground_truth=solution, extra_info=extra_info))
             continue
         question = f"{record['question']} {TOOL_INSTRUCTION}"
+        if layout == "multiturn_tool":
+            system = TOOL_SYSTEM_PROMPT
+            extra_info.update(need_tools_kwargs=True,
+                              tools_kwargs={"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": solution}}},
+                              interaction_kwargs={"query": question, "ground_truth": solution})
+        else:
+            system = INTERACTION_SYSTEM_PROMPT
+            extra_info["interaction_kwargs"] = {"name": "gsm8k", "query": question, "ground_truth": solution}
         row = make_row(data_source=DATA_SOURCE, content=question, ability="math", ground_truth=solution,
-                       extra_info={**extra_info, "need_tools_kwargs": True,
-                                   "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": solution}}},
-                                   "interaction_kwargs": {"query": question, "ground_truth": solution}})
-        row["prompt"].insert(0, {"role": "system", "content": TOOL_SYSTEM_PROMPT})
+                       extra_info=extra_info)
+        row["prompt"].insert(0, {"role": "system", "content": system})
         rows.append(row)
     return rows
 
@@ -104,18 +122,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     source.add_argument("--input", help="a GSM8K .jsonl file, or a directory with train.jsonl/test.jsonl")
     source.add_argument("--hf", action="store_true", help="download openai/gsm8k with `datasets`")
     parser.add_argument("--split", choices=("train", "test"), help="split of a single --input file")
-    parser.add_argument("--multiturn_tool", action="store_true",
+    layout = parser.add_mutually_exclusive_group()
+    layout.add_argument("--multiturn_tool", action="store_true",
                         help="verl's gsm8k_multiturn_w_tool rows, for the tool agent and its gsm8k_answer tool")
+    layout.add_argument("--multiturn_interaction", action="store_true",
+                        help="verl's gsm8k_multiturn_w_interaction rows, for the tool agent and the gsm8k interaction")
     add_output_args(parser)
     args = parser.parse_args(argv)
+    chosen = ("multiturn_tool" if args.multiturn_tool else "multiturn_interaction" if args.multiturn_interaction
+              else "single_turn")
     if args.hf:
         splits = [args.split] if args.split else ["train", "test"]
         check_outputs_free(args.local_dir, splits, args.overwrite)
-        out = {split: build_rows(_hub_records(split), split, args.multiturn_tool) for split in splits}
+        out = {split: build_rows(_hub_records(split), split, chosen) for split in splits}
     else:
         inputs = _local_inputs(Path(args.input).expanduser(), args.split)
         check_outputs_free(args.local_dir, list(inputs), args.overwrite)
-        out = {split: build_rows(read_json_records(path), split, args.multiturn_tool) for split, path in inputs.items()}
+        out = {split: build_rows(read_json_records(path), split, chosen) for split, path in inputs.items()}
     write_splits(args.local_dir, out, args.overwrite)
 
 

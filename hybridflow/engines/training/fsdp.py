@@ -328,10 +328,13 @@ class FSDPEngine:
         total_loss = torch.zeros((), device=self.device)
         collected: dict[str, list[Any]] = defaultdict(list)
         for micro_batch, plan in zip(micro_batches, plans):
-            outputs = self.forward_micro_batch(
-                micro_batch, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan
-            )
-            loss, metrics = add_router_loss(loss_fn(outputs, micro_batch), outputs, 1 if scale_by_rows else len(plans))
+            with self._saved_activations():
+                outputs = self.forward_micro_batch(
+                    micro_batch, temperature=temperature, calculate_entropy=calculate_entropy, plan=plan
+                )
+                loss, metrics = add_router_loss(
+                    loss_fn(outputs, micro_batch), outputs, 1 if scale_by_rows else len(plans)
+                )
             weight = num_rows(micro_batch) / total_rows if scale_by_rows else 1.0
             (loss * weight).backward()
             total_loss += loss.detach() * weight
@@ -342,6 +345,13 @@ class FSDPEngine:
         result = reduce_metrics({**collected, "loss": [total_loss]})
         result.update(grad_norm=grad_norm, lr=lr, num_skipped_steps=0 if stepped else 1)
         return result
+
+    def _saved_activations(self) -> contextlib.AbstractContextManager:
+        """Where a training forward keeps what its backward needs: host memory with model.enable_activation_offload
+        (pinned on accelerators, so the copies back can overlap), else where it was computed."""
+        if not self.config.model.enable_activation_offload:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
 
     def _clip_and_step(self) -> tuple[float, bool]:
         max_norm = self.config.optim.clip_grad if self.config.optim.clip_grad > 0 else math.inf

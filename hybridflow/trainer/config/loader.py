@@ -26,6 +26,15 @@ from hybridflow.utils.config import build_config, defaults_tree, describe_fields
 CONFIG_DIR = Path(__file__).resolve().parent
 
 
+def rollout_mode_for(multi_turn_enabled: bool) -> str:
+    """`rollout.mode`'s default (`${rollout_mode_for:...}` in PPO_DERIVED): agent loops (async) for multi-turn
+    generation, which only they run, as verl's default mode is async; else batch generation (sync)."""
+    return "async" if multi_turn_enabled else "sync"
+
+
+OmegaConf.register_new_resolver("rollout_mode_for", rollout_mode_for, replace=True)
+
+
 @dataclass(frozen=True)
 class ConfigTree:
     """One trainer's config: its root class, packaged YAML, interpolated defaults and accepted key spellings."""

@@ -55,6 +55,39 @@ def test_gradient_checkpointing_gives_the_same_step(tiny_llama_dir, batch):
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], abs=1e-6)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_offload_keeps_the_saved_tensors_on_the_host_and_the_step(tiny_llama_dir, batch, monkeypatch,
+                                                                              checkpointing):
+    """model.enable_activation_offload: every tensor the training forward saves goes through torch's save_on_cpu
+    hooks (on a CPU rank they stay where they are), with and without gradient checkpointing; the step is unchanged."""
+    packed: list[torch.device] = []
+
+    class CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+            super().__init__(pin_memory, device_type)
+            pack = self.pack_hook
+
+            def counted(tensor):
+                packed.append(tensor.device)
+                return pack(tensor)
+
+            self.pack_hook = counted
+
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", CountingSaveOnCpu)
+    model = ModelConfig(enable_gradient_checkpointing=checkpointing)
+    plain = build_fsdp_engine(tiny_llama_dir, dataclasses.replace(CONFIG, model=model))
+    offloaded = build_fsdp_engine(
+        tiny_llama_dir, dataclasses.replace(CONFIG, model=dataclasses.replace(model, enable_activation_offload=True))
+    )
+    a = plain.train_batch(batch, seq_mean_nll)
+    assert not packed  # off: torch's hooks are never installed
+    b = offloaded.train_batch(batch, seq_mean_nll)
+    assert len(packed) > 10 and all(device.type == "cpu" for device in packed)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], abs=1e-6)
+    for name, tensor in _params(plain).items():
+        torch.testing.assert_close(tensor, _params(offloaded)[name], atol=1e-6, rtol=0)
+
+
 def test_list_of_micro_batches_and_dict_batches(tiny_llama_dir, batch):
     """A dict (or TensorDict) batch is wrapped once at the engine's entry: the loss sees a DataProto, the results
     equal the DataProto batch's; anything else is refused naming the type."""
