@@ -155,18 +155,22 @@ def test_a_stopped_server_counts_no_abort(sharp_llama, tiny_tokenizer, streaming
     assert server.abort() == 0 and server.stats()["num_aborted"] == 0
 
 
+def staggered_batch(backend, model, tokenizer):
+    """The 5 test prompts and greedy sampling whose stop tokens, taken from `backend`'s own greedy responses, end
+    the rows after 3, 6, 9, 13 and 24 tokens: stragglers for over-sampling to cut."""
+    from hybridflow.engines.rollout.server import build_prompt_batch
+
+    batch = build_prompt_batch(_prompts(tokenizer), tokenizer.pad_token_id)
+    greedy = backend(model, tokenizer, SamplingParams(max_new_tokens=24, do_sample=False))
+    tokens = greedy.generate_sequences(batch).batch["responses"].tolist()
+    stops = [tokens[row][step] for row, step in enumerate((2, 5, 8, 12))]
+    return batch, SamplingParams(max_new_tokens=24, do_sample=False, stop_token_ids=stops)
+
+
 def test_batch_generation_over_samples_and_the_kept_rows_are_as_if_alone(sharp_llama, tiny_tokenizer):
     """mode=sync with the native engine: a training call ends once int(rows * (1 - rate)) rows have ended; the rest
     keep no tokens and are flagged; the kept rows are the uncut call's; validation never ends early."""
-    from hybridflow.engines.rollout.server import build_prompt_batch
-
-    prompts = _prompts(tiny_tokenizer)
-    batch = build_prompt_batch(prompts, tiny_tokenizer.pad_token_id)
-    greedy = NativeRollout(sharp_llama, tiny_tokenizer, SamplingParams(max_new_tokens=24, do_sample=False))
-    tokens = greedy.generate_sequences(batch).batch["responses"].tolist()
-    # stop tokens taken from the greedy responses end the rows at different steps: stragglers to cut
-    budgets = SamplingParams(max_new_tokens=24, do_sample=False,
-                             stop_token_ids=[tokens[row][step] for row, step in enumerate((2, 5, 8, 12))])
+    batch, budgets = staggered_batch(NativeRollout, sharp_llama, tiny_tokenizer)
     plain = NativeRollout(sharp_llama, tiny_tokenizer, budgets)
     uncut = plain.generate_sequences(batch)
     lengths = uncut.batch["response_mask"].sum(-1)
@@ -199,14 +203,7 @@ def test_batch_generation_over_samples_and_the_kept_rows_are_as_if_alone(sharp_l
 def test_hf_batch_generation_over_samples_too(sharp_llama, tiny_tokenizer):
     """The hf engine's generate stops once int(rows * (1 - rate)) rows have ended; the kept rows are the uncut call's,
     the rest keep no tokens; validation never stops early."""
-    from hybridflow.engines.rollout.server import build_prompt_batch
-
-    prompts = _prompts(tiny_tokenizer)
-    batch = build_prompt_batch(prompts, tiny_tokenizer.pad_token_id)
-    greedy = HFRollout(sharp_llama, tiny_tokenizer, SamplingParams(max_new_tokens=24, do_sample=False))
-    tokens = greedy.generate_sequences(batch).batch["responses"].tolist()
-    budgets = SamplingParams(max_new_tokens=24, do_sample=False,
-                             stop_token_ids=[tokens[row][step] for row, step in enumerate((2, 5, 8, 12))])
+    batch, budgets = staggered_batch(HFRollout, sharp_llama, tiny_tokenizer)
     uncut = HFRollout(sharp_llama, tiny_tokenizer, budgets).generate_sequences(batch)
     assert uncut.batch["response_mask"].sum(-1).tolist() == [3, 6, 9, 13, 24]
     rollout = HFRollout(sharp_llama, tiny_tokenizer, budgets, over_sample_rate=0.4)
