@@ -86,7 +86,7 @@ class AgentLoopContext:
 class AgentLoopBase(abc.ABC):
     """One trajectory per `run`; instances are created per trajectory and may keep state. A loop returns once a turn
     comes back with `finish_reason == 'abort'` (over-sampling ended the step: every later request of the step is
-    answered at once, empty, so a loop that goes on only spins)."""
+    answered at once, empty; a trajectory that sends `MAX_REQUESTS_AFTER_ABORT` more fails the step)."""
 
     def __init__(self, context: AgentLoopContext) -> None:
         self.context = context

@@ -17,6 +17,10 @@ from hybridflow.engines.rollout.server import ABORTED, TokenOutput
 ReplicaCall = Callable[..., Awaitable[Any]]
 """`await call(request_id, prompt_ids, sampling_params) -> TokenOutput` on one replica."""
 
+MAX_REQUESTS_AFTER_ABORT = 64
+"""Requests one trajectory may send after its first aborted answer: every one is answered at once, empty, so a loop
+that never checks `finish_reason == 'abort'` would spin; past this many it fails, naming the fix."""
+
 
 class AsyncLLMServerManager:
     """Sticky, least-loaded routing of token requests over replica callers (`WorkerGroup.direct_callers`)."""
@@ -29,8 +33,9 @@ class AsyncLLMServerManager:
         self.in_flight = [0] * len(self.replicas)
         self.routed = [0] * len(self.replicas)
         self._sticky: OrderedDict[str, int] = OrderedDict()
-        self.aborted: set[str] = set()
-        """Request ids a replica answered with finish_reason 'abort' (`GenerationServer.abort`); the caller clears it."""
+        self.aborted: dict[str, int] = {}
+        """Request id -> aborted answers it got (finish_reason 'abort', `GenerationServer.abort`); the caller clears
+        it at each step."""
 
     def replica_for(self, request_id: str) -> int:
         """The replica serving `request_id` (chosen now if new)."""
@@ -53,5 +58,11 @@ class AsyncLLMServerManager:
         finally:
             self.in_flight[replica] -= 1
         if output.finish_reason == ABORTED:
-            self.aborted.add(request_id)
+            self.aborted[request_id] = self.aborted.get(request_id, 0) + 1
+            if self.aborted[request_id] > MAX_REQUESTS_AFTER_ABORT:
+                raise RuntimeError(
+                    f"trajectory {request_id!r} sent {MAX_REQUESTS_AFTER_ABORT} more requests after over-sampling "
+                    "aborted its step; an agent loop must return once a turn's finish_reason is 'abort' "
+                    "(AgentLoopBase), or set actor_rollout_ref.rollout.over_sample_rate=0"
+                )
         return output

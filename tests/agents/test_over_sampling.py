@@ -141,3 +141,35 @@ def test_the_layouts_that_over_sample():
         for tp in (1, 2):
             config = RolloutConfig(name=name, over_sample_rate=0.1, tensor_model_parallel_size=tp)
             assert config.over_sample_rate == 0.1
+
+
+def test_a_loop_that_ignores_the_abort_fails_naming_the_fix(chat_tokenizer, monkeypatch):
+    """A custom loop that never checks finish_reason would spin on the step's empty answers: it fails instead."""
+    import dataclasses
+
+    from hybridflow.agents.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput
+
+    class Stubborn(AgentLoopBase):
+        async def run(self, messages, sampling_params, **kwargs):
+            params = dataclasses.replace(sampling_params, max_new_tokens=4)
+            while True:  # never looks at finish_reason
+                turn = await self.context.server.generate(kwargs["request_id"], [1, 2, 3], params)
+                if turn.token_ids:
+                    return AgentLoopOutput(prompt_ids=[1, 2, 3], response_ids=turn.token_ids,
+                                           response_mask=[1] * len(turn.token_ids), response_logprobs=turn.log_probs)
+
+    class AbortedAfterAbort(StragglerServer):
+        async def __call__(self, request_id, prompt_ids, params):
+            if self.aborted is not None and self.aborted.is_set():
+                return TokenOutput([], [], ABORTED)  # as the server answers every request after its abort
+            return await super().__call__(request_id, prompt_ids, params)
+
+    monkeypatch.setitem(AGENT_LOOPS._entries, "stubborn_test_loop", Stubborn)
+    server = AbortedAfterAbort(chat_tokenizer, [2, None])
+    server.partial_ids = []  # the straggler had decoded nothing by the abort
+    rollout = RolloutConfig(mode="async", over_sample_rate=0.5)
+    manager = AgentLoopManager(FakeWorkerGroup(server), rollout, chat_tokenizer, response_length=16)
+    prompts = rows(2)
+    prompts.non_tensor_batch["agent_name"] = np.array(["stubborn_test_loop"] * 2, dtype=object)
+    with pytest.raises(RuntimeError, match="must return once a turn's finish_reason is 'abort'"):
+        manager.generate_sequences(prompts)
