@@ -11,8 +11,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from hybridflow.engines.rollout.base import SamplingParams
-from hybridflow.engines.rollout.server import ABORTED, TokenOutput
+from hybridflow.engines.rollout.base import ABORTED, SamplingParams
+from hybridflow.engines.rollout.server import TokenOutput
 
 ReplicaCall = Callable[..., Awaitable[Any]]
 """`await call(request_id, prompt_ids, sampling_params) -> TokenOutput` on one replica."""

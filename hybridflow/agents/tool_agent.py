@@ -18,8 +18,7 @@ from typing import Any
 from hybridflow.agents.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput
 from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.tool_parsers import TOOL_PARSERS
-from hybridflow.engines.rollout.base import SamplingParams
-from hybridflow.engines.rollout.server import ABORTED
+from hybridflow.engines.rollout.base import ABORTED, SamplingParams
 from hybridflow.tools.schemas import FunctionCall
 
 

@@ -186,6 +186,10 @@ def place_rollout_model(
     return model.to(device).eval(), device
 
 
+ABORTED = "abort"
+"""The `finish_reason` of a request over-sampling ended (`GenerationServer.abort`, a continuous batcher's run)."""
+
+
 def completions_needed(num_rows: int, over_sample_rate: float) -> int:
     """Trajectories that must end before over-sampling aborts the rest: verl's int(N * (1 - over_sample_rate)), at
     least one; N (none aborted) at rate 0."""

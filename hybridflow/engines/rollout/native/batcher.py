@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from hybridflow.engines.rollout.base import SamplingParams
+from hybridflow.engines.rollout.base import ABORTED, SamplingParams
 from hybridflow.engines.rollout.native.decode_graph import (
     CPU_SPAN_MULTIPLE,
     ROWS_MULTIPLE,
@@ -223,9 +223,9 @@ class _Serving:
         active = slice(0, run.num_active)
         counts = s.count[active].tolist()
         for row, count in zip(s.row[active].tolist(), counts):
-            self._hand_over(row, run.tokens[row, :count].tolist(), run.log_probs[row, :count].tolist(), "abort")
+            self._hand_over(row, run.tokens[row, :count].tolist(), run.log_probs[row, :count].tolist(), ABORTED)
         while self.waiting:
-            self._hand_over(self.waiting.popleft(), [], [], "abort")
+            self._hand_over(self.waiting.popleft(), [], [], ABORTED)
         for tensor in s.tensors():
             tensor[active] = 0  # freed slots: valid padding rows for `_decode_step`
         run.num_active, run.span, run.unchecked_steps = 0, 0, 0
