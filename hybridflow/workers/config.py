@@ -220,7 +220,7 @@ class RefModelConfig(ModelConfig):
     def __post_init__(self) -> None:
         if self.path is not None:
             super().__post_init__()
-        for name in ("lora_rank", "lora_adapter_path", "enable_gradient_checkpointing"):
+        for name in ("lora_rank", "lora_adapter_path", "enable_gradient_checkpointing", "enable_activation_offload"):
             if getattr(self, name):
                 raise ConfigFieldError(
                     name, f"{name}={getattr(self, name)!r}: the reference is frozen, leave it unset (a LoRA actor's "

@@ -64,6 +64,9 @@ REFUSED = [  # (override, words of the reason)
     ("reward_manager.source=importlib", "reward_manager.source"),
     ("actor_rollout_ref.rollout.disable_log_stats=False", "engine_kwargs.vllm"),
     ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton", "triton kernels are not built"),
+    # training-only settings on the frozen reference (its passes save nothing for a backward)
+    ("actor_rollout_ref.ref.model.enable_activation_offload=True", "the reference is frozen"),
+    ("actor_rollout_ref.ref.model.enable_gradient_checkpointing=True", "the reference is frozen"),
 ]
 
 
