@@ -10,7 +10,6 @@ a verl interaction file naming that class builds.
 
 from __future__ import annotations
 
-import importlib
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ import yaml
 
 from hybridflow.rewards.score import resolve_scorer
 from hybridflow.rewards.score.gsm8k import compute_score as compute_gsm8k_score
+from hybridflow.utils.file_module import import_dotted
 from hybridflow.utils.registry import Registry
 
 
@@ -120,7 +120,11 @@ def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction
         if entry.get("class_name") in VERL_INTERACTION_CLASSES:
             cls = INTERACTIONS.get(VERL_INTERACTION_CLASSES[entry["class_name"]])
         elif "class_name" in entry:
-            cls = _import_interaction(str(entry["class_name"]), where)
+            cls = import_dotted(
+                str(entry["class_name"]), where, "package.module.InteractionClass",
+                verl_hint=f"of verl's interaction classes hybridflow builds only {sorted(VERL_INTERACTION_CLASSES)}: "
+                          f"name a registered one with `type:` ({INTERACTIONS.names()})",
+            )
         else:
             cls = INTERACTIONS.get(entry.get("type", entry["name"]))
         if entry["name"] in interactions:
@@ -128,12 +132,3 @@ def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction
         interactions[entry["name"]] = cls(entry.get("config"))
     return interactions
 
-
-def _import_interaction(path: str, where: str) -> type[BaseInteraction]:
-    module_name, _, class_name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as err:
-        hint = (f"; of verl's interaction classes hybridflow builds only {sorted(VERL_INTERACTION_CLASSES)}: name a "
-                f"registered one with `type:` ({INTERACTIONS.names()})" if module_name.split(".")[0] == "verl" else "")
-        raise ValueError(f"{where}.class_name={path!r} cannot be imported: {err}{hint}") from err

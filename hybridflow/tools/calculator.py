@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.tools.base import BaseTool, ToolError, ToolInstance, build_tool_config
-from hybridflow.tools.schemas import (
-    OpenAIFunctionParametersSchema, OpenAIFunctionPropertySchema, OpenAIFunctionSchema, OpenAIFunctionToolSchema,
-    ToolResponse)
+from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["CalculatorConfig", "CalculatorTool", "evaluate_expression", "format_number"]
 
@@ -167,17 +165,12 @@ class CalculatorTool(BaseTool):
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:
         """`calculator(expression: string)`."""
-        return OpenAIFunctionToolSchema(function=OpenAIFunctionSchema(
-            name="calculator",
-            description="Evaluate an arithmetic expression, e.g. '(3 + 4) * 2 ** 3 / sqrt(16)'. Supports "
-                        "+ - * / // % **, parentheses, pi, e and sqrt, abs, round, floor, ceil, exp, log, "
-                        "log10, sin, cos, tan, min, max.",
-            parameters=OpenAIFunctionParametersSchema(
-                properties={"expression": OpenAIFunctionPropertySchema(
-                    type="string", description="The arithmetic expression to evaluate.")},
-                required=["expression"],
-            ),
-        ))
+        return OpenAIFunctionToolSchema.with_string_argument(
+            "calculator",
+            "Evaluate an arithmetic expression, e.g. '(3 + 4) * 2 ** 3 / sqrt(16)'. Supports + - * / // % **, "
+            "parentheses, pi, e and sqrt, abs, round, floor, ceil, exp, log, log10, sin, cos, tan, min, max.",
+            "expression", "The arithmetic expression to evaluate.",
+        )
 
     async def invoke(self, instance: ToolInstance, parameters: dict[str, Any],
                      **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:

@@ -12,9 +12,7 @@ from typing import Any
 
 from hybridflow.sandbox import SandboxLimits, SandboxResult, run_python_async
 from hybridflow.tools.base import BaseTool, ToolInstance, build_tool_config
-from hybridflow.tools.schemas import (
-    OpenAIFunctionParametersSchema, OpenAIFunctionPropertySchema, OpenAIFunctionSchema, OpenAIFunctionToolSchema,
-    ToolResponse)
+from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["CodeInterpreterConfig", "CodeInterpreterTool", "format_sandbox_result"]
 
@@ -95,16 +93,12 @@ class CodeInterpreterTool(BaseTool):
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:
         """`code_interpreter(code: string)`."""
-        return OpenAIFunctionToolSchema(function=OpenAIFunctionSchema(
-            name="code_interpreter",
-            description="Run a Python 3 program and return what it prints (stdout). Only the standard library "
-                        "is available, there is no network, and time and memory are limited.",
-            parameters=OpenAIFunctionParametersSchema(
-                properties={"code": OpenAIFunctionPropertySchema(
-                    type="string", description="The Python program; print() the values you want to see.")},
-                required=["code"],
-            ),
-        ))
+        return OpenAIFunctionToolSchema.with_string_argument(
+            "code_interpreter",
+            "Run a Python 3 program and return what it prints (stdout). Only the standard library is available, "
+            "there is no network, and time and memory are limited.",
+            "code", "The Python program; print() the values you want to see.",
+        )
 
     async def invoke(self, instance: ToolInstance, parameters: dict[str, Any],
                      **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:

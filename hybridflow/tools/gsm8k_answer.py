@@ -14,9 +14,7 @@ from typing import Any
 
 from hybridflow.rewards.score.gsm8k import compute_score
 from hybridflow.tools.base import BaseTool, ToolInstance
-from hybridflow.tools.schemas import (
-    OpenAIFunctionParametersSchema, OpenAIFunctionPropertySchema, OpenAIFunctionSchema, OpenAIFunctionToolSchema,
-    ToolResponse)
+from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["NO_GAIN_PENALTY", "Gsm8kAnswerTool"]
 
@@ -30,16 +28,12 @@ class Gsm8kAnswerTool(BaseTool):
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:
         """`calc_gsm8k_reward(answer: string)`, verl's schema."""
-        return OpenAIFunctionToolSchema(function=OpenAIFunctionSchema(
-            name="calc_gsm8k_reward",
-            description="A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, 0.0 if "
-                        "parsed answer is incorrect or not correctly parsed)",
-            parameters=OpenAIFunctionParametersSchema(
-                properties={"answer": OpenAIFunctionPropertySchema(
-                    type="string", description="The model's answer to the GSM8K math problem, must be a digits")},
-                required=["answer"],
-            ),
-        ))
+        return OpenAIFunctionToolSchema.with_string_argument(
+            "calc_gsm8k_reward",
+            "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, 0.0 if parsed answer is "
+            "incorrect or not correctly parsed)",
+            "answer", "The model's answer to the GSM8K math problem, must be a digits",
+        )
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
         """A trajectory's instance; `ground_truth` (or verl's nested `create_kwargs.ground_truth`) is required."""

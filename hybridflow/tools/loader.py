@@ -11,7 +11,6 @@ naming the entry (`tools[1]`) and the field.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridflow.tools.base import TOOLS, BaseTool
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema
+from hybridflow.utils.file_module import import_dotted
 
 __all__ = ["build_tool", "load_tools"]
 
@@ -40,25 +40,6 @@ VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "gsm8k_answer"}
 naming one builds this tool, so verl's example configs load unchanged."""
 
 
-def _import_class(path: str, where: str) -> type:
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{where}.class_name={path!r} must be a dotted path like 'package.module.ToolClass'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        hint = ""
-        if module_name.split(".")[0] == "verl":
-            hint = (f"; of verl's tool classes hybridflow builds only {sorted(VERL_TOOL_CLASSES)}: name a registered "
-                    f"tool instead (`name: <tool>`, one of {TOOLS.names()}) or give a class of your own "
-                    "(hybridflow.tools.BaseTool)")
-        raise ValueError(f"{where}.class_name={path!r}: cannot import module {module_name!r}: {err}{hint}") from err
-    try:
-        return getattr(module, attr)
-    except AttributeError as err:
-        raise ValueError(f"{where}.class_name={path!r}: module {module_name!r} has no attribute {attr!r}") from err
-
-
 def _resolve_class(entry: Mapping[str, Any], where: str) -> type[BaseTool]:
     if ("class_name" in entry) == ("name" in entry):
         raise ValueError(f"{where} needs exactly one of 'class_name' (a dotted class path) or 'name' "
@@ -75,7 +56,12 @@ def _resolve_class(entry: Mapping[str, Any], where: str) -> type[BaseTool]:
             raise ValueError(f"{where}.class_name must be a string, got {entry['class_name']!r}")
         if entry["class_name"] in VERL_TOOL_CLASSES:
             return TOOLS.get(VERL_TOOL_CLASSES[entry["class_name"]])
-        cls = _import_class(entry["class_name"], where)
+        cls = import_dotted(
+            entry["class_name"], where, "package.module.ToolClass",
+            verl_hint=f"of verl's tool classes hybridflow builds only {sorted(VERL_TOOL_CLASSES)}: name a registered "
+                      f"tool instead (`name: <tool>`, one of {TOOLS.names()}) or give a class of your own "
+                      "(hybridflow.tools.BaseTool)",
+        )
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
         field = "name" if "name" in entry else "class_name"
         raise ValueError(f"{where}.{field}={entry[field]!r} is not a BaseTool subclass")

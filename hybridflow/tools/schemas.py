@@ -199,6 +199,20 @@ class OpenAIFunctionToolSchema:
         return self.function.name
 
     @classmethod
+    def with_string_argument(
+        cls, name: str, description: str, argument: str, argument_description: str
+    ) -> OpenAIFunctionToolSchema:
+        """`name(argument: string)`, the argument required: the built-in tools' schema."""
+        return cls(function=OpenAIFunctionSchema(
+            name=name,
+            description=description,
+            parameters=OpenAIFunctionParametersSchema(
+                properties={argument: OpenAIFunctionPropertySchema(type="string", description=argument_description)},
+                required=[argument],
+            ),
+        ))
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "tool_schema") -> OpenAIFunctionToolSchema:
         """Build from the OpenAI dict; a ValueError names the offending key under `where`."""
         _check_keys(data, where, {"type", "function"}, {"function"})

@@ -16,9 +16,7 @@ from typing import Any
 import bm25s
 
 from hybridflow.tools.base import BaseTool, ToolInstance, build_tool_config
-from hybridflow.tools.schemas import (
-    OpenAIFunctionParametersSchema, OpenAIFunctionPropertySchema, OpenAIFunctionSchema, OpenAIFunctionToolSchema,
-    ToolResponse)
+from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["Passage", "SearchConfig", "SearchTool", "load_passages"]
 
@@ -122,15 +120,10 @@ class SearchTool(BaseTool):
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:
         """`search(query: string)`."""
-        return OpenAIFunctionToolSchema(function=OpenAIFunctionSchema(
-            name="search",
-            description="Search a local document collection by keywords; returns the best matching passages.",
-            parameters=OpenAIFunctionParametersSchema(
-                properties={"query": OpenAIFunctionPropertySchema(
-                    type="string", description="Keywords to search for.")},
-                required=["query"],
-            ),
-        ))
+        return OpenAIFunctionToolSchema.with_string_argument(
+            "search", "Search a local document collection by keywords; returns the best matching passages.",
+            "query", "Keywords to search for.",
+        )
 
     def search(self, query: str) -> list[tuple[Passage, float]]:
         """The best passages for `query` with their BM25 scores, best first; passages scoring 0 are dropped."""
