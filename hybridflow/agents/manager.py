@@ -35,7 +35,7 @@ import hybridflow.agents.single_turn  # noqa: F401  (registers single_turn_agent
 import hybridflow.agents.tool_agent  # noqa: F401  (registers tool_agent)
 from hybridflow.agents.base import AGENT_LOOPS, AgentLoopContext, AgentLoopOutput
 from hybridflow.agents.server_manager import AsyncLLMServerManager
-from hybridflow.engines.rollout.base import SamplingParams, completions_needed
+from hybridflow.engines.rollout.base import ABORTED_ROWS_KEY, SamplingParams, completions_needed
 from hybridflow.engines.rollout.output import build_output_for_prompts
 from hybridflow.engines.rollout.server import build_prompt_batch
 from hybridflow.protocol import DataProto
@@ -62,11 +62,11 @@ class AgentLoopManager:
         default = "tool_agent" if rollout.multi_turn.enable else rollout.agent.default_agent_loop
         AGENT_LOOPS.get(default)  # an unknown name fails here, listing the known loops
         self.default_agent = default
-        leaders = slice(None, None, rollout.tensor_model_parallel_size)
-        self.abort_callers = worker_group.direct_callers("abort_generation", CONTROL_GROUP)[leaders]
+        # A tensor-parallel replica takes requests (and aborts) on its first rank only (the others follow it).
+        self.leaders = slice(None, None, rollout.tensor_model_parallel_size)
+        self.abort_callers = worker_group.direct_callers("abort_generation", CONTROL_GROUP)[self.leaders]
         self.context = AgentLoopContext(
-            # A tensor-parallel replica takes requests on its first rank only (the others follow it).
-            server=AsyncLLMServerManager(worker_group.direct_callers("generate_tokens")[leaders]),
+            server=AsyncLLMServerManager(worker_group.direct_callers("generate_tokens")[self.leaders]),
             tokenizer=tokenizer,
             response_length=response_length,
             multi_turn=rollout.multi_turn,
@@ -90,7 +90,7 @@ class AgentLoopManager:
             outputs = asyncio.run(self._run_all(prompts, params, completions_needed(len(prompts), over_sampled)))
         finally:
             # a tensor-parallel replica's stats are its leader's (the followers take no requests of their own)
-            server_stats = self.worker_group.sleep_rollout_server()[:: self.rollout.tensor_model_parallel_size]
+            server_stats = self.worker_group.sleep_rollout_server()[self.leaders]
         output = build_output(outputs, self.tokenizer.pad_token_id, self.response_length, self.rollout.prompt_length)
         metrics = agent_metrics(outputs)
         metrics["timing_s/update_weights"] = float(np.mean([w["timing_s/update_weights"] for w in wake]))
@@ -140,7 +140,7 @@ def build_output(
     `response_mask`."""
     outputs = [_emptied(out) if out.aborted else out for out in outputs]
     prompts = build_prompt_batch([out.prompt_ids for out in outputs], pad_token_id, prompt_length)
-    prompts.non_tensor_batch["__aborted__"] = np.array([out.aborted for out in outputs], dtype=bool)
+    prompts.non_tensor_batch[ABORTED_ROWS_KEY] = np.array([out.aborted for out in outputs], dtype=bool)
     extra_fields = np.empty(len(outputs), dtype=object)  # one dict per row (np.array would make a 2-D array)
     extra_fields[:] = [dict(out.extra_fields) for out in outputs]
     prompts.non_tensor_batch["tool_extra_fields"] = extra_fields

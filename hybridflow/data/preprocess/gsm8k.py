@@ -123,22 +123,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     source.add_argument("--hf", action="store_true", help="download openai/gsm8k with `datasets`")
     parser.add_argument("--split", choices=("train", "test"), help="split of a single --input file")
     layout = parser.add_mutually_exclusive_group()
-    layout.add_argument("--multiturn_tool", action="store_true",
+    layout.add_argument("--multiturn_tool", dest="layout", action="store_const", const="multiturn_tool",
                         help="verl's gsm8k_multiturn_w_tool rows, for the tool agent and its gsm8k_answer tool")
-    layout.add_argument("--multiturn_interaction", action="store_true",
+    layout.add_argument("--multiturn_interaction", dest="layout", action="store_const", const="multiturn_interaction",
                         help="verl's gsm8k_multiturn_w_interaction rows, for the tool agent and the gsm8k interaction")
+    parser.set_defaults(layout="single_turn")
     add_output_args(parser)
     args = parser.parse_args(argv)
-    chosen = ("multiturn_tool" if args.multiturn_tool else "multiturn_interaction" if args.multiturn_interaction
-              else "single_turn")
     if args.hf:
         splits = [args.split] if args.split else ["train", "test"]
         check_outputs_free(args.local_dir, splits, args.overwrite)
-        out = {split: build_rows(_hub_records(split), split, chosen) for split in splits}
+        out = {split: build_rows(_hub_records(split), split, args.layout) for split in splits}
     else:
         inputs = _local_inputs(Path(args.input).expanduser(), args.split)
         check_outputs_free(args.local_dir, list(inputs), args.overwrite)
-        out = {split: build_rows(read_json_records(path), split, chosen) for split, path in inputs.items()}
+        out = {split: build_rows(read_json_records(path), split, args.layout) for split, path in inputs.items()}
     write_splits(args.local_dir, out, args.overwrite)
 
 

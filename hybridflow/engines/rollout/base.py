@@ -188,6 +188,8 @@ def place_rollout_model(
 
 ABORTED = "abort"
 """The `finish_reason` of a request over-sampling ended (`GenerationServer.abort`, a continuous batcher's run)."""
+ABORTED_ROWS_KEY = "__aborted__"
+"""`non_tensor_batch` key of a generation with over-sampling: (rows,) bool, the rows it ended with no response."""
 
 
 def completions_needed(num_rows: int, over_sample_rate: float) -> int:

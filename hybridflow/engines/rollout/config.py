@@ -432,9 +432,9 @@ class RolloutConfig(SamplingConfig):
             )
 
     def _check_over_sampling(self) -> None:
-        """Aborts reach the agent loops' generation servers (async), or end a batch generation early in an engine that
-        batches continuously (sync); a streaming server split over ranks decodes what its leader admitted in
-        lock-step, so it could end only the queued requests, not the slow ones."""
+        """Aborts reach the agent loops' generation servers (async), or end a batch generation early in an engine whose
+        spec says it can (sync: `ends_batches_early`); a streaming server split over ranks decodes what its leader
+        admitted in lock-step, so it could end only the queued requests, not the slow ones."""
         rate = self.over_sample_rate
         check_range("over_sample_rate", rate, 0.0, 1.0, high_open=True)
         if rate > 0.0 and self.mode == "sync" and not self.backend_spec.ends_batches_early:

@@ -31,6 +31,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from hybridflow.engines.logprob import compute_response_mask
 from hybridflow.engines.rollout.base import (
+    ABORTED_ROWS_KEY,
     BaseRollout,
     SamplingParams,
     completions_needed,
@@ -192,7 +193,7 @@ class HFRollout(BaseRollout):
         if routed is not None:
             output.batch[ROUTED_EXPERTS_KEY] = routed
         if aborted is not None:
-            output.non_tensor_batch["__aborted__"] = aborted.cpu().numpy()
+            output.non_tensor_batch[ABORTED_ROWS_KEY] = aborted.cpu().numpy()
         return output
 
     def _rows_per_call(self, sequence_len: int, num_rows: int) -> int:

@@ -427,13 +427,13 @@ class _RunSource:
 
     def __init__(
         self, requests: queue.Queue, pending: deque[_Request], key: SamplingParams, stopping: bool,
-        aborting: threading.Event | None = None,
+        aborting: threading.Event,
     ) -> None:
         self.requests = requests
         self.pending = pending
         self.key = key
         self.stopping = stopping
-        self.aborting = aborting or threading.Event()
+        self.aborting = aborting  # the server's: set by `GenerationServer.abort`
         self.in_flight: dict[int, _Request] = {}
         self.num_finished = 0
         self.num_aborted = 0

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from hybridflow.engines.rollout.base import (
+    ABORTED_ROWS_KEY,
     BaseRollout,
     SamplingParams,
     completions_needed,
@@ -234,7 +235,7 @@ class NativeRollout(BaseRollout):
             prompts, result.tokens, result.response_mask(), result.log_probs, self.tokenizer.pad_token_id, params.n
         )
         if result.aborted is not None:
-            output.non_tensor_batch["__aborted__"] = result.aborted.numpy()
+            output.non_tensor_batch[ABORTED_ROWS_KEY] = result.aborted.numpy()
         return output
 
     def serve(
