@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybridflow.rewards.pool import ScoringConfig
+from hybridflow.sandbox.remote import SandboxFusionEndpoint
 from hybridflow.utils.config import ConfigFieldError, unsupported
 
 __all__ = ["CustomRewardFunctionConfig", "OverlongBufferConfig", "RewardModelConfig"]
@@ -48,20 +49,31 @@ class OverlongBufferConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxFusionConfig:
-    """verl's SandboxFusion service for code rewards (`reward_model.sandbox_fusion.*`). hybridflow runs model-written
-    code in its own local sandbox instead (reward_model.scoring.sandbox: a separate process with time, memory and
-    file-system limits), so only the defaults are taken."""
+    """verl's SandboxFusion server for code rewards (`reward_model.sandbox_fusion.*`). With a url, the code
+    scorers run their test cases there (stdin/stdout and call-based cases, the rows verl sends to it) instead of
+    in hybridflow's local sandbox (reward_model.scoring.sandbox). Test-code rows (HumanEval's `check`) stay in
+    the local harness: on the server the tests would share the program's process, where it can forge them."""
 
-    url: Optional[str] = unsupported(
-        None, "code rewards run in hybridflow's local sandbox (reward_model.scoring.sandbox), not a SandboxFusion server"
-    )
-    """verl: the SandboxFusion endpoint."""
-    max_concurrent: int = unsupported(64, "there is no SandboxFusion server; reward_model.scoring sets the scorer pool")
-    """verl: concurrent requests to the server."""
-    memory_limit_mb: int = unsupported(
-        1024, "there is no SandboxFusion server; reward_model.scoring.sandbox limits each program's memory"
-    )
-    """verl: memory limit of each sandboxed program."""
+    url: Optional[str] = None
+    """The server's run_code endpoint (http:// or https://); None runs every case in the local sandbox."""
+    max_concurrent: int = 64
+    """Requests in flight to the server at once, at most. Each scorer process sends one at a time, so
+    reward_model.scoring.num_workers must not exceed it (checked)."""
+    memory_limit_mb: int = 1024
+    """Memory limit of each program on the server (sent as memory_limit_MB)."""
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigFieldError("url", f"url={self.url!r} must be an http:// or https:// address of "
+                                          "SandboxFusion's run_code endpoint (e.g. http://localhost:8080/run_code)")
+        if self.max_concurrent < 1:
+            raise ConfigFieldError("max_concurrent", f"max_concurrent={self.max_concurrent} must be >= 1")
+        if self.memory_limit_mb < 1:
+            raise ConfigFieldError("memory_limit_mb", f"memory_limit_mb={self.memory_limit_mb} must be >= 1")
+
+    def endpoint(self) -> Optional[SandboxFusionEndpoint]:
+        """The server to send code scorers' cases to, or None (no url)."""
+        return None if self.url is None else SandboxFusionEndpoint(url=self.url, memory_limit_mb=self.memory_limit_mb)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +85,7 @@ class RewardModelConfig:
     """naive | batch | dapo | prime (verl's name for per-sample scoring in a process pool with a timeout: naive's
     behaviour), or a registered custom manager."""
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
-    """verl's remote code sandbox (refused: hybridflow's is local, reward_model.scoring.sandbox)."""
+    """verl's remote code sandbox: with a url, code scorers' test cases run there."""
     launch_reward_fn_async: bool = unsupported(False, "scoring runs in the driver's scorer pool between stages")
     """Score in the background while the next stage runs."""
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
@@ -83,6 +95,15 @@ class RewardModelConfig:
     rule_reward_coef: float = 0.0
     """With a reward model (reward_model.enable): weight of the rule-based score (custom_reward_function or the
     data_source's scorer) added to the model's score; 0 uses the model's score alone, as verl does."""
+
+    def __post_init__(self) -> None:
+        fusion = self.sandbox_fusion
+        if fusion.url is not None and self.scoring.num_workers > fusion.max_concurrent:
+            raise ConfigFieldError(
+                "sandbox_fusion.max_concurrent",
+                f"reward_model.sandbox_fusion.max_concurrent={fusion.max_concurrent} is below "
+                f"reward_model.scoring.num_workers={self.scoring.num_workers}: each scorer process keeps one request in flight to the server; raise "
+                "max_concurrent or lower reward_model.scoring.num_workers to it")
 
 
 @dataclass(frozen=True, kw_only=True)

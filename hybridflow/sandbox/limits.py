@@ -10,6 +10,8 @@ __all__ = ["HarnessVerdict", "IsolationMode", "SandboxError", "SandboxLimits", "
 
 SandboxStatus = Literal["ok", "error", "timeout", "memory", "output_limit", "killed", "blocked"]
 IsolationMode = Literal["namespaces", "none"]
+RunPlace = Literal["namespaces", "none", "remote"]
+"""Where a run happened: a local sandbox's `IsolationMode`, or 'remote' (a SandboxFusion server)."""
 
 
 class SandboxError(RuntimeError):
@@ -120,7 +122,8 @@ class SandboxResult:
     cpu_s: CPU seconds the program's main process used (None if the trainer stopped it).
     isolation: the layers that were active (e.g. 'net_ns', 'readonly_root', 'workdir_tmpfs', 'cgroup_memory',
         'audit_hook').
-    isolation_mode: the `SandboxLimits.isolation` this run had: 'namespaces' or 'none'.
+    isolation_mode: the `SandboxLimits.isolation` this run had: 'namespaces' or 'none'; 'remote'
+        for a run on a SandboxFusion server (`hybridflow.sandbox.remote`).
     tests: the harness's verdict when the run was given `tests`, else None.
     """
 
@@ -131,7 +134,7 @@ class SandboxResult:
     wall_s: float
     cpu_s: float | None = None
     isolation: tuple[str, ...] = ()
-    isolation_mode: IsolationMode = "none"
+    isolation_mode: RunPlace = "none"
     tests: Optional[HarnessVerdict] = None
 
     @property

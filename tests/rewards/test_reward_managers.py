@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.config import SandboxFusionConfig
 from hybridflow.rewards import (
     BatchRewardManager, DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, RewardResult, ScoringConfig,
     compute_overlong_penalty, get_reward_manager_cls, load_custom_reward_fn)
@@ -63,7 +64,7 @@ def managers() -> Iterator[list]:
 SAMPLES = [
     ("q1", "#### 42", "openai/gsm8k", "42"),              # 7 chars + eos -> last valid index 7
     ("q22", "#### 7", "openai/gsm8k", "8"),               # wrong: format score at index 6
-    ("q", "\\boxed 1", "math", "1"),                       # 8 chars, no room for eos -> index 7
+    ("q", "\\boxed 1", "lighteval/MATH", "1"),                     # 8 chars, no room for eos -> index 7
     ("qq", "(3+5)*2", "countdown", {"target": 16, "numbers": [2, 3, 5]}),
 ]
 
@@ -214,12 +215,14 @@ def test_registry() -> None:
 def test_from_config_reads_the_sections(name: str, managers: list) -> None:
     """Each manager takes what it needs from the reward_model and data sections (dapo: the overlong buffer)."""
     overlong = OverlongBufferConfig(enable=True, len=2, penalty_factor=1.0)
-    reward = type("RewardSection", (), {"scoring": FAST, "overlong_buffer": overlong})()
+    fusion = SandboxFusionConfig(url="http://127.0.0.1:8080/run_code", memory_limit_mb=256)
+    reward = type("RewardSection", (), {"scoring": FAST, "overlong_buffer": overlong, "sandbox_fusion": fusion})()
     data = type("DataSection", (), {"reward_fn_key": "source", "max_response_length": RESPONSE_LEN})()
     manager = get_reward_manager_cls(name).from_config(CharTokenizer(), None, reward, data)
     managers.append(manager)
     assert type(manager) is get_reward_manager_cls(name)
     assert manager.reward_fn_key == "source" and manager.pool.config is FAST and manager.num_examine == 0
+    assert manager.remote_sandbox == fusion.endpoint() and manager.remote_sandbox.memory_limit_mb == 256
     if name == "dapo":
         assert manager.overlong is overlong and manager.max_resp_len == RESPONSE_LEN
 

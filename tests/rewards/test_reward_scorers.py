@@ -69,7 +69,7 @@ class TestMath:
         assert math.remove_boxed("\\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
         assert math.strip_string("\\dfrac{3}{4}") == "\\frac{3}{4}"
 
-    @pytest.mark.parametrize("source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "math"])
+    @pytest.mark.parametrize("source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "numina_olympiads"])
     def test_dispatch(self, source: str) -> None:
         assert default_compute_score(source, "\\boxed{\\frac{1}{2}}", "0.5") == 1.0
 

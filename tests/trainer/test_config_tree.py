@@ -126,6 +126,22 @@ def verl_lines(f: dict[str, str]) -> dict[str, list[str]]:
             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
         ],
+        "ppo_sandbox_fusion": common + [  # examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh, on PRIME's data
+            "reward_model.sandbox_fusion.url='https://sandbox.example/run_code'",
+            "reward_model.sandbox_fusion.max_concurrent=128", "reward_model.reward_manager=prime",
+            "algorithm.adv_estimator=gae", f"data.train_files={f['train']}", "data.train_batch_size=1024",
+            "data.max_prompt_length=512", "data.max_response_length=512", "data.filter_overlong_prompts=True",
+            "data.truncation='error'", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.use_kl_loss=False",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "critic.optim.lr=1e-5",
+            "critic.model.use_remove_padding=True", f"critic.model.path={f['model']}",
+            "critic.model.enable_gradient_checkpointing=True", "critic.ppo_micro_batch_size_per_gpu=32",
+            "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=console",
+            "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=1",
+            "trainer.total_epochs=15",
+        ],
     }
 
 
@@ -577,7 +593,7 @@ def test_verl_keys_that_hold_or_are_refused_with_their_reason(files):
         "actor_rollout_ref.ref.use_torch_compile=True": "runs eagerly",
         "actor_rollout_ref.model.use_liger=True": "Liger kernels are not used",
         "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True": "nothing computes sum",
-        "reward_model.sandbox_fusion.url=http://sandbox": "local sandbox",
+        "reward_model.sandbox_fusion.url=sandbox:8080": "must be an http",
         "actor_rollout_ref.rollout.data_parallel_size=2": "replicas are data-parallel already",
         "actor_rollout_ref.actor.fsdp_config.full_determinism=True": "deterministic kernels",
     }

@@ -18,6 +18,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig
 from hybridflow.rewards.score import resolve_scorer, scorer_kwargs
 from hybridflow.sandbox import SandboxLimits
+from hybridflow.sandbox.remote import SandboxFusionEndpoint
 from hybridflow.rewards.manager_registry import REWARD_MANAGERS
 
 __all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardManager", "RewardResult", "ScoredBatch", "bind_scorers",
@@ -120,14 +121,16 @@ def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> Decoded
 
 
 def bind_scorers(compute_score: Callable[..., Any] | None, data_sources: Sequence[str],
-                 format_score: float, sandbox: SandboxLimits | None = None) -> dict[str, Callable[..., Any]]:
+                 format_score: float, sandbox: SandboxLimits | None = None,
+                 remote_sandbox: SandboxFusionEndpoint | None = None) -> dict[str, Callable[..., Any]]:
     """data source -> the function to call. With no custom `compute_score`, each data source's registered
     scorer is looked up here in the driver, so an unknown data source fails at once (ValueError); scorers that
-    run code get `sandbox` (`reward_model.scoring.sandbox`)."""
+    run code get `sandbox` (`reward_model.scoring.sandbox`) and `remote_sandbox` (reward_model.sandbox_fusion)."""
     if compute_score is not None:
         return {ds: compute_score for ds in set(data_sources)}
     scorers = {ds: resolve_scorer(ds) for ds in set(data_sources)}
-    return {ds: functools.partial(fn, **scorer_kwargs(fn, format_score, sandbox)) for ds, fn in scorers.items()}
+    return {ds: functools.partial(fn, **scorer_kwargs(fn, format_score, sandbox, remote_sandbox))
+            for ds, fn in scorers.items()}
 
 
 def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
@@ -234,23 +237,27 @@ class RewardManager:
         reward_fn_key: the non-tensor column naming the data source.
         format_score: for the registered scorers, the score of a well-formed but wrong answer.
         scoring: worker count, per-call timeout and process start method.
+        remote_sandbox: a SandboxFusion server that runs the code scorers' test cases (None: the local sandbox).
     """
 
     def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
                  reward_fn_key: str = "data_source", *, format_score: float = 0.0,
-                 scoring: ScoringConfig = ScoringConfig()) -> None:
+                 scoring: ScoringConfig = ScoringConfig(),
+                 remote_sandbox: SandboxFusionEndpoint | None = None) -> None:
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score
         self.reward_fn_key = reward_fn_key
         self.format_score = format_score
+        self.remote_sandbox = remote_sandbox
         self.pool = ScorerPool(scoring)
 
     @classmethod
     def from_config(cls, tokenizer: Any, compute_score: Callable[..., Any] | None, reward: Any, data: Any):
-        """The manager of a run: `reward` is the `reward_model` section (`scoring`, and what a subclass reads),
-        `data` the `data` section (`reward_fn_key`, ...)."""
-        return cls(tokenizer, 0, compute_score, data.reward_fn_key, scoring=reward.scoring)
+        """The manager of a run: `reward` is the `reward_model` section (`scoring`, `sandbox_fusion`, and what a
+        subclass reads), `data` the `data` section (`reward_fn_key`, ...)."""
+        return cls(tokenizer, 0, compute_score, data.reward_fn_key, scoring=reward.scoring,
+                   remote_sandbox=reward.sandbox_fusion.endpoint())
 
     def __call__(self, data: DataProto) -> RewardResult:
         """data: see `decode_batch`. Returns the rewards, extra info and metrics (see `build_reward_result`);

@@ -31,7 +31,7 @@ class BatchRewardManager(RewardManager):
             for data_source in set(decoded.data_sources):
                 resolve_scorer(data_source)  # an unknown data source fails here, in the driver
             fn = functools.partial(default_compute_score_batched, format_score=self.format_score,
-                                   sandbox=self.pool.config.sandbox)
+                                   sandbox=self.pool.config.sandbox, remote_sandbox=self.remote_sandbox)
         kwargs = {"data_sources": decoded.data_sources, "solution_strs": decoded.response_strs,
                   "ground_truths": decoded.ground_truths, "extra_infos": decoded.extra_infos}
         [outcome] = self.pool.run([(fn, kwargs)])

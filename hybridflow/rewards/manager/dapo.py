@@ -18,6 +18,7 @@ from hybridflow.rewards.manager.base import (
     log_examples)
 from hybridflow.rewards.manager.naive import score_each
 from hybridflow.rewards.pool import ScoringConfig
+from hybridflow.sandbox.remote import SandboxFusionEndpoint
 
 __all__ = ["DAPORewardManager", "OverlongBufferConfig", "compute_overlong_penalty"]
 
@@ -43,7 +44,8 @@ class DAPORewardManager(RewardManager):
     def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
                  reward_fn_key: str = "data_source", *, max_resp_len: int | None = None,
                  overlong_buffer_cfg: OverlongBufferConfig | None = None, format_score: float = 0.0,
-                 scoring: ScoringConfig = ScoringConfig()) -> None:
+                 scoring: ScoringConfig = ScoringConfig(),
+                 remote_sandbox: SandboxFusionEndpoint | None = None) -> None:
         self.overlong = overlong_buffer_cfg or OverlongBufferConfig()
         if self.overlong.enable:
             if max_resp_len is None:
@@ -51,7 +53,7 @@ class DAPORewardManager(RewardManager):
                                  "(set it to data.max_response_length)")
             self.overlong.check_len(max_resp_len)
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, format_score=format_score,
-                         scoring=scoring)
+                         scoring=scoring, remote_sandbox=remote_sandbox)
         self.max_resp_len = max_resp_len
 
     @classmethod
@@ -60,11 +62,12 @@ class DAPORewardManager(RewardManager):
         `data.max_response_length`)."""
         max_resp_len = reward.overlong_buffer.resolved_max_resp_len(data.max_response_length)
         return cls(tokenizer, 0, compute_score, data.reward_fn_key, max_resp_len=max_resp_len,
-                   overlong_buffer_cfg=reward.overlong_buffer, scoring=reward.scoring)
+                   overlong_buffer_cfg=reward.overlong_buffer, scoring=reward.scoring,
+                   remote_sandbox=reward.sandbox_fusion.endpoint())
 
     def score_decoded(self, data: DataProto, decoded: DecodedBatch) -> RewardResult:
         """The reward is score + penalty, while extra_info['score'] keeps the scorer's score."""
-        scored = score_each(self.pool, decoded, self.compute_score, self.format_score)
+        scored = score_each(self.pool, decoded, self.compute_score, self.format_score, self.remote_sandbox)
         check_error_fraction(decoded, scored, self.pool.config.max_error_fraction)
         rewards = list(scored.scores)
         extra: dict[str, list[Any]] = {}

@@ -3,8 +3,10 @@
 Rows (see `hybridflow.data.preprocess.human_eval`, data_source `openai_humaneval`; any `code` or `code/...`
 data source works the same way):
 - `reward_model.ground_truth`: test code appended after the program (HumanEval: the `check` function and
-  `check(<entry_point>)`), or stdin/stdout cases `{"inputs": [...], "outputs": [...]}` (a dict or its JSON),
-  each run as a separate program, output compared token by token;
+  `check(<entry_point>)`), or cases `{"inputs": [...], "outputs": [...]}` (a dict or its JSON), each run as a
+  separate program: stdin/stdout cases (output compared token by token) or, with `"fn_name"`, call-based
+  cases (verl's PRIME rows: data sources `codecontests`, `apps`, `codeforces`, `taco`); see `code_cases`.
+  Cases can run on a SandboxFusion server instead (`remote`, verl's reward_model.sandbox_fusion.url);
 - `extra_info['prompt_code']` (optional): the function stub given in the prompt. It goes before the response's
   code, so a whole-function answer keeps the stub's imports and helper functions, and a completion-style
   answer (the function body only, no `def <entry_point>`) continues the stub. The harness also runs the stub
@@ -33,13 +35,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import re
-import time
-from collections.abc import Mapping
 from typing import Any
 
+from hybridflow.rewards.score.code_cases import Runner, parse_cases, run_cases
 from hybridflow.sandbox import SandboxLimits, SandboxResult, run_python
+from hybridflow.sandbox.remote import SandboxFusionEndpoint
 
 __all__ = ["DEFAULT_LIMITS", "compute_score", "extract_program", "stub_functions"]
 
@@ -67,21 +68,6 @@ def extract_program(solution_str: str, prompt_code: str | None = None,
     defines = entry_point is None or re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(entry_point)}\b",
                                                code, re.MULTILINE) is not None
     return (f"{prompt_code.rstrip()}\n\n\n{code}" if defines else prompt_code + code), bool(blocks)
-
-
-def _io_cases(ground_truth: Any) -> tuple[list[str], list[str]] | None:
-    """stdin/stdout cases from a dict or its JSON, else None (the ground truth is test code)."""
-    if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("{"):
-        try:
-            ground_truth = json.loads(ground_truth)
-        except json.JSONDecodeError:
-            return None
-    if isinstance(ground_truth, Mapping) and {"inputs", "outputs"} <= set(ground_truth):
-        inputs, outputs = list(ground_truth["inputs"]), list(ground_truth["outputs"])
-        if len(inputs) != len(outputs):
-            raise ValueError(f"code ground truth has {len(inputs)} inputs but {len(outputs)} outputs")
-        return [str(i) for i in inputs], [str(o) for o in outputs]
-    return None
 
 
 def stub_functions(prompt_code: str) -> list[str]:
@@ -114,22 +100,21 @@ def _run_tests(program: str, tests: str, limits: SandboxLimits, prompt_code: str
     return result.ok and result.tests is not None and result.tests.passed, result
 
 
-def _run_io_cases(program: str, inputs: list[str], outputs: list[str],
-                  limits: SandboxLimits) -> tuple[bool, SandboxResult | None]:
-    deadline = time.monotonic() + limits.wall_time_s
-    result = None
-    for stdin, expected in zip(inputs, outputs):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False, result
-        result = run_python(program, stdin=stdin, limits=dataclasses.replace(limits, wall_time_s=remaining))
-        if not result.ok or result.stdout.split() != expected.split():
-            return False, result
-    return True, result
+def _local_runner(limits: SandboxLimits) -> Runner:
+    def run(program: str, stdin: str, wall_time_s: float) -> SandboxResult:
+        return run_python(program, stdin=stdin, limits=dataclasses.replace(limits, wall_time_s=wall_time_s))
+    return run
+
+
+def _remote_runner(endpoint: SandboxFusionEndpoint) -> Runner:
+    def run(program: str, stdin: str, wall_time_s: float) -> SandboxResult:
+        return endpoint.run_python(program, stdin=stdin, wall_time_s=wall_time_s)
+    return run
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None, *,
-                  format_score: float = 0.0, limits: SandboxLimits | None = None) -> dict[str, Any]:
+                  format_score: float = 0.0, limits: SandboxLimits | None = None,
+                  remote: SandboxFusionEndpoint | None = None, continuous: bool = False) -> dict[str, Any]:
     """Run the response's program against the row's tests in the sandbox.
 
     Args:
@@ -138,9 +123,15 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
         extra_info: the row's extra_info; `prompt_code` and `entry_point` are used when present.
         format_score: score of a wrong answer given in a fenced code block.
         limits: sandbox limits; default `DEFAULT_LIMITS` (the wall time covers all cases together).
+        remote: a SandboxFusion server that runs the stdin/stdout and call-based cases instead of the local
+            sandbox (verl's reward_model.sandbox_fusion.url). Test code always runs in the local harness: on a
+            server the tests would share the program's process, where it can forge their verdict.
+        continuous: score a wrong answer by the share of its first cases that pass (verl's PRIME code rows;
+            see `code_cases`); test code has no cases to count and scores 0 or 1.
 
     Returns:
-        {'score': 1.0 if every test passes, else `format_score` (fenced answer) or 0.0; 'acc': 1.0 or 0.0;
+        {'score': 1.0 if every test passes, else the passing share of the cases (`continuous`), else
+        `format_score` (fenced answer) or 0.0; 'acc': 1.0 or 0.0;
         'status': the sandbox status of the (first failing) run, or 'no_code' (empty response),
         'exited_before_tests' (exit 0 before the tests could call it), 'wrong_answer' (a test failed or a
         case's output differs)}.
@@ -150,9 +141,12 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
     extra_info = extra_info or {}
     program, fenced = extract_program(solution_str, extra_info.get("prompt_code"), extra_info.get("entry_point"))
     limits = limits or DEFAULT_LIMITS
-    cases = _io_cases(ground_truth)
+    cases = parse_cases(ground_truth)
+    fraction = 0.0
     if cases is not None:
-        passed, result = _run_io_cases(program, *cases, limits)
+        runner = _remote_runner(remote) if remote is not None else _local_runner(limits)
+        outcome = run_cases(program, cases, runner, limits.wall_time_s, continuous=continuous)
+        passed, fraction, result = outcome.all_passed, outcome.fraction, outcome.last_result
     elif isinstance(ground_truth, str):
         passed, result = _run_tests(program, ground_truth, limits, extra_info.get("prompt_code"),
                                     extra_info.get("entry_point"))
@@ -165,4 +159,5 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
         status = "wrong_answer" if started else "exited_before_tests"
     if passed:
         return {"score": 1.0, "acc": 1.0, "status": status}
-    return {"score": format_score if fenced else 0.0, "acc": 0.0, "status": status}
+    wrong = format_score if fenced else 0.0
+    return {"score": max(fraction, wrong) if continuous else wrong, "acc": 0.0, "status": status}

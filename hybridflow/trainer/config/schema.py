@@ -313,6 +313,7 @@ class RewardSectionConfig(RewardModelConfig, RewardModelWorkerConfig):
 
     def __post_init__(self) -> None:
         RewardModelWorkerConfig.__post_init__(self)
+        RewardModelConfig.__post_init__(self)
         if self.rule_reward_coef != 0 and not self.enable:
             raise ConfigFieldError(
                 "rule_reward_coef",

@@ -286,6 +286,12 @@ def _check_files(cfg: PPOConfig) -> None:
 
 def _check_rewards(cfg: PPOConfig) -> None:
     _check_reward_loop(cfg)
+    if cfg.reward_model.sandbox_fusion.url is not None and cfg.custom_reward_function.path is not None:
+        raise ValueError(
+            f"reward_model.sandbox_fusion.url={cfg.reward_model.sandbox_fusion.url!r} sends the built-in code "
+            f"scorers' cases to the server, but custom_reward_function.path={cfg.custom_reward_function.path!r} "
+            "replaces them (as in verl, the function is not given the server): drop one of the two"
+        )
     buffer, manager = cfg.reward_model.overlong_buffer, cfg.reward_model.reward_manager
     if not buffer.enable:
         return
