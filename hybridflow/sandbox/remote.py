@@ -52,8 +52,12 @@ class SandboxFusionEndpoint:
 
     def run_python(self, code: str, *, stdin: str = "", wall_time_s: float) -> SandboxResult:
         """Run `code` (Python) on the server with `stdin`, at most `wall_time_s` seconds of run time."""
+        return self.run_code(code, language="python", stdin=stdin, wall_time_s=wall_time_s)
+
+    def run_code(self, code: str, *, language: str, stdin: str = "", wall_time_s: float) -> SandboxResult:
+        """Run `code` in `language` (one of the server's: python, cpp, bash, ...) with `stdin`."""
         payload = json.dumps({
-            "code": code, "stdin": stdin, "language": "python", "compile_timeout": self.compile_timeout_s,
+            "code": code, "stdin": stdin, "language": language, "compile_timeout": self.compile_timeout_s,
             "run_timeout": wall_time_s, "memory_limit_MB": self.memory_limit_mb, "files": {}, "fetch_files": [],
         }).encode()
         started = time.monotonic()

@@ -1,6 +1,7 @@
 """Tools for agentic RL: `BaseTool` (create / execute / calc_reward / release), the `TOOLS` registry,
 OpenAI function schemas, loading tools from verl's tools YAML, and the built-ins `calculator`,
-`code_interpreter` (the sandbox) and `search` (local BM25), which import lazily through `TOOLS`.
+`code_interpreter` (the sandbox), `search` (local BM25), `gsm8k_answer` and `sandbox_fusion` (a SandboxFusion
+server), which import lazily through `TOOLS`.
 """
 
 from hybridflow.tools.base import TOOLS, BaseTool, ToolError, ToolInstance, build_tool_config

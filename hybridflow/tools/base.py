@@ -42,6 +42,7 @@ TOOLS.register_lazy("calculator", "hybridflow.tools.calculator:CalculatorTool")
 TOOLS.register_lazy("code_interpreter", "hybridflow.tools.code_interpreter:CodeInterpreterTool")
 TOOLS.register_lazy("search", "hybridflow.tools.search:SearchTool")
 TOOLS.register_lazy("gsm8k_answer", "hybridflow.tools.gsm8k_answer:Gsm8kAnswerTool")
+TOOLS.register_lazy("sandbox_fusion", "hybridflow.tools.sandbox_fusion:SandboxFusionTool")
 
 ConfigT = TypeVar("ConfigT")
 

@@ -35,7 +35,8 @@ def _to_plain(data: Any) -> Any:
     return data
 
 
-VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "gsm8k_answer"}
+VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "gsm8k_answer",
+                     "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "sandbox_fusion"}
 """verl's tool classes that a registered tool here reproduces (same schema, replies and rewards): a verl tools file
 naming one builds this tool, so verl's example configs load unchanged."""
 

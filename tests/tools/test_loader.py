@@ -68,9 +68,11 @@ def test_load_from_a_list_and_from_omegaconf():
     ("- {name: calculator}\n- {name: abacus}", "tools[1].name: unknown tool 'abacus'; known: ["),
     ("- {class_name: hybridflow.tools.nope.Tool}",
      "tools[0].class_name='hybridflow.tools.nope.Tool': cannot import"),
-    ("- {class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool}",  # a verl tools YAML
-     "of verl's tool classes hybridflow builds only ['verl.tools.gsm8k_tool.Gsm8kTool']: name a registered tool "
-     "instead (`name: <tool>`, one of ["),
+    ("- {class_name: verl.tools.geo3k_tool.Geo3kTool}",  # a verl tools YAML
+     "of verl's tool classes hybridflow builds only ['verl.tools.gsm8k_tool.Gsm8kTool', "
+     "'verl.tools.sandbox_fusion_tools.SandboxFusionTool']: name a registered tool instead (`name: <tool>`, one of ["),
+    ("- {class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool, config: {}}",
+     "tools[0].config: tool 'code_interpreter': invalid config {}: config.sandbox_fusion_url is not set"),
     ("- {class_name: hybridflow.tools.calculator.Nope}",
      "module 'hybridflow.tools.calculator' has no attribute 'Nope'"),
     ("- {class_name: hybridflow.tools.schemas.ToolResponse}",

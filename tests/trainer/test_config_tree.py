@@ -560,13 +560,13 @@ def test_verls_dapo_reward_kwargs_set_the_overlong_buffer(files):
 
 def test_a_tools_file_that_fails_to_load_is_named_by_its_key(files, tmp_path):
     tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: {}\n")
+    tools.write_text("tools:\n  - class_name: verl.tools.geo3k_tool.Geo3kTool\n    config: {}\n")
     line = [f"data.train_files={files['train']}", "actor_rollout_ref.rollout.mode=async",
             "actor_rollout_ref.rollout.multi_turn.enable=True", "data.return_raw_chat=True",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}"]
     with nothing_started():
         with pytest.raises(ValueError, match=r"^actor_rollout_ref.rollout.multi_turn.tool_config_path: .*tools\[0\]"
-                                             r".class_name='verl.tools.sandbox_fusion_tools.SandboxFusionTool'"
+                                             r".class_name='verl.tools.geo3k_tool.Geo3kTool'"
                                              r".*name a registered tool"):
             validate_config(load_config(line))
 
