@@ -510,6 +510,10 @@ def test_verls_config_flags_name_the_packaged_configs_or_say_what_to_do(files, t
     assert "adv_estimator: grpo" in capsys.readouterr().out
     assert train_main(["--dry-run", "--config-path=config", "--config-name=ppo_megatron_trainer", *line]) == 2
     assert "verl's Megatron-LM trainer config; hybridflow trains with FSDP2" in capsys.readouterr().err
+    (user / "my_megatron.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")
+    assert train_main(["--dry-run", f"--config-path={user}", "--config-name=my_megatron", *line]) == 2
+    assert ("--config-name=my_megatron builds on ppo_megatron_trainer (its defaults list): verl's Megatron-LM "
+            "trainer config") in capsys.readouterr().err
     assert train_main(["--dry-run", f"--config-path={user}", "--config-name=nope", *line]) == 2
     err = capsys.readouterr().err
     assert f"no nope.yaml in {user}" in err and "'ppo_trainer'" in err
@@ -685,3 +689,28 @@ def test_entries_of_free_form_dicts_are_set_with_or_without_plus(files):
     with pytest.raises(ValueError, match=r"engine_kwargs.sglang=\{'attention_backend': 'triton'\} sets the sglang "
                                          r"engine, but actor_rollout_ref.rollout.name='hf' does not read them"):
         load_config([*line, "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton"])
+
+
+def test_tools_interactions_and_agent_rows_run_in_agent_loops_or_are_refused(files, tmp_path):
+    """verl's default mode is async: a tool or interaction config alone (verl's multi-turn lines without their
+    --config-name) makes agent loops the default; with batch generation they, and rows naming an agent loop, would
+    be ignored, so they are refused."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    line = [f"data.train_files={files['train']}", f"actor_rollout_ref.model.path={files['model']}",
+            "data.return_raw_chat=True"]
+    for key in ("tool_config_path", "interaction_config_path"):
+        path = tools if key == "tool_config_path" else tmp_path / "interactions.yaml"
+        path.write_text(path.read_text() if path.exists() else "interaction:\n  - name: answer_feedback\n")
+        override = f"actor_rollout_ref.rollout.multi_turn.{key}={path}"
+        assert load_config([*line, override]).actor_rollout_ref.rollout.mode == "async"
+        with pytest.raises(ValueError, match=rf"multi_turn.{key}=.* with actor_rollout_ref.rollout.mode=sync: tools and "
+                                             r"interactions run only in agent loops"):
+            validate_config(load_config([*line, override, "actor_rollout_ref.rollout.mode=sync"]))
+    assert load_config(line).actor_rollout_ref.rollout.mode == "sync"
+    agent_rows = write_rows(tmp_path / "agents.parquet", ["gsm8k"] * 1024, agent_name=["tool_agent"] * 1024)
+    with pytest.raises(ValueError, match=r"rows ask for agent loop \['tool_agent'\] \(column agent_name\), which runs "
+                                         r"only with actor_rollout_ref.rollout.mode=async"):
+        validate_config(load_config([*line[1:], f"data.train_files={agent_rows}"]))
+    single = write_rows(tmp_path / "single.parquet", ["gsm8k"] * 1024, agent_name=["single_turn_agent"] * 1024)
+    validate_config(load_config([*line[1:], f"data.train_files={single}"]))

@@ -235,7 +235,8 @@ class RolloutConfig(SamplingConfig):
     """Rollout engine: hf | native | vllm."""
     mode: Literal["sync", "async"] = "sync"
     """sync (batch generate) | async (generation server for agent loops). The PPO trainer's default: async when
-    multi_turn.enable (the tool agent runs in agent loops; verl's default mode is async), else sync."""
+    multi_turn.enable or a multi_turn tool or interaction config is set (tools and interactions run in agent
+    loops; verl's default mode is async), else sync."""
     prompt_length: int = 512
     """Prompt tokens (the trainer sets it from data.max_prompt_length)."""
     response_length: int = 512

@@ -30,7 +30,8 @@ from typing import Any
 
 from hybridflow.sandbox import SandboxResult
 
-__all__ = ["CONTINUOUS_CASES", "CaseOutcome", "CodeCases", "parse_cases", "run_cases"]
+__all__ = ["CONTINUOUS_CASES", "CaseOutcome", "CodeCases", "Runner", "call_driver", "call_result_matches", "parse_cases",
+           "run_cases"]
 
 CONTINUOUS_CASES = 10
 """Cases that count towards the continuous score (verl's prime_code tests the first 10)."""

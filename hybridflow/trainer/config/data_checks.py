@@ -39,7 +39,8 @@ def check_rows(cfg: PPOConfig) -> None:
             if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
                 _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
             if "agent_name" in columns:
-                _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path)
+                _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path,
+                                   cfg.actor_rollout_ref.rollout.mode)
     _check_steps(cfg, num_train_rows)
 
 
@@ -77,10 +78,18 @@ def _check_scorers(data_sources: list[str], where: str) -> None:
         )
 
 
-def _check_agent_names(names: list[str], path: str) -> None:
+def _check_agent_names(names: list[str], path: str, mode: str) -> None:
+    """Every agent_name is a registered loop; with batch generation (sync) only the single-turn one, as no
+    other loop would run."""
     from hybridflow.agents.base import AGENT_LOOPS
     from hybridflow.agents.manager import AgentLoopManager  # noqa: F401  (registers the built-in loops)
 
     unknown = [name for name in names if name not in AGENT_LOOPS]
     if unknown:
         raise ValueError(f"{path}: agent_name {unknown} is not a registered agent loop; known: {AGENT_LOOPS.names()}")
+    looped = [name for name in names if name != "single_turn_agent"]
+    if mode != "async" and looped:
+        raise ValueError(
+            f"{path}: rows ask for agent loop {looped} (column agent_name), which runs only with "
+            "actor_rollout_ref.rollout.mode=async; set it (and data.return_raw_chat=True), or drop the column"
+        )

@@ -26,10 +26,12 @@ from hybridflow.utils.config import build_config, defaults_tree, describe_fields
 CONFIG_DIR = Path(__file__).resolve().parent
 
 
-def rollout_mode_for(multi_turn_enabled: bool) -> str:
+def rollout_mode_for(multi_turn_enabled: bool, tool_config_path: str | None = None,
+                     interaction_config_path: str | None = None) -> str:
     """`rollout.mode`'s default (`${rollout_mode_for:...}` in PPO_DERIVED): agent loops (async) for multi-turn
-    generation, which only they run, as verl's default mode is async; else batch generation (sync)."""
-    return "async" if multi_turn_enabled else "sync"
+    generation, tools or interactions, which only they run, as verl's default mode is async; else batch
+    generation (sync)."""
+    return "async" if multi_turn_enabled or tool_config_path or interaction_config_path else "sync"
 
 
 OmegaConf.register_new_resolver("rollout_mode_for", rollout_mode_for, replace=True)
@@ -231,6 +233,10 @@ def _explain(err: Exception, tree: ConfigTree) -> str:
             lines.append(first)
         current = current.__cause__ or current.__context__
     message = ": ".join(lines)
+    missing = re.search(r"In '([^']+)': Could not load '([^']+)'", message)
+    if missing and missing.group(2).removesuffix(".yaml") in VERL_ONLY_CONFIGS:
+        return (f"--config-name={missing.group(1)} builds on {missing.group(2)} (its defaults list): "
+                f"{VERL_ONLY_CONFIGS[missing.group(2).removesuffix('.yaml')]}")
     unknown = re.search(r"Could not override '([^']+)'|Key '([^']+)' is not in struct", message)
     if unknown:
         key = unknown.group(1) or unknown.group(2)

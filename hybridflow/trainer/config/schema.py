@@ -463,7 +463,8 @@ _ROLLOUT = "actor_rollout_ref.rollout"
 
 PPO_DERIVED: dict[str, str] = {
     # agent loops (async) for multi-turn generation, which only they run; else batch generation (loader's resolver)
-    f"{_ROLLOUT}.mode": f"${{rollout_mode_for:${{{_ROLLOUT}.multi_turn.enable}}}}",
+    f"{_ROLLOUT}.mode": (f"${{rollout_mode_for:${{{_ROLLOUT}.multi_turn.enable}},${{{_ROLLOUT}.multi_turn.tool_config_path}},"
+                         f"${{{_ROLLOUT}.multi_turn.interaction_config_path}}}}"),
     f"{_ROLLOUT}.prompt_length": "${data.max_prompt_length}",
     f"{_ROLLOUT}.response_length": "${data.max_response_length}",
     f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu": f"${{{_ACTOR}.ppo_micro_batch_size_per_gpu}}",

@@ -330,6 +330,13 @@ def _check_agent_loops(cfg: PPOConfig) -> None:
                 "actor_rollout_ref.rollout.multi_turn.enable=True needs actor_rollout_ref.rollout.mode=async "
                 "(agent loops talk to the generation servers)"
             )
+        for key in ("tool_config_path", "interaction_config_path"):
+            if getattr(multi_turn, key) is not None:
+                raise ValueError(
+                    f"actor_rollout_ref.rollout.multi_turn.{key}={getattr(multi_turn, key)!r} with "
+                    "actor_rollout_ref.rollout.mode=sync: tools and interactions run only in agent loops; set "
+                    f"mode=async (its default when a {key} is given) or drop the {key}"
+                )
         return
     if not cfg.data.return_raw_chat:
         raise ValueError(
