@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
 from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig, WorkerRuntimeConfig
 from hybridflow.workers.ppo_update import compute_global_counts
 from hybridflow.workers.process import prepare_worker_process
 
@@ -45,9 +46,10 @@ def sft_loss_fn(num_tokens: float, dp_size: int):
 class SFTWorker(Worker):
     """One data-parallel rank of SFT."""
 
-    def __init__(self, engine_config: FSDPEngineConfig, runtime: WorkerRuntimeConfig) -> None:
+    def __init__(self, engine_config: FSDPEngineConfig, runtime: WorkerRuntimeConfig,
+                 checkpoint: CheckpointConfig = CheckpointConfig()) -> None:
         super().__init__()
-        self.engine_config, self.runtime = engine_config, runtime
+        self.engine_config, self.runtime, self.checkpoint = engine_config, runtime, checkpoint
         self.engine = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -86,13 +88,16 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str) -> None:
-        """Model/optimizer shards, scheduler and RNG (and `lora_adapter/` for LoRA) into `local_path`."""
-        self.engine.save_checkpoint(local_path)
+        """`checkpoint.save_contents` into `local_path`: model/optimizer shards, scheduler and RNG (and
+        `lora_adapter/` for LoRA), and with hf_model a full HF directory (`huggingface_full/`)."""
+        self.engine.save_checkpoint(local_path, self.checkpoint.engine_parts)
+        if self.checkpoint.saves_hf_model:
+            self.engine.save_hf_model(str(Path(local_path) / HF_MODEL_DIR), self.tokenizer)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
-        """Restore what `save_checkpoint` wrote (same world size)."""
-        self.engine.load_checkpoint(local_path)
+        """Restore `checkpoint.load_contents` of what `save_checkpoint` wrote (same world size)."""
+        self.engine.load_checkpoint(local_path, contents=self.checkpoint.resume_parts)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_pid_and_rss(self) -> tuple[int, int]:

@@ -53,6 +53,9 @@ class ConfigTree:
     """Other spellings verl accepts for a key (`model.partial_pretrain` -> `model.path`), rewritten in overrides."""
     renamed: Mapping[str, str] = field(default_factory=dict)
     """Keys of earlier hybridflow versions -> their place now; refused with that hint."""
+    config_groups: Mapping[str, str] = field(default_factory=dict)
+    """verl's config-group choices (`optim=fsdp`) -> the one group this tree's section holds: that choice is
+    dropped (the section is it already), any other is refused."""
     boolean_counts: frozenset[str] = frozenset()
     """Step counts that verl's scripts also write as booleans (`trainer.test_freq=False`): verl compares them as
     numbers, so False is 0 (off) and True is 1."""
@@ -107,8 +110,10 @@ SFT_TREE = ConfigTree(
         "model.partial_pretrain": "model.path",
         "optim.lr_scheduler": "optim.lr_scheduler_type",
         "optim.warmup_steps_ratio": "optim.lr_warmup_steps_ratio",
+        "use_remove_padding": "model.use_remove_padding",
     },
     renamed={"ray_init": "ray_kwargs.ray_init"},
+    config_groups={"optim": "fsdp"},
 )
 
 
@@ -143,6 +148,12 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
             if key == old or key.startswith(old + "."):
                 raise ValueError(f"{key} is now {new + key[len(old):]}; rename it in the command line or YAML")
         prefix = match["prefix"] or ""
+        if key in tree.config_groups and prefix == "" and match["rest"]:
+            choice = match["rest"][1:].strip().strip("'\"")
+            if choice == tree.config_groups[key]:
+                continue  # verl's group of that name is what the section holds
+            raise ValueError(f"{key}={choice} selects verl's {choice!r} {key} config group; hybridflow's {key} section "
+                             f"is the {tree.config_groups[key]!r} group: drop {key}={choice} (set {key}.* keys instead)")
         if key in tree.aliases:
             key = tree.aliases[key]
             prefix = "" if prefix == "+" else prefix  # `+` adds a key; the alias's key is in the tree already

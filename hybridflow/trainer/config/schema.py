@@ -24,7 +24,7 @@ from hybridflow.trainer import checkpoint_dirs
 from hybridflow.trainer.guards.config import GuardsConfig
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, unsupported
 from hybridflow.utils.profiler_config import PROFILED_SECTIONS, GlobalProfilerConfig
-from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybridflow.workers.config import ActorRolloutRefConfig, CheckpointConfig, CriticConfig, Strategy
 from hybridflow.workers.reward_config import RewardModelWorkerConfig
 
 __all__ = [
@@ -245,6 +245,9 @@ class SFTTrainerConfig(RunConfig):
     """Tracking run name."""
     max_ckpt_to_keep: Optional[int] = None
     """Older checkpoints are deleted beyond this many; None keeps all."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """What a checkpoint holds and what a resumed run reads (verl's trainer.checkpoint.*; hf_model adds a full
+    HF directory, `huggingface_full/`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -520,11 +523,20 @@ def _sft_optim() -> OptimConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SFTModelConfig(FSDPModelConfig):
+    """SFT's `model.*` (verl's fsdp_sft_trainer keys): the model and its sharding."""
+
+    strategy: Strategy = "fsdp2"
+    """Training engine: fsdp2 (verl's SFT default; fsdp is accepted as a synonym, both shard with FSDP2)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class SFTConfig:
-    """The whole SFT config (verl's SFT keys; `model.partial_pretrain` is verl's name for `model.path`)."""
+    """The whole SFT config (verl's SFT keys; `model.partial_pretrain` is verl's name for `model.path`, and the
+    top-level `use_remove_padding` for `model.use_remove_padding`)."""
 
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    model: FSDPModelConfig = field(default_factory=FSDPModelConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
     optim: OptimConfig = field(default_factory=_sft_optim)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -36,6 +36,8 @@ def test_dry_run_prints_the_config_and_batch_arithmetic(sft_workspace, tmp_path,
         ("model.partial_pretrain=/no/model", ["model.partial_pretrain", "/no/model"]),
         ("model.lora_rank=-1", ["model.lora_rank", "-1"]),
         ("trainer.local_mode=true", ["trainer.local_mode", "n_gpus_per_node=1"]),
+        ("optim=megatron", ["optim=megatron selects verl's 'megatron' optim config group", "drop optim=megatron"]),
+        ("model.strategy=megatron", ["model.strategy", "megatron"]),
     ],
 )
 def test_config_errors_name_the_key(sft_workspace, tmp_path, capsys, override, words):
@@ -47,3 +49,12 @@ def test_config_errors_name_the_key(sft_workspace, tmp_path, capsys, override, w
     assert err.startswith("hybridflow sft: config error:") and "\n" not in err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_verl_s_fsdp_sft_keys_are_taken(sft_workspace, tmp_path):
+    """verl's fsdp_sft_trainer lines: the top-level use_remove_padding, model.strategy, and the optim group."""
+    args = sft_overrides(sft_workspace, tmp_path, "use_remove_padding=true", "model.strategy=fsdp", "optim=fsdp",
+                         "optim.lr=2e-5")
+    cfg = load_config(args, SFT_TREE)
+    assert cfg.model.use_remove_padding and cfg.model.strategy == "fsdp" and cfg.optim.lr == 2e-5
+    assert not load_config(sft_overrides(sft_workspace, tmp_path), SFT_TREE).model.use_remove_padding

@@ -144,3 +144,15 @@ def test_expert_parallel_sft_on_two_ray_ranks_matches_one_rank(sft_workspace, ra
         assert abs(two[step]["train/grad_norm"] - one[step]["train/grad_norm"]) < 1e-4, step
     target = merge_checkpoint(sft_workspace / "ep_two" / "global_step_2", sft_workspace / "ep_two_hf")
     AutoModelForCausalLM.from_pretrained(target)
+
+
+def test_verl_s_checkpoint_contents_add_a_full_hf_directory(sft_workspace):
+    """verl's e2e SFT line saves trainer.checkpoint.save_contents=[model,optimizer,extra,hf_model]: the checkpoint
+    holds a transformers-loadable model beside its shards."""
+    run_dir = sft_workspace / "local_hf_contents"
+    run(sft_overrides(sft_workspace, run_dir, "trainer.local_mode=true", "trainer.total_training_steps=1",
+                      "trainer.save_freq=1", "trainer.test_freq=-1",
+                      "trainer.checkpoint.save_contents=[model,optimizer,extra,hf_model]"))
+    checkpoint = run_dir / "global_step_1"
+    assert AutoModelForCausalLM.from_pretrained(checkpoint / "huggingface_full").config.num_hidden_layers == 2
+    assert any(checkpoint.glob("optim_world_size_1_rank_0.pt"))
