@@ -77,16 +77,19 @@ class DataFilesConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataSamplerConfig:
-    """verl's `data.sampler.*`: a sampler class of the user's (curriculum learning)."""
+    """verl's `data.sampler.*`: a sampler class of the user's (a curriculum), built over the training set instead of
+    hybridflow's seeded shuffle (`hybridflow.data.custom_sampler`)."""
 
-    class_path: Optional[str] = unsupported(
-        None, "prompts are drawn by a seeded, resumable shuffle of the whole set; data.custom_cls can reorder them"
-    )
-    """verl: the file defining it."""
-    class_name: Optional[str] = unsupported(
-        None, "prompts are drawn by a seeded, resumable shuffle of the whole set; data.custom_cls can reorder them"
-    )
-    """verl: its class."""
+    class_path: Optional[str] = None
+    """The Python file defining it, or pkg://package.module for an importable module."""
+    class_name: Optional[str] = None
+    """The class: a torch Sampler built as `cls(data_source=dataset, data_config=data section)`; with an
+    `update(batch)` method it is handed each trained batch (verl's AbstractCurriculumSampler)."""
+
+    def __post_init__(self) -> None:
+        if (self.class_path is None) != (self.class_name is None):
+            raise ConfigFieldError("class_path", f"class_path={self.class_path!r} and class_name={self.class_name!r}: "
+                                                 "set both (the file or pkg:// module, and the class in it) or neither")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -140,6 +140,9 @@ class RayPPOTrainer:
                 profiling.begin(self.global_steps)
             with timer("step", timing):
                 batch = self.train_step(batches, metrics, timing)
+            curriculum_update = getattr(self.train_dataloader.sampler, "update", None)  # data.sampler's curriculum
+            if curriculum_update is not None:
+                curriculum_update(batch)
             if profiling is not None:
                 metrics.update(profiling.end(self.global_steps, is_last))
             if self.val_dataloader is not None and due(trainer_cfg.test_freq, self.global_steps, is_last):

@@ -44,7 +44,13 @@ def build_dataloaders(
     train_set = dataset_cls(data_files=data.train_files, tokenizer=tokenizer, config=data,
                             max_samples=data.train_max_samples, processor=processor)
     batch_size = data.gen_batch_size or data.train_batch_size
-    train_loader = build_train_loader(train_set, batch_size, data.shuffle, data.seed, collate_fn)
+    sampler = None
+    if data.sampler.class_path is not None:
+        from hybridflow.data.custom_sampler import build_user_sampler
+
+        sampler = build_user_sampler(train_set, data)
+        logger.info("prompts are drawn by %s (data.sampler)", type(sampler.sampler).__name__)
+    train_loader = build_train_loader(train_set, batch_size, data.shuffle, data.seed, collate_fn, sampler)
     if not data.val_files:
         return train_loader, None
     val_set = dataset_cls(data_files=data.val_files, tokenizer=tokenizer, config=data,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybridflow import env
 from hybridflow.data import build_sampler
@@ -59,8 +59,9 @@ def build_processor(model: ModelConfig, tokenizer: Any, trust_remote_code: bool 
 
 
 def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int | None,
-                       collate_fn: Callable[[list], Any]) -> DataLoader:
-    """Full batches only, in a seeded order that `sampler.state_dict()` can resume exactly."""
+                       collate_fn: Callable[[list], Any], sampler: Sampler | None = None) -> DataLoader:
+    """Full batches only, in a seeded order that `sampler.state_dict()` can resume exactly (or in the order of
+    `sampler`, a user's `UserSampler`)."""
     if len(dataset) < batch_size:
         raise ValueError(
             f"data.train_batch_size={batch_size} is larger than the {len(dataset)} usable training samples; "
@@ -69,7 +70,7 @@ def build_train_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: i
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=build_sampler(dataset, shuffle=shuffle, seed=seed),
+        sampler=sampler if sampler is not None else build_sampler(dataset, shuffle=shuffle, seed=seed),
         collate_fn=collate_fn,
         drop_last=True,
         num_workers=0,  # keeps the sampler position exact for resume

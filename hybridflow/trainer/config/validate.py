@@ -270,6 +270,10 @@ def _check_files(cfg: PPOConfig) -> None:
             rl_dataset_class(cfg.data)
         except (FileNotFoundError, AttributeError, TypeError) as err:
             raise ValueError(str(err)) from err
+    if cfg.data.sampler.class_path is not None:  # imports the user's sampler file only when one is named
+        from hybridflow.data.custom_sampler import load_sampler_class
+
+        load_sampler_class(cfg.data.sampler)
     check_model_location("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
     check_model_location("actor_rollout_ref.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path, weights=False)
     check_teacher(cfg)
