@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.sandbox import SandboxError
+from hybridflow.sandbox import SandboxError, SandboxResult
 from hybridflow.sandbox.remote import SandboxFusionEndpoint
 from hybridflow.tools.base import BaseTool, ToolError, ToolInstance, build_tool_config
 from hybridflow.tools.code_interpreter import CodeInterpreterTool, format_sandbox_result
@@ -80,7 +81,8 @@ class SandboxFusionTool(BaseTool):
             raise ValueError(f"tool {self.name!r}: config.timeout_s={self.timeout_s:g} must exceed "
                              f"config.default_timeout={self.config.default_timeout:g}; raise timeout_s")
         self._threads = concurrent.futures.ThreadPoolExecutor(self.config.num_workers, thread_name_prefix=self.name)
-        self._in_flight: asyncio.Semaphore | None = None
+        # held by the thread that waits on the server: bounds requests in flight whichever event loop calls
+        self._in_flight = threading.BoundedSemaphore(self.config.rate_limit)
 
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:
@@ -97,14 +99,15 @@ class SandboxFusionTool(BaseTool):
         if isinstance(parameters.get("timeout"), int | float) and parameters["timeout"] > 0:
             run_time = min(float(parameters["timeout"]), run_time)
         language = str(parameters.get("language") or self.config.default_language)
-        if self._in_flight is None:  # made on the loop that runs the calls
-            self._in_flight = asyncio.Semaphore(self.config.rate_limit)
-        async with self._in_flight:
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, lambda: self.endpoint.run_code(code, language=language, wall_time_s=run_time))
-            except SandboxError as err:
-                return ToolResponse(text=f"[the code could not be run: {err}]"), 0.0, {"error": True,
-                                                                                        "status": "server_error"}
+
+        def run() -> SandboxResult:
+            with self._in_flight:
+                return self.endpoint.run_code(code, language=language, wall_time_s=run_time)
+
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._threads, run)
+        except SandboxError as err:
+            return ToolResponse(text=f"[the code could not be run: {err}]"), 0.0, {"error": True,
+                                                                                    "status": "server_error"}
         text = format_sandbox_result(result, self.config.max_output_chars, self.config.stderr_tail_chars)
         return ToolResponse(text=text), 0.0, {"error": not result.ok, "status": result.status}
