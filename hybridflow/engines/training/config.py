@@ -97,6 +97,11 @@ class OptimConfig:
         return self.total_training_steps if self.total_training_steps > 0 else trainer_total_steps
 
 
+_PRECISION_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                    "fp32": "float32", "float32": "float32"}
+"""verl's precision names (PrecisionType) -> torch's."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class FSDPConfig:
     """How a model is sharded (FSDP2) and what is offloaded (verl's `fsdp_config.*` keys)."""
@@ -131,6 +136,11 @@ class FSDPConfig:
     parallelism."""
     offload_policy: bool = unsupported(False, "use param_offload, which applies FSDP2's CPUOffloadPolicy")
     """FSDP2 CPU offload of parameters, gradients and optimizer state."""
+    mixed_precision: dict[str, str] = field(default_factory=dict)
+    """verl's FSDP mixed-precision dict (set as `+fsdp_config.mixed_precision.param_dtype=bf16`): param_dtype
+    (verl's default when the dict is given: bf16) sets `dtype`, reduce_dtype (default fp32) sets `reduce_dtype`,
+    and buffer_dtype must be the weights' dtype (FSDP2 keeps buffers in it; verl's FSDP2 path ignores the key).
+    Empty: `dtype` and `reduce_dtype` as set."""
     forward_prefetch: bool = unsupported(False, "explicit forward prefetching is not implemented")
     """Prefetch the next layer's all-gather during forward."""
     strategy: Literal["fsdp", "fsdp2"] = "fsdp"
@@ -165,6 +175,8 @@ class FSDPConfig:
     """verl: run torch's deterministic algorithms only."""
 
     def __post_init__(self) -> None:
+        if self.mixed_precision:
+            self._take_mixed_precision()
         check_literal_fields(self)
         check_at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
         check_at_least("expert_parallel_size", self.expert_parallel_size, 1)
@@ -201,6 +213,34 @@ class FSDPConfig:
                 f"param_offload=True with tensor_parallel_size={self.tensor_parallel_size}: offloading tensor-parallel "
                 "shards is not implemented; turn one of them off",
             )
+
+    def _take_mixed_precision(self) -> None:
+        """verl's `mixed_precision` dict into `dtype` / `reduce_dtype`; a value that contradicts them is refused."""
+        unknown = sorted(set(self.mixed_precision) - {"param_dtype", "reduce_dtype", "buffer_dtype"})
+        if unknown:
+            raise ConfigFieldError("mixed_precision", f"mixed_precision has unknown keys {unknown}; verl's are "
+                                                      "param_dtype, reduce_dtype and buffer_dtype")
+        names = {}
+        for key, value in self.mixed_precision.items():
+            if str(value) not in _PRECISION_NAMES:
+                raise ConfigFieldError("mixed_precision", f"mixed_precision.{key}={value!r} is not one of "
+                                                          f"{sorted(_PRECISION_NAMES)}")
+            names[key] = _PRECISION_NAMES[str(value)]
+        param, reduce = names.get("param_dtype", "bfloat16"), names.get("reduce_dtype", "float32")
+        buffer = names.get("buffer_dtype", self.weight_dtype)
+        if self.dtype not in ("auto", param):
+            raise ConfigFieldError("mixed_precision", f"mixed_precision.param_dtype={param!r} with dtype={self.dtype!r}: "
+                                                      "both set the compute dtype; set one")
+        if reduce not in ("float32", "bfloat16") or self.reduce_dtype not in ("float32", reduce):
+            raise ConfigFieldError("mixed_precision", f"mixed_precision.reduce_dtype={reduce!r} with reduce_dtype="
+                                                      f"{self.reduce_dtype!r}: gradients reduce in float32 or bfloat16, "
+                                                      "set by one of the two keys")
+        if buffer != self.weight_dtype:
+            raise ConfigFieldError("mixed_precision", f"mixed_precision.buffer_dtype={buffer!r}: FSDP2 keeps buffers "
+                                                      f"in the weights' dtype ({self.weight_dtype}, model_dtype); "
+                                                      "drop buffer_dtype or set it to that")
+        object.__setattr__(self, "dtype", param)
+        object.__setattr__(self, "reduce_dtype", reduce)
 
     @property
     def weight_dtype(self) -> str:

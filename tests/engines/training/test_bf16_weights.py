@@ -80,3 +80,19 @@ def test_a_compute_dtype_above_the_weights_is_refused():
     assert FSDPConfig().compute_dtype == "auto" and FSDPConfig(dtype="bfloat16").weight_dtype == "float32"
     with pytest.raises(ConfigFieldError, match="model_dtype"):
         FSDPConfig(model_dtype="fp16")
+
+
+def test_verl_s_mixed_precision_dict_sets_the_compute_and_reduce_dtypes():
+    """verl's `+fsdp_config.mixed_precision.*` (NPU scripts): param_dtype and reduce_dtype become dtype and
+    reduce_dtype (bf16 compute is verl's default once the dict is given); a contradiction is refused."""
+    config = FSDPConfig(mixed_precision={"param_dtype": "bf16", "reduce_dtype": "bf16", "buffer_dtype": "fp32"})
+    assert (config.dtype, config.reduce_dtype, config.compute_dtype) == ("bfloat16", "bfloat16", "bfloat16")
+    assert FSDPConfig(mixed_precision={"reduce_dtype": "fp32"}).dtype == "bfloat16"
+    assert FSDPConfig(mixed_precision={"param_dtype": "fp32"}).compute_dtype == "float32"
+    for mixed, message in (({"param_dtype": "fp16"}, "param_dtype='float16' with dtype='float32'"),
+                           ({"reduce_dtype": "fp16"}, "gradients reduce in float32 or bfloat16"),
+                           ({"buffer_dtype": "bf16"}, "FSDP2 keeps buffers in the weights' dtype"),
+                           ({"param_dtype": "int8"}, "is not one of"), ({"cast": "bf16"}, "unknown keys")):
+        with pytest.raises(ConfigFieldError, match=message):
+            FSDPConfig(dtype="float32" if "fp16" in mixed.values() and "param_dtype" in mixed else "auto",
+                       mixed_precision=mixed)
