@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.data import RLHFDataset, collate_fn
-from hybridflow.data.config import RLHFDataConfig, expand_path
+from hybridflow.data.config import RLHFDataConfig
 from hybridflow.data.dataset_class import rl_dataset_class
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
@@ -27,6 +27,7 @@ from hybridflow.trainer.scaffold import (
     build_val_loader,
     init_ray,
     run_dir,
+    write_ray_timeline,
 )
 
 logger = logging.getLogger(__name__)
@@ -111,19 +112,6 @@ def run_ppo(
         if "file" in config.trainer.logger:
             for path in plot_run(run_dir(config.trainer)):
                 logger.info("wrote %s", path)
-
-
-def write_ray_timeline(path: str | None) -> None:
-    """Ray's timeline of the run's tasks (`ray_kwargs.timeline_json_file`), a Chrome trace; nothing without Ray."""
-    if path is None:
-        return
-    import ray
-
-    if not ray.is_initialized():
-        logger.warning("ray_kwargs.timeline_json_file=%r: no Ray cluster ran (local mode); nothing written", path)
-        return
-    ray.timeline(filename=str(expand_path(path)))
-    logger.info("wrote Ray's timeline to %s", path)
 
 
 def summarize_validation(before: dict[str, float], after: dict[str, float]) -> str:

@@ -187,6 +187,19 @@ def init_ray(ray_init: RayInitConfig, world_size: int) -> None:
     logger.info("started an embedded Ray cluster (set RAY_ADDRESS to join one): %s", describe_cluster())
 
 
+def write_ray_timeline(path: str | None) -> None:
+    """Ray's timeline of the run's tasks (`ray_kwargs.timeline_json_file`), a Chrome trace; nothing without Ray."""
+    if path is None:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        logger.warning("ray_kwargs.timeline_json_file=%r: no Ray cluster ran (local mode); nothing written", path)
+        return
+    ray.timeline(filename=str(expand_path(path)))
+    logger.info("wrote Ray's timeline to %s", path)
+
+
 def build_tracking(run: RunConfig, config: Any, backends: Sequence[str] | None = None) -> Tracking:
     """Tracking of the run into `trainer.default_local_dir` with the whole config recorded."""
     return Tracking(

@@ -58,6 +58,14 @@ def check_same_vocabulary(policy_tokenizer, teacher_tokenizer) -> None:
         )
 
 
+def sampling_seed(seed: int, replica: int, version: int, offset: int) -> int:
+    """The sampling seed of a rollout replica at a policy version and call offset. The offset also moves the low 32
+    bits: torch's CPU generator (mt19937) keeps only those (`offset << 32` alone gave every call of a version one
+    stream on CPU, so the chunks of a partial rollout, or `hybridflow generate`'s samples, repeated each other); the
+    high bits keep CUDA's 64-bit Philox streams apart as before. Offset 0 gives the seed of earlier versions."""
+    return seed + 1_000_003 * (replica + 1) + version + (offset << 32) + (offset * 0x9E3779B1) % (1 << 32)
+
+
 class ActorRolloutRefWorker(Worker):
     """Actor / rollout / reference roles of one rank; methods are called on the whole group by the driver."""
 
@@ -258,8 +266,7 @@ class ActorRolloutRefWorker(Worker):
         draw the same tokens and stay in lock-step. `offset` (`meta_info['sampling_seed_offset']`: the chunk index
         of a partial rollout) gives each call of one version its own stream."""
         version = self._actor_version() if self.actor_engine is not None else self._policy_version
-        replica = self.rollout_layout.dp_rank(self.rank)
-        torch.manual_seed(self.runtime.seed + 1_000_003 * (replica + 1) + version + (offset << 32))
+        torch.manual_seed(sampling_seed(self.runtime.seed, self.rollout_layout.dp_rank(self.rank), version, offset))
 
     def _served_weight_version(self) -> int:
         """The policy version of the weights the rollout generates with: the actor's own when it shares the actor's

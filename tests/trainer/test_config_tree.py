@@ -370,8 +370,8 @@ def test_frozen_sections_are_dataclasses_all_the_way_down(files):
 
 PACKAGED_PPO_CONFIGS = sorted(
     path.stem for path in (Path(__file__).parents[2] / "hybridflow" / "trainer" / "config").glob("*.yaml")
-    if path.stem != "sft_trainer"  # the SFT tree's root: tests/trainer/sft
-)
+    if path.stem not in ("sft_trainer", "generation")  # the SFT and generation trees' roots: tests/trainer/sft,
+)                                                        # tests/trainer/test_generate.py
 
 
 def test_the_packaged_configs_are_all_found():

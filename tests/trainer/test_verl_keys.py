@@ -13,7 +13,7 @@ from hybridflow.models import load_tokenizer
 from hybridflow.models.config import ModelConfig
 from hybridflow.trainer.config import load_config, validate_config
 from hybridflow.trainer.config.verl_copies import check_verl_copies
-from hybridflow.trainer.run import write_ray_timeline
+from hybridflow.trainer.scaffold import write_ray_timeline
 from hybridflow.trainer.scaffold import build_tokenizer, build_val_loader
 from hybridflow.workers.config import ActorConfig
 from hybridflow.workers.ppo_update import update_computes_entropy
@@ -60,7 +60,7 @@ REFUSED = [  # (override, words of the reason)
     ("trainer.del_local_ckpt_after_load=True", "never deleted"),
     ("trainer.default_hdfs_dir=/hdfs/x", "not copied to HDFS"),
     ("transfer_queue.enable=True", "object store"),
-    ("data.sampler.class_path=my_sampler.py", "resumable shuffle"),
+    ("data.sampler.class_path=my_sampler.py", "set both"),  # verl's class_name is needed with it
     ("reward_manager.source=importlib", "reward_manager.source"),
     ("actor_rollout_ref.rollout.disable_log_stats=False", "engine_kwargs.vllm"),
     ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton", "triton kernels are not built"),

@@ -102,37 +102,45 @@ def check_parallelism(cfg: PPOConfig) -> dict[str, ParallelLayout]:
 
 
 def check_rollout_parallelism(cfg: PPOConfig) -> None:
-    """`actor_rollout_ref.rollout.tensor_model_parallel_size`: it divides the colocated pool's ranks and the model's
-    heads, key/value heads, MLP width (a mixture-of-experts model's routed experts instead, with
-    `rollout.expert_parallel_size` equal to it) and vocabulary, and runs colocated only (the engine and mode are
-    checked by the rollout's own config)."""
+    """`actor_rollout_ref.rollout.tensor_model_parallel_size` of the PPO trainer: see `check_rollout_tensor_parallel`;
+    it also runs colocated only (the split pool receives whole-model replicas)."""
     arr = cfg.actor_rollout_ref
     tp, key = arr.rollout.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    if tp == 1:
-        return
-    if not arr.hybrid_engine:
+    if tp > 1 and not arr.hybrid_engine:
         raise ValueError(
             f"{key}={tp} with actor_rollout_ref.hybrid_engine=False: the split rollout pool receives the weights by a "
             f"broadcast to whole-model replicas and cannot hold tensor-parallel shards yet; use {key}=1 or "
             "hybrid_engine=True"
         )
-    on_cpu_workers = cfg.trainer.workers_on_cpu(cfg.ray_kwargs.ray_init.address)
-    if not arr.rollout.backend_spec.tensor_parallel_on_cpu and on_cpu_workers:
+    check_rollout_tensor_parallel(arr.rollout, arr.model, cfg.trainer, cfg.ray_kwargs.ray_init.address,
+                                  "actor_rollout_ref.", "the colocated pool")
+
+
+def check_rollout_tensor_parallel(rollout: Any, model: Any, placement: Any, ray_address: str | None, prefix: str,
+                                  pool: str) -> None:
+    """`{prefix}rollout.tensor_model_parallel_size` divides the `pool`'s ranks (`placement`: nnodes x
+    n_gpus_per_node) and the model's heads, key/value heads, MLP width (a mixture-of-experts model's routed experts
+    instead, with `rollout.expert_parallel_size` equal to it) and vocabulary, on an engine that splits a replica
+    where the workers run (the engine and mode are checked by the rollout's own config)."""
+    tp, key = rollout.tensor_model_parallel_size, f"{prefix}rollout.tensor_model_parallel_size"
+    if tp == 1:
+        return
+    if not rollout.backend_spec.tensor_parallel_on_cpu and placement.workers_on_cpu(ray_address):
         on_cpu = [name for name in backends_with("tensor_parallel") if rollout_spec(name).tensor_parallel_on_cpu]
         raise ValueError(
-            f"{key}={tp} with actor_rollout_ref.rollout.name={arr.rollout.name!r} on CPU workers: that engine splits a "
+            f"{key}={tp} with {prefix}rollout.name={rollout.name!r} on CPU workers: that engine splits a "
             f"replica over accelerators only (on CPU it runs in a child process outside the trainer's ranks); use "
             f"{key}=1, name={' or '.join(on_cpu)}, or GPU workers"
         )
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    world = placement.nnodes * placement.n_gpus_per_node
     if world % tp:
         raise ValueError(
-            f"{key}={tp} does not divide the {world} ranks of the colocated pool (trainer.nnodes x "
+            f"{key}={tp} does not divide the {world} ranks of {pool} (trainer.nnodes x "
             f"trainer.n_gpus_per_node): each rollout replica takes {tp} consecutive ranks; pick a divisor of {world}"
         )
-    model_config = model_section_config(arr.model)
+    model_config = model_section_config(model)
     check_rollout_tp_layout(model_config, tp, key)
-    ep, ep_key = arr.rollout.expert_parallel_size, "actor_rollout_ref.rollout.expert_parallel_size"
+    ep, ep_key = rollout.expert_parallel_size, f"{prefix}rollout.expert_parallel_size"
     check_ep_layout(model_config, ep, ep_key)  # a dense model has no experts to split
     # A mixture-of-experts model's experts are split whole over the group with ep=1 (verl's default) or ep=tp.
 

@@ -49,8 +49,40 @@ OldLogProbSource = Literal["recompute", "update", "rollout"]
 
 
 # ----------------------------------------------------------------------------- a run
+class WorkerPlacement:
+    """Where a job's worker ranks run, from its `nnodes`, `n_gpus_per_node`, `device` and `local_mode` fields
+    (the trainers' `trainer` section and `hybridflow generate`'s)."""
+
+    nnodes: int
+    n_gpus_per_node: int
+    device: str
+    local_mode: bool
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (nnodes x n_gpus_per_node)."""
+        return self.nnodes * self.n_gpus_per_node
+
+    def joins_cluster(self, ray_address: str | None) -> bool:
+        """Whether the workers run on a Ray cluster given by address (ray_kwargs.ray_init.address or RAY_ADDRESS),
+        not in this process (local mode) or on the embedded cluster this machine starts."""
+        return not self.local_mode and bool(ray_address or env.ray_address())
+
+    def workers_on_cpu(self, ray_address: str | None) -> bool:
+        """Whether the workers certainly run on CPU: `device=cpu`, or `device=auto` where they run in this
+        process (local mode) or on the embedded cluster of a machine without accelerators. A cluster given by
+        address is known only once joined (False here)."""
+        if self.device == "cpu":
+            return True
+        if self.device == "cuda" or self.joins_cluster(ray_address):
+            return False
+        from hybridflow.utils.device import device_count  # imports torch: only the checks that need it call this
+
+        return device_count() == 0
+
+
 @dataclass(frozen=True, kw_only=True)
-class RunConfig:
+class RunConfig(WorkerPlacement):
     """What every trainer's run has: its name, logging, size, length, checkpoints and placement."""
 
     project_name: str = "hybridflow"
@@ -118,11 +150,6 @@ class RunConfig:
                 f"(got {self.nnodes} x {self.n_gpus_per_node})",
             )
 
-    @property
-    def world_size(self) -> int:
-        """Data-parallel ranks (nnodes x n_gpus_per_node)."""
-        return self.nnodes * self.n_gpus_per_node
-
     def check_paths(self) -> None:
         """Checkpoint locations, before anything is written: resume_from_path (resume_mode=resume_path) is a
         global_step_N directory that exists; both locations are filesystem paths; resume_mode=disable starts at
@@ -149,23 +176,6 @@ class RunConfig:
                 f"already holds checkpoints (steps {steps}); give the new run its own directory, or resume "
                 "(trainer.resume_mode=auto)"
             )
-
-    def joins_cluster(self, ray_address: str | None) -> bool:
-        """Whether the workers run on a Ray cluster given by address (ray_kwargs.ray_init.address or RAY_ADDRESS),
-        not in this process (local mode) or on the embedded cluster this machine starts."""
-        return not self.local_mode and bool(ray_address or env.ray_address())
-
-    def workers_on_cpu(self, ray_address: str | None) -> bool:
-        """Whether the workers certainly run on CPU: `device=cpu`, or `device=auto` where they run in this
-        process (local mode) or on the embedded cluster of a machine without accelerators. A cluster given by
-        address is known only once joined (False here)."""
-        if self.device == "cpu":
-            return True
-        if self.device == "cuda" or self.joins_cluster(ray_address):
-            return False
-        from hybridflow.utils.device import device_count  # imports torch: only the checks that need it call this
-
-        return device_count() == 0
 
     def check_environment(self, ray_address: str | None) -> None:
         """Each tracking backend's package is installed; `device=cuda` has a GPU where the workers run: in the
@@ -276,6 +286,15 @@ class RayKwargsConfig:
     timeline_json_file: Optional[str] = None
     """Write Ray's timeline of the run's tasks (Chrome trace JSON, ray.timeline) to this file when the run ends
     (verl's key); never over an existing file."""
+
+    def check_output_files(self) -> None:
+        """The timeline file the run writes at its end does not exist yet (nothing is written over)."""
+        timeline = self.timeline_json_file
+        if timeline is not None and expand_path(timeline).exists():
+            raise ValueError(
+                f"ray_kwargs.timeline_json_file={timeline!r} exists; the run writes Ray's timeline there at its end "
+                "and never over a file: name a new one"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

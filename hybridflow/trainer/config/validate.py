@@ -174,12 +174,7 @@ def _check_algorithm(cfg: PPOConfig) -> None:
 
 def _check_output_files(cfg: PPOConfig) -> None:
     """Files the run writes at its end are never written over an existing one."""
-    timeline = cfg.ray_kwargs.timeline_json_file
-    if timeline is not None and expand_path(timeline).exists():
-        raise ValueError(
-            f"ray_kwargs.timeline_json_file={timeline!r} exists; the run writes Ray's timeline there at its end and "
-            "never over a file: name a new one"
-        )
+    cfg.ray_kwargs.check_output_files()
 
 
 def _check_bypass_backend(cfg: PPOConfig) -> None:

@@ -38,6 +38,7 @@ from hybridflow.trainer.scaffold import (
     total_steps,
     worker_metrics,
     worker_runtime,
+    write_ray_timeline,
 )
 from hybridflow.trainer.tracking import Tracking
 from hybridflow.workers import SFTWorker
@@ -185,5 +186,6 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         logger.info("SFT done: %s", {key: round(value, 4) for key, value in summary.items()})
         return summary
     finally:
+        write_ray_timeline(cfg.ray_kwargs.timeline_json_file)
         trainer.shutdown()
         tracking.finish()

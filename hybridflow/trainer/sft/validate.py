@@ -43,6 +43,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
             "lower it"
         )
     cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
+    cfg.ray_kwargs.check_output_files()
     return [
         ("ranks (nnodes x n_gpus_per_node)", ranks),
         ("data-parallel groups (ranks / tp x sp)", world),

@@ -58,3 +58,12 @@ def test_verl_s_fsdp_sft_keys_are_taken(sft_workspace, tmp_path):
     cfg = load_config(args, SFT_TREE)
     assert cfg.model.use_remove_padding and cfg.model.strategy == "fsdp" and cfg.optim.lr == 2e-5
     assert not load_config(sft_overrides(sft_workspace, tmp_path), SFT_TREE).model.use_remove_padding
+
+
+def test_ray_s_timeline_is_taken_and_never_written_over_a_file(sft_workspace, tmp_path, capsys):
+    """SFT writes Ray's timeline at its end too (ray_kwargs.timeline_json_file), never over a file."""
+    existing = tmp_path / "timeline.json"
+    existing.write_text("{}")
+    args = sft_overrides(sft_workspace, tmp_path, f"ray_kwargs.timeline_json_file={existing}")
+    assert cli_main(["sft", *args]) == 2
+    assert "timeline_json_file" in capsys.readouterr().err and existing.read_text() == "{}"

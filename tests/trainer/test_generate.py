@@ -1,0 +1,103 @@
+"""`hybridflow generate` (verl's main_generation): verl's command lines pass --dry-run, bad settings are refused
+before Ray, and a run writes every row back with n different responses; the sampling seed of a call offset."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from hybridflow.cli import main as cli_main
+from hybridflow.trainer.config import load_config
+from hybridflow.trainer.config.generation_checks import validate_generation_config
+from hybridflow.trainer.config.loader import GENERATION_TREE
+from hybridflow.trainer.main_generation import main as generate_main
+from hybridflow.workers.actor_rollout_ref import sampling_seed
+from tests.helpers import nothing_started
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    """A tiny model and a parquet of 5 chat prompts in verl's layout."""
+    from hybridflow.models import build_local_tokenizer, save_tiny_model
+
+    root = tmp_path_factory.mktemp("generate")
+    save_tiny_model(root / "tiny", tokenizer=build_local_tokenizer(), num_layers=2, hidden=64, seed=0)
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+             "extra_info": {"index": i}} for i in range(5)]
+    pd.DataFrame(rows).to_parquet(root / "test.parquet")
+    return root
+
+
+def line(root, output, *extra: str) -> list[str]:
+    """verl's tests/special_e2e/generation/run_gen_qwen05.sh with this machine's model, data and sizes."""
+    return ["trainer.nnodes=1", "trainer.n_gpus_per_node=1", f"data.path={root / 'test.parquet'}", "data.prompt_key=prompt",
+            "data.n_samples=1", f"data.output_path={output}", f"model.path={root / 'tiny'}", "+model.trust_remote_code=True",
+            "rollout.temperature=1.0", "rollout.top_k=50", "rollout.top_p=0.7", "rollout.prompt_length=64",
+            "rollout.response_length=6", "rollout.tensor_model_parallel_size=1", "rollout.gpu_memory_utilization=0.8",
+            *extra]
+
+
+def test_verl_s_generation_line_passes_dry_run(prompts, tmp_path, capsys):
+    args = line(prompts, tmp_path / "gen" / "out.parquet", "trainer.n_gpus_per_node=4",
+                "rollout.tensor_model_parallel_size=2")
+    with nothing_started():
+        assert generate_main(["--dry-run", *args]) == 0
+    out = capsys.readouterr().out
+    assert "prompts (rows of data.path)                    5" in out
+    assert "replicas (ranks / tensor_model_parallel_size)  2" in out
+    assert not (tmp_path / "gen").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("rollout.n=2",), "rollout.n=2: each generation call samples one response per prompt; set data.n_samples"),
+    (("data.n_samples=2", "rollout.temperature=0"), "data.n_samples=2 with greedy decoding"),
+    (("data.prompt_key=question",), "data.prompt_key='question' is not a column"),
+    (("rollout.mode=async",), "set rollout.mode=sync"),
+    (("trainer.n_gpus_per_node=3", "rollout.tensor_model_parallel_size=2"), "does not divide the 3 ranks"),
+    (("rollout.prompt_length=2048", "rollout.response_length=4096"), "exceeds the model's context"),
+    (("actor.ulysses_sequence_parallel_size=2",), "generation runs no training forward"),
+])
+def test_bad_settings_are_refused_before_ray(prompts, tmp_path, extra, message):
+    with nothing_started(), pytest.raises(ValueError, match=message):
+        validate_generation_config(load_config(line(prompts, tmp_path / "out.parquet", *extra), GENERATION_TREE))
+
+
+def test_an_existing_output_is_never_written_over(prompts, tmp_path, capsys):
+    output = tmp_path / "out.parquet"
+    output.write_text("keep me")
+    assert generate_main(line(prompts, output)) == 2
+    assert "exists; generation never writes over a file" in capsys.readouterr().err
+    assert output.read_text() == "keep me"
+
+
+def test_a_run_writes_each_row_with_n_different_responses(prompts, tmp_path):
+    output = tmp_path / "nested" / "out.parquet"
+    args = line(prompts, output, "trainer.local_mode=true", "data.n_samples=3", "data.batch_size=2")
+    assert cli_main(["generate", *args]) == 0
+    frame = pd.read_parquet(output)
+    assert len(frame) == 5 and list(frame.columns) == ["data_source", "prompt", "extra_info", "responses"]
+    assert [row["index"] for row in frame["extra_info"]] == list(range(5))  # rows keep their order and columns
+    for responses in frame["responses"]:
+        assert len(responses) == 3 and all(isinstance(text, str) and text for text in responses)
+        assert len(set(responses)) == 3, responses  # each sample has its own stream
+    assert [path.name for path in output.parent.iterdir()] == ["out.parquet"]  # no staging file left behind
+
+
+def test_sampling_seeds_of_call_offsets_differ_on_cpu():
+    """torch's CPU generator keeps the low 32 bits of a seed: every offset must change them."""
+    draws = []
+    for offset in range(4):
+        torch.manual_seed(sampling_seed(1, 0, 0, offset))
+        draws.append(torch.rand(3).tolist())
+    assert len({tuple(draw) for draw in draws}) == 4
+    assert sampling_seed(1, 2, 5, 0) == 1 + 1_000_003 * 3 + 5  # offset 0 keeps the earlier seeds
+
+
+def test_ray_s_timeline_is_never_written_over_a_file(prompts, tmp_path):
+    existing = tmp_path / "timeline.json"
+    existing.write_text("{}")
+    cfg = load_config(line(prompts, tmp_path / "out.parquet", f"ray_kwargs.timeline_json_file={existing}"),
+                      GENERATION_TREE)
+    with pytest.raises(ValueError, match="timeline_json_file=.* exists"):
+        validate_generation_config(cfg)
