@@ -36,6 +36,12 @@ class TrainerCommand:
     """Runs the job from the typed config and `validate`'s result."""
 
 
+def aligned_table(title: str, rows: Sequence[tuple[str, int]]) -> str:
+    """`[title]` and one `label  value` line per row, labels padded to one width (the dry-run's arithmetic)."""
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"[{title}]"] + [f"  {label:<{width}}  {value}" for label, value in rows])
+
+
 def parse_args(command: TrainerCommand, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split flags from Hydra overrides."""
     parser = argparse.ArgumentParser(prog=command.prog, description=command.description, add_help=False)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from hybridflow.trainer.command import TrainerCommand
+from hybridflow.trainer.command import TrainerCommand, aligned_table
 from hybridflow.trainer.command import main as run_command
-from hybridflow.trainer.config.generation_checks import format_generation_table, validate_generation_config
+from hybridflow.trainer.config.generation_checks import validate_generation_config
 from hybridflow.trainer.config.loader import GENERATION_TREE
 
 
@@ -25,7 +25,7 @@ COMMAND = TrainerCommand(
     description="Sample responses for every prompt of a parquet file (verl's main_generation keys).",
     tree=GENERATION_TREE,
     validate=validate_generation_config,
-    describe=lambda cfg, rows: format_generation_table(rows),
+    describe=lambda cfg, rows: aligned_table("generate", rows),
     run=_run,
 )
 

@@ -8,7 +8,7 @@ from hybridflow.trainer.config.generation_schema import GenerationConfig
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
 from hybridflow.trainer.config.parallel_checks import check_rollout_tensor_parallel
 
-__all__ = ["format_generation_table", "validate_generation_config"]
+__all__ = ["validate_generation_config"]
 
 
 def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
@@ -56,9 +56,3 @@ def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
         ("ranks (nnodes x n_gpus_per_node)", ranks),
         ("replicas (ranks / tensor_model_parallel_size)", ranks // tp),
     ]
-
-
-def format_generation_table(rows: list[tuple[str, int]]) -> str:
-    """The rows of `validate_generation_config` as aligned text."""
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(["[generate]"] + [f"  {label:<{width}}  {value}" for label, value in rows])

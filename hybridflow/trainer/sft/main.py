@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from hybridflow.trainer.command import TrainerCommand
+from hybridflow.trainer.command import TrainerCommand, aligned_table
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.config import SFT_TREE
-from hybridflow.trainer.sft.validate import format_batch_table, validate_sft_config
+from hybridflow.trainer.sft.validate import validate_sft_config
 
 
 def _run(cfg, table):
@@ -26,7 +26,7 @@ COMMAND = TrainerCommand(
     description="Supervised fine-tuning, full weights or LoRA, with verl's SFT config keys.",
     tree=SFT_TREE,
     validate=validate_sft_config,
-    describe=lambda cfg, sizes: format_batch_table(sizes),
+    describe=lambda cfg, sizes: aligned_table("sft", sizes),
     run=_run,
 )
 

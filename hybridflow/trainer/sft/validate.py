@@ -76,9 +76,3 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
         check_sp_layout(model_config, sp, "ulysses_sequence_parallel_size")
         check_ep_layout(model_config, ep, "model.fsdp_config.expert_parallel_size")
     return layout
-
-
-def format_batch_table(rows: list[tuple[str, int]]) -> str:
-    """The rows of `validate_sft_config` as aligned text."""
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(["[sft]"] + [f"  {label:<{width}}  {value}" for label, value in rows])
