@@ -196,7 +196,9 @@ def write_ray_timeline(path: str | None) -> None:
     if not ray.is_initialized():
         logger.warning("ray_kwargs.timeline_json_file=%r: no Ray cluster ran (local mode); nothing written", path)
         return
-    ray.timeline(filename=str(expand_path(path)))
+    target = expand_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    ray.timeline(filename=str(target))
     logger.info("wrote Ray's timeline to %s", path)
 
 

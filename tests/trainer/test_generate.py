@@ -101,3 +101,15 @@ def test_ray_s_timeline_is_never_written_over_a_file(prompts, tmp_path):
                       GENERATION_TREE)
     with pytest.raises(ValueError, match="timeline_json_file=.* exists"):
         validate_generation_config(cfg)
+
+
+@pytest.mark.slow  # two Ray workers, outside the default suite's time budget: `make test-all`
+def test_two_ray_workers_split_padded_batches_and_write_the_timeline(prompts, tmp_path, ray_cluster):
+    output = tmp_path / "out" / "gen.parquet"
+    timeline = tmp_path / "out" / "timeline.json"
+    args = line(prompts, output, "trainer.n_gpus_per_node=2", "trainer.device=cpu", "data.n_samples=2",
+                "data.batch_size=3", f"ray_kwargs.timeline_json_file={timeline}")
+    assert generate_main(args) == 0
+    frame = pd.read_parquet(output)
+    assert len(frame) == 5 and all(len(set(responses)) == 2 for responses in frame["responses"])
+    assert timeline.read_text().startswith("[")

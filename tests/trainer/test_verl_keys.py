@@ -146,11 +146,11 @@ def test_ray_s_timeline_is_written_at_the_end(tmp_path):
     if started:
         ray.init(num_cpus=1, include_dashboard=False)
     try:
-        write_ray_timeline(str(tmp_path / "new.json"))
+        write_ray_timeline(str(tmp_path / "not_yet" / "new.json"))  # its folder is made (a run's output folder)
     finally:
         if started:
             ray.shutdown()
-    assert (tmp_path / "new.json").read_text().startswith("[")
+    assert (tmp_path / "not_yet" / "new.json").read_text().startswith("[")
 
 
 def test_calculate_entropy_makes_the_update_compute_it():
