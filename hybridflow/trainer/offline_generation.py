@@ -24,31 +24,13 @@ import torch
 from hybridflow.data.config import expand_path
 from hybridflow.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.ray import RayClassWithInitArgs
+from hybridflow.trainer.config.generation_checks import read_chats
 from hybridflow.trainer.config.generation_schema import GenerationConfig
 from hybridflow.trainer.scaffold import WorkerProcesses, build_tokenizer, init_ray, worker_runtime, write_ray_timeline
 
-__all__ = ["read_chats", "render_prompts", "run_generation"]
+__all__ = ["render_prompts", "run_generation"]
 
 logger = logging.getLogger(__name__)
-
-
-def read_chats(cfg: GenerationConfig) -> tuple[Any, list[list[dict[str, Any]]]]:
-    """The parquet rows (a DataFrame) and each row's chat messages; a ValueError names a missing column or a row
-    that is not a list of {role, content} messages."""
-    import pandas as pd
-
-    frame = pd.read_parquet(expand_path(cfg.data.path))
-    key = cfg.data.prompt_key
-    if key not in frame.columns:
-        raise ValueError(f"data.prompt_key={key!r} is not a column of {cfg.data.path}; columns: {list(frame.columns)}")
-    chats = []
-    for index, value in enumerate(frame[key]):
-        messages = list(value) if hasattr(value, "__len__") and not isinstance(value, str | dict) else None
-        if not messages or not all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages):
-            raise ValueError(f"{cfg.data.path} row {index}: column {key!r} must hold chat messages (a list of "
-                             f"{{role, content}}), got {str(value)[:120]!r}")
-        chats.append([dict(message) for message in messages])
-    return frame, chats
 
 
 def render_prompts(tokenizer: Any, chats: list[list[dict[str, Any]]], cfg: GenerationConfig) -> list[list[int]]:
@@ -88,7 +70,10 @@ def run_generation(cfg: GenerationConfig) -> Path:
     from hybridflow.workers import ActorRolloutRefWorker
     from hybridflow.workers.config import ActorRolloutRefConfig
 
-    frame, chats = read_chats(cfg)
+    import pandas as pd
+
+    frame = pd.read_parquet(expand_path(cfg.data.path))
+    chats = read_chats(cfg.data.path, cfg.data.prompt_key)
     tokenizer = build_tokenizer(cfg.model, cfg.data.trust_remote_code)
     prompts = render_prompts(tokenizer, chats, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

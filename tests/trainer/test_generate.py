@@ -113,3 +113,11 @@ def test_two_ray_workers_split_padded_batches_and_write_the_timeline(prompts, tm
     frame = pd.read_parquet(output)
     assert len(frame) == 5 and all(len(set(responses)) == 2 for responses in frame["responses"])
     assert timeline.read_text().startswith("[")
+
+
+def test_rows_that_are_not_chats_are_refused_naming_the_row(prompts, tmp_path):
+    bad = tmp_path / "bad.parquet"
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "hi"}], [{"text": "no role"}]]}).to_parquet(bad)
+    args = [arg if not arg.startswith("data.path=") else f"data.path={bad}" for arg in line(prompts, tmp_path / "o.parquet")]
+    with nothing_started(), pytest.raises(ValueError, match=r"bad.parquet row 1: column 'prompt' must hold chat messages"):
+        validate_generation_config(load_config(args, GENERATION_TREE))

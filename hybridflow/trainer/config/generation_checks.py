@@ -3,12 +3,14 @@ that holds nothing yet, the model, and rollout settings that batch generation ho
 
 from __future__ import annotations
 
+from typing import Any
+
 from hybridflow.data.config import expand_path
 from hybridflow.trainer.config.generation_schema import GenerationConfig
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
 from hybridflow.trainer.config.parallel_checks import check_rollout_tensor_parallel
 
-__all__ = ["validate_generation_config"]
+__all__ = ["read_chats", "validate_generation_config"]
 
 
 def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
@@ -22,11 +24,7 @@ def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
     if expand_path(data.output_path).exists():
         raise ValueError(f"data.output_path={data.output_path!r} exists; generation never writes over a file: "
                          "choose another path or move it")
-    import pyarrow.parquet as pq
-
-    columns = pq.ParquetFile(expand_path(data.path)).schema_arrow.names
-    if data.prompt_key not in columns:
-        raise ValueError(f"data.prompt_key={data.prompt_key!r} is not a column of {data.path}; columns: {columns}")
+    rows = len(read_chats(data.path, data.prompt_key))  # every row's messages, before any worker starts
     if rollout.n != 1:
         raise ValueError(f"rollout.n={rollout.n}: each generation call samples one response per prompt; set "
                          "data.n_samples for several (verl's main_generation does the same)")
@@ -47,7 +45,6 @@ def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
         raise ValueError(f"rollout.prompt_length + rollout.response_length = "
                          f"{rollout.prompt_length + rollout.response_length} exceeds the model's context of {context} "
                          f"tokens ({cfg.model.path}); lower them")
-    rows = pq.ParquetFile(expand_path(data.path)).metadata.num_rows
     return [
         ("prompts (rows of data.path)", rows),
         ("responses per prompt (data.n_samples)", data.n_samples),
@@ -56,3 +53,22 @@ def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
         ("ranks (nnodes x n_gpus_per_node)", ranks),
         ("replicas (ranks / tensor_model_parallel_size)", ranks // tp),
     ]
+
+
+def read_chats(path: str, key: str) -> list[list[dict[str, Any]]]:
+    """Each row's chat messages from column `key` of the parquet file `path` (read alone, with pyarrow); a
+    ValueError names a missing column or a row that is not a list of {role, content} messages."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(expand_path(path))
+    if key not in parquet.schema_arrow.names:
+        raise ValueError(f"data.prompt_key={key!r} is not a column of {path}; columns: {parquet.schema_arrow.names}")
+    chats = []
+    for index, value in enumerate(parquet.read(columns=[key]).column(key).to_pylist()):
+        if not isinstance(value, list) or not value or not all(  # parquet fills a missing key with None
+                isinstance(message, dict) and isinstance(message.get("role"), str) and message.get("content") is not None
+                for message in value):
+            raise ValueError(f"{path} row {index}: column {key!r} must hold chat messages (a list of "
+                             f"{{role, content}}), got {str(value)[:120]!r}")
+        chats.append([{k: v for k, v in message.items() if v is not None} for message in value])  # parquet's fill
+    return chats
