@@ -87,3 +87,21 @@ def test_malformed_cases_are_errors(ground_truth, message: str) -> None:
 def test_arguments_as_lists_and_outputs_as_values_are_read_too() -> None:
     cases = parse_cases({"fn_name": "f", "inputs": [[1, [2, 3]]], "outputs": [[5]]})
     assert cases.inputs == [[1, [2, 3]]] and cases.outputs == [[5]] and cases.fn_name == "f"
+
+
+def test_no_case_runs_once_the_score_is_settled() -> None:
+    """A failure ends the run at once (all-or-nothing), or once the counted cases have run (continuous)."""
+    from hybridflow.rewards.score.code_cases import CodeCases, run_cases
+    from hybridflow.sandbox import SandboxResult
+
+    cases = CodeCases([str(i) for i in range(15)], [str(i) for i in range(15)])
+    calls: list[str] = []
+
+    def runner(program: str, stdin: str, wall_time_s: float) -> SandboxResult:
+        calls.append(stdin)
+        return SandboxResult(status="ok", exit_code=0, stdout="x" if stdin == "2" else stdin, stderr="", wall_s=0.0)
+
+    outcome = run_cases("program", cases, runner, 60.0, continuous=True)
+    assert len(calls) == 10 and outcome.fraction == pytest.approx(0.9) and not outcome.all_passed
+    calls.clear()
+    assert run_cases("program", cases, runner, 60.0).fraction == 0.0 and calls == ["0", "1", "2"]

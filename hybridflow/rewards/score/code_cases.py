@@ -164,16 +164,16 @@ def run_cases(program: str, cases: CodeCases, runner: Runner, wall_time_s: float
     passed_counted, result, failed = 0, None, False
     for index in range(len(cases)):
         remaining = deadline - time.monotonic()
+        if failed and index >= counted:  # the score is settled: failed, and no counted case is left to run
+            break
         if remaining <= 0:
             failed = True
             break
         result = _run_case(cases, index, program, runner, remaining)
         if _passed(cases, index, result):
             passed_counted += index < counted
-            continue
-        failed = True
-        if index >= counted - 1:
-            break
+        else:
+            failed = True
     if not failed:
         return CaseOutcome(True, 1.0, result)
     fraction = min(passed_counted / counted, (counted - 1) / counted) if counted else 0.0
