@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybridflow.rewards.pool import ScoringConfig
-from hybridflow.sandbox.remote import SandboxFusionEndpoint
+from hybridflow.sandbox.remote import SandboxFusionEndpoint, check_endpoint_url
 from hybridflow.utils.config import ConfigFieldError, unsupported
 
 __all__ = ["CustomRewardFunctionConfig", "OverlongBufferConfig", "RewardModelConfig"]
@@ -63,9 +63,8 @@ class SandboxFusionConfig:
     """Memory limit of each program on the server (sent as memory_limit_MB)."""
 
     def __post_init__(self) -> None:
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ConfigFieldError("url", f"url={self.url!r} must be an http:// or https:// address of "
-                                          "SandboxFusion's run_code endpoint (e.g. http://localhost:8080/run_code)")
+        if self.url is not None:
+            check_endpoint_url(self.url, "url")
         if self.max_concurrent < 1:
             raise ConfigFieldError("max_concurrent", f"max_concurrent={self.max_concurrent} must be >= 1")
         if self.memory_limit_mb < 1:

@@ -21,11 +21,19 @@ import urllib.request
 from dataclasses import dataclass
 
 from hybridflow.sandbox.limits import SandboxError, SandboxResult
+from hybridflow.utils.config import ConfigFieldError
 
-__all__ = ["SandboxFusionEndpoint", "result_from_response"]
+__all__ = ["SandboxFusionEndpoint", "check_endpoint_url", "result_from_response"]
 
 REQUEST_MARGIN_S = 10.0
 """Seconds the HTTP request may take beyond the program's compile and run timeouts (verl's API_TIMEOUT)."""
+
+
+def check_endpoint_url(url: str, key: str) -> None:
+    """`url` (the setting `key`) is an http(s) address; ConfigFieldError naming `key` otherwise."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigFieldError(key, f"{key}={url!r} must be an http:// or https:// address of SandboxFusion's "
+                                    "run_code endpoint (e.g. http://localhost:8080/run_code)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,9 +50,7 @@ class SandboxFusionEndpoint:
     """Attempts of a request answered with 504 (gateway timeout), 1 s, 2 s, ... apart."""
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url={self.url!r} must be an http:// or https:// address of SandboxFusion's "
-                             "run_code endpoint")
+        check_endpoint_url(self.url, "url")
         if self.memory_limit_mb <= 0:
             raise ValueError(f"memory_limit_mb={self.memory_limit_mb} must be > 0")
         if self.max_retries < 1:

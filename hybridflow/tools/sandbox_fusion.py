@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.sandbox import SandboxError, SandboxResult
-from hybridflow.sandbox.remote import SandboxFusionEndpoint
+from hybridflow.sandbox.remote import SandboxFusionEndpoint, check_endpoint_url
 from hybridflow.tools.base import BaseTool, ToolError, ToolInstance, build_tool_config
 from hybridflow.tools.code_interpreter import CodeInterpreterTool, format_sandbox_result
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
@@ -58,9 +58,7 @@ class SandboxFusionToolConfig:
         if not self.sandbox_fusion_url:
             raise ValueError("config.sandbox_fusion_url is not set: give the server's run_code "
                              "endpoint (e.g. http://localhost:8080/run_code), or use the local `code_interpreter`")
-        if not self.sandbox_fusion_url.startswith(("http://", "https://")):
-            raise ValueError(f"config.sandbox_fusion_url={self.sandbox_fusion_url!r} must be an "
-                             "http:// or https:// address of the server's run_code endpoint")
+        check_endpoint_url(self.sandbox_fusion_url, "config.sandbox_fusion_url")
         for name in ("default_timeout", "memory_limit_mb", "rate_limit", "num_workers", "max_output_chars"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"config.{name}={getattr(self, name)} must be > 0")

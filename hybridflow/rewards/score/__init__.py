@@ -99,7 +99,7 @@ for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFa
 # verl's DAPO data (DAPO-Math-17k), 'math', and AIME sets (any data source starting with 'aime', see PREFIXES)
 for _name in ("math_dapo", "math", "math_dapo_reasoning", "aime"):
     SCORERS.register(_name, _score_math_dapo)
-# PRIME's NuminaMath rows: the last boxed answer (verl grades them with prime_math; see docs/rewards.md)
+# PRIME's NuminaMath rows: the last boxed answer (verl grades them with prime_math, sympy on model text; README)
 for _name in ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
               "numina_cn_k12", "numina_olympiads"):
     SCORERS.register(_name, _score_math)
