@@ -152,6 +152,13 @@ class BaseTool:
         """The schema used when none is configured; None means one must be given."""
         return None
 
+    def check_timeout_above(self, run_limit_s: float, key: str) -> None:
+        """`timeout_s` exceeds the tool's own run limit (the setting `key`): else the call is cut first and the
+        run's own 'timeout' status never shows. ValueError naming both otherwise."""
+        if self.timeout_s <= run_limit_s:
+            raise ValueError(f"tool {self.name!r}: config.timeout_s={self.timeout_s:g} must exceed "
+                             f"{key}={run_limit_s:g}; raise timeout_s")
+
     @property
     def name(self) -> str:
         """The function name the model calls this tool by (from the schema)."""

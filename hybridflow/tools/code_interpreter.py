@@ -86,9 +86,7 @@ class CodeInterpreterTool(BaseTool):
             self.limits = SandboxLimits(**self.config.limits)
         except (TypeError, ValueError) as err:
             raise ValueError(f"tool {self.name!r}: invalid config.limits {self.config.limits}: {err}") from err
-        if self.timeout_s <= self.limits.wall_time_s:  # else the sandbox's own 'timeout' status never shows
-            raise ValueError(f"tool {self.name!r}: config.timeout_s={self.timeout_s:g} must exceed "
-                             f"config.limits.wall_time_s={self.limits.wall_time_s:g}; raise timeout_s")
+        self.check_timeout_above(self.limits.wall_time_s, "config.limits.wall_time_s")
 
     @classmethod
     def default_tool_schema(cls) -> OpenAIFunctionToolSchema:

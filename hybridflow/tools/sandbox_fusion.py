@@ -75,9 +75,7 @@ class SandboxFusionTool(BaseTool):
         self.config: SandboxFusionToolConfig = build_tool_config(SandboxFusionToolConfig, config, self.name)
         self.endpoint = SandboxFusionEndpoint(url=self.config.sandbox_fusion_url,
                                               memory_limit_mb=self.config.memory_limit_mb)
-        if self.timeout_s <= self.config.default_timeout:
-            raise ValueError(f"tool {self.name!r}: config.timeout_s={self.timeout_s:g} must exceed "
-                             f"config.default_timeout={self.config.default_timeout:g}; raise timeout_s")
+        self.check_timeout_above(self.config.default_timeout, "config.default_timeout")
         self._threads = concurrent.futures.ThreadPoolExecutor(self.config.num_workers, thread_name_prefix=self.name)
         # held by the thread that waits on the server: bounds requests in flight whichever event loop calls
         self._in_flight = threading.BoundedSemaphore(self.config.rate_limit)
