@@ -4,7 +4,7 @@ sample responses for every prompt of a parquet file and write them beside the ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.models.config import ModelConfig
@@ -17,32 +17,11 @@ __all__ = ["GenerationActorConfig", "GenerationConfig", "GenerationDataConfig", 
 
 @dataclass(frozen=True, kw_only=True)
 class GenerationRunConfig(WorkerPlacement):
-    """Where the generation workers run (verl's `trainer.*` of generation.yaml)."""
+    """Where the generation workers run (verl's `trainer.*` of generation.yaml). Each rank generates its share of a
+    batch; with rollout.tensor_model_parallel_size=k, k ranks form one replica."""
 
-    nnodes: int = 1
-    """Nodes."""
-    n_gpus_per_node: int = 1
-    """Worker processes per node (one per GPU; on CPU, processes sharing the cores). Each rank generates its
-    share of a batch: with rollout.tensor_model_parallel_size=k (native engine), k ranks form one replica."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: GPUs where the cluster has them, else CPU."""
-    local_mode: bool = False
-    """Generate in this process, without Ray (one rank)."""
-    seed: int = 1
-    """Seeds the sampling of every rank (each rank and sample draws its own stream)."""
-    num_threads_per_worker: int = 0
-    """torch threads per CPU worker; 0 shares the machine's cores among the workers."""
-    rpc_timeout_s: Optional[float] = 3600.0
-    """Seconds a call to the workers may take before the run stops naming the ranks that did not answer."""
     default_local_dir: str = "outputs/generation"
     """Where the stacks of hung workers are written when a call times out."""
-
-    def __post_init__(self) -> None:
-        check_positive("nnodes", self.nnodes)
-        check_positive("n_gpus_per_node", self.n_gpus_per_node)
-        if self.local_mode and self.world_size != 1:
-            raise ConfigFieldError("local_mode", f"local_mode=True runs one rank in this process, but nnodes x "
-                                                 f"n_gpus_per_node={self.world_size}; set n_gpus_per_node=1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,14 +49,40 @@ OldLogProbSource = Literal["recompute", "update", "rollout"]
 
 
 # ----------------------------------------------------------------------------- a run
+@dataclass(frozen=True, kw_only=True)
 class WorkerPlacement:
-    """Where a job's worker ranks run, from its `nnodes`, `n_gpus_per_node`, `device` and `local_mode` fields
-    (the trainers' `trainer` section and `hybridflow generate`'s)."""
+    """Where a job's worker ranks run and how they are seeded and timed (the `trainer` section of the trainers and
+    of `hybridflow generate`)."""
 
-    nnodes: int
-    n_gpus_per_node: int
-    device: str
-    local_mode: bool
+    nnodes: int = 1
+    """Nodes in the Ray cluster used."""
+    n_gpus_per_node: int = 1
+    """Workers per node: accelerators per node on GPU hosts, CPU workers on CPU hosts."""
+    seed: int = 1
+    """Seed of model init, sampling and shuffling."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto (cuda if present, else cpu) | cpu | cuda."""
+    local_mode: bool = False
+    """Run the one worker in the driver process without Ray (debugging; needs n_gpus_per_node=1, nnodes=1)."""
+    num_threads_per_worker: int = 0
+    """torch threads per worker on CPU hosts; 0 divides the cores among the workers."""
+    rpc_timeout_s: Optional[float] = 3600.0
+    """Seconds the driver waits for every rank of one worker-group call (generate, update, save...); past it the run
+    stops naming the group, the method and the ranks that did not answer (a hung rank or collective). Raise it for
+    calls that are really this slow; None waits forever. Local mode has no limit."""
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self)
+        check_positive("nnodes", self.nnodes)
+        check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        check_at_least("num_threads_per_worker", self.num_threads_per_worker, 0)
+        check_positive("rpc_timeout_s", self.rpc_timeout_s, allow_none=True)
+        if self.local_mode and self.world_size != 1:
+            raise ConfigFieldError(
+                "local_mode",
+                f"local_mode=True runs one worker in the driver; set n_gpus_per_node=1 nnodes=1 "
+                f"(got {self.nnodes} x {self.n_gpus_per_node})",
+            )
 
     @property
     def world_size(self) -> int:
@@ -92,10 +118,6 @@ class RunConfig(WorkerPlacement):
     logger: list[Logger] = field(default_factory=lambda: ["console"])
     """Where metrics go: any of console, file, tensorboard, wandb, mlflow (one name or a list). wandb logs
     offline under the run directory (for `wandb sync`) unless WANDB_MODE is set or an API key is at hand."""
-    nnodes: int = 1
-    """Nodes in the Ray cluster used."""
-    n_gpus_per_node: int = 1
-    """Workers per node: accelerators per node on GPU hosts, CPU workers on CPU hosts."""
     total_epochs: int = 1
     """Passes over the training data."""
     total_training_steps: Optional[int] = None
@@ -114,41 +136,19 @@ class RunConfig(WorkerPlacement):
     """auto (latest checkpoint in default_local_dir, if any) | disable | resume_path."""
     resume_from_path: Optional[str] = None
     """A global_step_N directory for resume_mode=resume_path (`~` is expanded)."""
-    seed: int = 1
-    """Seed of model init, sampling and shuffling."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto (cuda if present, else cpu) | cpu | cuda."""
-    local_mode: bool = False
-    """Run the one worker in the driver process without Ray (debugging; needs n_gpus_per_node=1, nnodes=1)."""
     use_legacy_worker_impl: Literal["auto", "enable", "disable"] = "auto"
     """verl's switch between its two worker implementations; hybridflow has one, which every value runs."""
-    num_threads_per_worker: int = 0
-    """torch threads per worker on CPU hosts; 0 divides the cores among the workers."""
-    rpc_timeout_s: Optional[float] = 3600.0
-    """Seconds the driver waits for every rank of one worker-group call (generate, update, save...); past it the run
-    stops naming the group, the method and the ranks that did not answer (a hung rank or collective). Raise it for
-    calls that are really this slow; None waits forever. Local mode has no limit."""
     heartbeat_timeout_s: Optional[float] = 60.0
     """Before each step every worker process must answer a ping within this many seconds, else the run stops naming
     it (dead, hung or stopped between calls); logged as workers/alive. None: no heartbeat."""
 
     def __post_init__(self) -> None:
-        check_literal_fields(self)
-        check_positive("nnodes", self.nnodes)
-        check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        super().__post_init__()
         check_positive("total_epochs", self.total_epochs)
         check_positive("total_training_steps", self.total_training_steps, allow_none=True)
-        check_at_least("num_threads_per_worker", self.num_threads_per_worker, 0)
-        check_positive("rpc_timeout_s", self.rpc_timeout_s, allow_none=True)
         check_positive("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ConfigFieldError("resume_mode", "resume_mode=resume_path needs resume_from_path=<global_step_N dir>")
-        if self.local_mode and self.world_size != 1:
-            raise ConfigFieldError(
-                "local_mode",
-                f"local_mode=True runs one worker in the driver; set n_gpus_per_node=1 nnodes=1 "
-                f"(got {self.nnodes} x {self.n_gpus_per_node})",
-            )
 
     def check_paths(self) -> None:
         """Checkpoint locations, before anything is written: resume_from_path (resume_mode=resume_path) is a
