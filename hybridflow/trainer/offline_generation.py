@@ -105,7 +105,6 @@ def _write(frame: Any, responses: list[list[str]], output_path: str) -> Path:
     """The rows with their responses, written to a temporary file and renamed into place (never over a file)."""
     target = expand_path(output_path).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    frame = frame.copy()
     frame["responses"] = responses
     staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
     frame.to_parquet(staging)
