@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("hybridflow.trainer.sft.main:main", "supervised fine-tuning, full or LoRA (verl SFT keys; --dry-run)"),
     "generate": ("hybridflow.trainer.main_generation:main",
                  "sample responses for every prompt of a parquet file (verl main_generation keys; --dry-run)"),
+    "score": ("hybridflow.trainer.main_eval:main",
+              "score the generated responses of a parquet file per data source (verl main_eval keys; --dry-run)"),
     "merge": ("hybridflow.engines.training.merge:main", "export a sharded checkpoint (LoRA merged) to a Hugging Face directory"),
     "eval": ("hybridflow.evaluation.heldout:main", "greedy accuracy of models on held-out reasoning-gym problems, with intervals"),
     "plot": ("hybridflow.trainer.plot:main", "write PNG plots of a run's metrics (RUN_DIR/metrics.jsonl)"),

@@ -85,6 +85,7 @@ def test_the_config_schema_and_checks_import_no_runtime():
     code = (
         "import sys\n"
         "import hybridflow.trainer.config.schema, hybridflow.trainer.config.validate, hybridflow.trainer.main_ppo\n"
+        "import hybridflow.trainer.main_generation, hybridflow.trainer.main_eval, hybridflow.trainer.sft.main\n"
         "print(sorted(m for m in ('torch', 'transformers', 'ray', 'tensordict', 'pyarrow') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

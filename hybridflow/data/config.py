@@ -48,8 +48,8 @@ class DataFilesConfig:
 
     train_files: list[str] = field(default_factory=list)
     """Parquet files of training rows; one path or a list (`~` is expanded)."""
-    val_files: list[str] = field(default_factory=list)
-    """Parquet files for validation; empty disables validation."""
+    val_files: Optional[list[str]] = field(default_factory=list)
+    """Parquet files for validation; empty or null (verl's engine-SFT default) disables validation."""
     train_max_samples: int = -1
     """Use at most this many training rows (the first ones); -1 uses all."""
     val_max_samples: int = -1
@@ -63,6 +63,8 @@ class DataFilesConfig:
     """Extra keyword arguments for tokenizer.apply_chat_template (e.g. {enable_thinking: false})."""
 
     def __post_init__(self) -> None:
+        if self.val_files is None:
+            object.__setattr__(self, "val_files", [])
         check_literal_fields(self)
         check_at_least("train_max_samples", self.train_max_samples, -1, "-1 uses all rows")
         check_at_least("val_max_samples", self.val_max_samples, -1, "-1 uses all rows")

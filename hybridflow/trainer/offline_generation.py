@@ -15,13 +15,13 @@ Ray starts).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hybridflow.data.config import expand_path
+from hybridflow.data.new_parquet import write_new_parquet
 from hybridflow.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.ray import RayClassWithInitArgs
 from hybridflow.trainer.config.generation_checks import read_chats
@@ -103,16 +103,8 @@ def run_generation(cfg: GenerationConfig) -> Path:
 
 def _write(frame: Any, responses: list[list[str]], output_path: str) -> Path:
     """The rows with their responses, written to a temporary file and renamed into place (never over a file)."""
-    target = expand_path(output_path).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
     frame["responses"] = responses
-    staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    frame.to_parquet(staging)
-    if target.exists():
-        staging.unlink()
-        raise FileExistsError(f"data.output_path={output_path!r} appeared while generating; the responses were not "
-                              "written over it: choose another path")
-    staging.rename(target)
+    target = write_new_parquet(frame, output_path, "data.output_path")
     logger.info("wrote %d rows with %d responses each to %s", len(frame), len(responses[0]) if responses else 0,
                 target)
     return target

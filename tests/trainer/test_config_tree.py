@@ -373,8 +373,9 @@ def test_frozen_sections_are_dataclasses_all_the_way_down(files):
 
 PACKAGED_PPO_CONFIGS = sorted(
     path.stem for path in (Path(__file__).parents[2] / "hybridflow" / "trainer" / "config").glob("*.yaml")
-    if path.stem not in ("sft_trainer", "generation")  # the SFT and generation trees' roots: tests/trainer/sft,
-)                                                        # tests/trainer/test_generate.py
+    # the SFT, generation and evaluation trees' roots: tests/trainer/sft, test_generate.py, test_main_eval.py
+    if path.stem not in ("sft_trainer", "generation", "evaluation")
+)
 
 
 def test_the_packaged_configs_are_all_found():

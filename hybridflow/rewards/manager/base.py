@@ -76,12 +76,18 @@ class ScoredBatch:
     details: list[dict[str, Any]]
     errored: list[bool]
     """Per sample: the scorer raised or returned something that is not a score."""
-    num_timeouts: int
+    timed_out: list[bool]
+    """Per sample: the scorer ran past its timeout."""
 
     @property
     def num_errors(self) -> int:
         """Samples whose scorer failed."""
         return sum(self.errored)
+
+    @property
+    def num_timeouts(self) -> int:
+        """Samples whose scorer timed out."""
+        return sum(self.timed_out)
 
 
 def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> DecodedBatch:
@@ -136,14 +142,14 @@ def bind_scorers(compute_score: Callable[..., Any] | None, data_sources: Sequenc
 def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
     """Scores from outcomes: errors and timeouts score 0; a value that is neither a number nor a dict
     with a numeric 'score' counts as an error."""
-    scores, details, errored, num_timeouts = [], [], [], 0
+    scores, details, errored = [], [], []
     for outcome in outcomes:
         value = outcome.value
         score, detail, error = 0.0, {}, False
-        if outcome.status == "timeout":
-            num_timeouts += 1
-        elif outcome.status == "error":
+        if outcome.status == "error":
             error = True
+        elif outcome.status == "timeout":
+            pass  # scores 0, counted in timed_out
         elif isinstance(value, dict) and isinstance(value.get("score"), numbers.Real):
             score, detail = float(value["score"]), dict(value)
         elif isinstance(value, numbers.Real):
@@ -154,7 +160,7 @@ def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
         scores.append(score)
         details.append(detail)
         errored.append(error)
-    return ScoredBatch(scores, details, errored, num_timeouts)
+    return ScoredBatch(scores, details, errored, [outcome.status == "timeout" for outcome in outcomes])
 
 
 def check_error_fraction(decoded: DecodedBatch, scored: ScoredBatch, max_error_fraction: float) -> None:

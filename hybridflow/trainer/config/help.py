@@ -52,8 +52,8 @@ def format_markdown(tree: ConfigTree, title: str) -> str:
 
 
 def config_reference() -> str:
-    """docs/config.md: every key of `hybridflow train`, `hybridflow sft` and `hybridflow generate`."""
-    from hybridflow.trainer.config.loader import GENERATION_TREE, PPO_TREE, SFT_TREE
+    """docs/config.md: every key of `hybridflow train`, `sft`, `generate` and `score`."""
+    from hybridflow.trainer.config.loader import EVALUATION_TREE, GENERATION_TREE, PPO_TREE, SFT_TREE
 
     header = (
         "# Config reference\n\n"
@@ -62,7 +62,8 @@ def config_reference() -> str:
         "unless set. A key marked *not supported yet* is verl's; it accepts only the default shown.\n"
     )
     return "\n".join([header, format_markdown(PPO_TREE, "`hybridflow train`"), format_markdown(SFT_TREE, "`hybridflow sft`"),
-                      format_markdown(GENERATION_TREE, "`hybridflow generate`")])
+                      format_markdown(GENERATION_TREE, "`hybridflow generate`"),
+                      format_markdown(EVALUATION_TREE, "`hybridflow score`")])
 
 
 if __name__ == "__main__":

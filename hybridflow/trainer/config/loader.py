@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.trainer.config.composition import compose_with_hydra, store_schema
 from hybridflow.trainer.config.global_micro_batches import apply_global_micro_batches
+from hybridflow.trainer.config.evaluation_schema import EvaluationConfig
 from hybridflow.trainer.config.generation_schema import GenerationConfig
 from hybridflow.trainer.config.schema import PPO_DERIVED, PPOConfig, SFTConfig
 from hybridflow.utils.config import build_config, defaults_tree, describe_fields
@@ -119,6 +120,7 @@ SFT_TREE = ConfigTree(
 
 
 GENERATION_TREE = ConfigTree(GenerationConfig, "generation", "generation_schema", renamed={"ray_init": "ray_kwargs.ray_init"})
+EVALUATION_TREE = ConfigTree(EvaluationConfig, "evaluation", "evaluation_schema")
 
 
 def schema_defaults(tree: ConfigTree) -> dict[str, Any]:

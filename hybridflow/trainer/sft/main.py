@@ -1,11 +1,15 @@
-"""`hybridflow sft` / `python -m hybridflow.trainer.sft.main`: compose, check, then run SFT (local or on Ray).
+"""`hybridflow sft` / `python -m hybridflow.trainer.sft.main` (also `hybridflow.trainer.fsdp_sft_trainer`, verl's
+module name): compose, check, then run SFT (local or on Ray).
 
 Arguments are Hydra overrides with verl's SFT keys (`data.train_files=[...] model.partial_pretrain=...
 model.lora_rank=8 ...`) and the flags of `hybridflow train` (`--help [SECTION]`, `--dry-run`, `--cfg job`).
+Started by torchrun, as verl's SFT lines are, rank 0 runs the job with torchrun's process count as its worker
+count and the other ranks exit (`torchrun_launch`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -13,6 +17,7 @@ from hybridflow.trainer.command import TrainerCommand, aligned_table
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.config import SFT_TREE
 from hybridflow.trainer.sft.validate import validate_sft_config
+from hybridflow.trainer.torchrun_launch import clear_torchrun_environment, driver_overrides, torchrun_launch
 
 
 def _run(cfg, table):
@@ -33,6 +38,21 @@ COMMAND = TrainerCommand(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run SFT; config errors print one line naming the key and exit with code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launch = torchrun_launch(os.environ)
+    if launch is None:
+        return run_command(COMMAND, argv)
+    try:
+        argv = driver_overrides(launch, argv)
+    except ValueError as err:
+        if launch.rank == 0:
+            print(f"{COMMAND.prog}: config error: {err}", file=sys.stderr)
+        return 2
+    if launch.rank != 0:
+        print(f"{COMMAND.prog}: torchrun rank {launch.rank} of {launch.world_size}: the driver on rank 0 runs all "
+              f"{launch.world_size} workers on Ray; this process exits", file=sys.stderr)
+        return 0
+    clear_torchrun_environment()
     return run_command(COMMAND, argv)
 
 
