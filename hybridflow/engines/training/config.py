@@ -141,8 +141,11 @@ class FSDPConfig:
     (verl's default when the dict is given: bf16) sets `dtype`, reduce_dtype (default fp32) sets `reduce_dtype`,
     and buffer_dtype must be the weights' dtype (FSDP2 keeps buffers in it; verl's FSDP2 path ignores the key).
     Empty: `dtype` and `reduce_dtype` as set."""
-    forward_prefetch: bool = unsupported(False, "explicit forward prefetching is not implemented")
-    """Prefetch the next layer's all-gather during forward."""
+    forward_prefetch: bool = False
+    """Issue each decoder layer's parameter all-gather while the layer before it computes, in forward (FSDP2's
+    explicit prefetch, `set_modules_to_forward_prefetch`; verl's FSDP1 key). It overlaps communication with compute
+    where the all-gathers are exposed (many ranks, slow links), at the memory of one more gathered layer. The
+    result is the same bit for bit. A lone rank without a process group shards nothing and gathers nothing."""
     strategy: Literal["fsdp", "fsdp2"] = "fsdp"
     """verl's engine-config copy of the section's strategy: fsdp and fsdp2 both shard with FSDP2 here."""
     forward_only: Optional[bool] = None

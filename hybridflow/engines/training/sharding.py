@@ -113,7 +113,16 @@ def apply_fsdp2(
         fully_shard(layer, mesh=mesh, reshard_after_forward=config.fsdp.reshard_after_forward, **kwargs)
     # The root's parameters (embeddings, final norm, head) are needed again right after forward.
     fully_shard(module, mesh=mesh, reshard_after_forward=False, **kwargs)
+    if config.fsdp.forward_prefetch:
+        prefetch_next_layers(layers)
     return module
+
+
+def prefetch_next_layers(layers: list[nn.Module]) -> None:
+    """Each sharded decoder layer starts the next one's all-gather before its own forward computes (FSDP2's
+    explicit forward prefetch; `layers` in execution order, as the model registers them)."""
+    for layer, following in zip(layers, layers[1:]):
+        layer.set_modules_to_forward_prefetch([following])
 
 
 def enable_activation_checkpointing(module: nn.Module) -> None:
