@@ -102,9 +102,27 @@ def test_engine_update_trains_the_vision_tower(tiny_vlm_dir, prompts):
     assert any(name.startswith("model.visual.") for name in changed)
     assert any(name.startswith("model.language_model.") for name in changed)
 
-    packed = build_fsdp_engine(tiny_vlm_dir, FSDPEngineConfig(model=ModelConfig(use_remove_padding=True)))
-    with pytest.raises(ValueError, match="vision-language batches run the padded forward only"):
-        packed.compute_log_prob(with_responses(prompts))
+
+def test_packed_forward_and_update_equal_the_padded_ones(tiny_vlm_dir, prompts):
+    """use_remove_padding=True (verl's VL lines set it): the rows' real tokens packed into one row, with their
+    M-RoPE positions and images, give the padded forward's log-probs and the same update."""
+    batch = with_responses(prompts)
+    expected = direct_log_probs(build_causal_lm(tiny_vlm_dir).eval(), batch)
+    mask = batch.batch["response_mask"].bool()
+    engines = {}
+    for name, packed in (("padded", False), ("packed", True)):
+        torch.manual_seed(0)
+        engines[name] = build_fsdp_engine(tiny_vlm_dir, FSDPEngineConfig(
+            micro_batch_size_per_gpu=3, model=ModelConfig(use_remove_padding=packed)))
+    for kwargs in ({"micro_batch_size": 1}, {"micro_batch_size": 3}, {"max_token_len": 60}):
+        log_probs, _ = engines["packed"].compute_log_prob(batch, calculate_entropy=True, **kwargs)
+        torch.testing.assert_close(log_probs[mask], expected[mask], atol=1e-5, rtol=0, msg=str(kwargs))
+    steps = {name: engine.train_batch(with_responses(prompts), seq_mean_nll) for name, engine in engines.items()}
+    assert steps["packed"]["loss"] == pytest.approx(steps["padded"]["loss"], abs=1e-5)
+    assert steps["packed"]["grad_norm"] == pytest.approx(steps["padded"]["grad_norm"], rel=1e-4)
+    padded_params = dict(engines["padded"].module.named_parameters())
+    for name, param in engines["packed"].module.named_parameters():
+        torch.testing.assert_close(param, padded_params[name], atol=1e-5, rtol=0, msg=name)
 
 
 def test_a_frozen_vision_tower_keeps_its_weights_while_the_language_model_trains(tiny_vlm_dir, prompts):

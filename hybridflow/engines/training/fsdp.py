@@ -244,10 +244,10 @@ class FSDPEngine:
         plan = plan if plan is not None else self.plan_micro_batches([micro_batch])[0]
         tensors = {key: get(micro_batch, key).to(self.device, non_blocking=True) for key in INPUT_KEYS}
         if "multi_modal_inputs" in micro_batch.non_tensor_batch:
-            if plan.layout != "padded":
+            if plan.layout == "shared_prompts" or self.sp_group is not None:
                 raise ValueError(
-                    "vision-language batches run the padded forward only: set use_remove_padding=False and "
-                    "use_prefix_grouper=False"
+                    "vision-language batches run the padded or packed forward, on whole sequences: set "
+                    "use_prefix_grouper=False and ulysses_sequence_parallel_size=1"
                 )
             tensors.update(vision_inputs(micro_batch.non_tensor_batch["multi_modal_inputs"], tensors, self.device))
         self._count_work(plan.work)

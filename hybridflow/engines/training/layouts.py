@@ -168,7 +168,7 @@ def vision_inputs(
     multi_modal_inputs: Sequence[dict[str, torch.Tensor]], tensors: dict[str, torch.Tensor], device: torch.device
 ) -> dict[str, torch.Tensor]:
     """A vision-language micro-batch's images (its rows' pixel values and grids, concatenated in row order) and its
-    (bs, 4, seq) position ids as the model takes them, (4, bs, seq); for the padded layout."""
+    (bs, 4, seq) position ids as the model takes them, (4, bs, seq); for the padded and packed layouts."""
     images = concat_multi_modal_inputs(list(multi_modal_inputs))
     images = {key: value.to(device, non_blocking=True) for key, value in images.items()}
     return {**images, "position_ids": tensors["position_ids"].transpose(0, 1)}
@@ -203,13 +203,24 @@ def token_values(model: ForwardModel, tensors: dict[str, torch.Tensor], plan: Pl
     """The value head's output at every position, (bs, seq) float32 (0 at padding when packed)."""
     if plan.layout == "packed":
         ids, pos = _packed_row(tensors, plan.packed)
-        packed = model.module(**_packed_inputs(model, ids, pos)).logits[0, :, 0].float()
+        packed = model.module(**_packed_inputs(model, ids, pos, _image_inputs(tensors))).logits[0, :, 0].float()
         return _scatter(packed, plan.packed.kept, tuple(tensors["input_ids"].shape))
     return model.module(**padded_inputs(model, tensors)).logits[..., 0].float()
 
 
 def _packed_row(tensors: dict[str, torch.Tensor], packed: PackedPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    return (tensors["input_ids"].reshape(-1)[packed.kept][None], tensors["position_ids"].reshape(-1)[packed.kept][None])
+    """The packed row's ids (1, n) and positions: (1, n), or (4, 1, n) for a vision-language model's M-RoPE
+    positions ((4, bs, seq) from `vision_inputs`)."""
+    ids, pos = tensors["input_ids"].reshape(-1)[packed.kept][None], tensors["position_ids"]
+    if pos.dim() == 3:
+        return ids, pos.reshape(pos.size(0), -1)[:, packed.kept][:, None]
+    return ids, pos.reshape(-1)[packed.kept][None]
+
+
+def _image_inputs(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A vision-language micro-batch's images (pixel values and grids, in row order), which packing leaves as they
+    are: the model places them on the image tokens in order, and packing keeps the rows' order."""
+    return {key: value for key, value in tensors.items() if key not in ("input_ids", "attention_mask", "position_ids")}
 
 
 def padded_inputs(model: ForwardModel, tensors: dict[str, torch.Tensor]) -> dict:
@@ -222,10 +233,14 @@ def padded_inputs(model: ForwardModel, tensors: dict[str, torch.Tensor]) -> dict
     return dict(tensors, attention_mask=model.dense_mask(allowed), use_cache=False)
 
 
-def _packed_inputs(model: ForwardModel, ids: torch.Tensor, pos: torch.Tensor) -> dict:
+def _packed_inputs(model: ForwardModel, ids: torch.Tensor, pos: torch.Tensor,
+                   images: dict[str, torch.Tensor] | None = None) -> dict:
     """The model's inputs for one packed row: with the block-diagonal causal mask, or, for transformers to derive
-    it from the position ids, without a mask."""
+    it from the position ids (each sequence's restart at 0), without a mask. A vision-language row (`images`) goes
+    without a mask, as its padded forward does: the model derives the blocks from the text positions, pos[0]."""
     inputs = dict(input_ids=ids, position_ids=pos, use_cache=False)
+    if images:
+        return dict(inputs, **images)
     if model.prebuilt_masks and model.takes_block_mask:
         allowed = attention_masks.packed_allowed(attention_masks.packed_segments(pos))
         inputs["attention_mask"] = attention_masks.block_mask(allowed, ids.size(1), ids.device)
@@ -249,7 +264,7 @@ def _forward_padded(model, tensors, response_length, temperature, stats):
 def _forward_packed(model, tensors, plan, temperature, stats):
     packed, shape = plan.packed, (tensors["input_ids"].size(0), plan.response_length)
     ids, pos = _packed_row(tensors, packed)
-    inputs = _packed_inputs(model, ids, pos)
+    inputs = _packed_inputs(model, ids, pos, _image_inputs(tensors))
     if model.is_value:
         values = model.module(**inputs).logits[0, :, 0].float()
         return {"values": _scatter(values[packed.window_src], packed.window_dst, shape)}

@@ -1,7 +1,7 @@
 """Config checks for vision-language models, run before Ray starts (part of `validate_config`).
 
 A vision-language actor (a checkpoint with a `vision_config`, e.g. Qwen2-VL) runs where its images are handled:
-the `hf` rollout (sync mode), the FSDP engine's padded forward, without critic, reward model, LoRA, tensor or
+the `hf` rollout (sync mode), the FSDP engine's padded or packed (use_remove_padding) forward, without critic, reward model, LoRA, tensor or
 sequence parallelism or a distillation teacher. A text model refuses training data with images.
 """
 
@@ -45,9 +45,6 @@ def check_vision_language(cfg: PPOConfig) -> None:
         (arr.rollout.mode != "sync",
          f"actor_rollout_ref.rollout.mode={arr.rollout.mode!r}: agent loops send token ids only, not images; "
          "set actor_rollout_ref.rollout.mode=sync"),
-        (arr.model.use_remove_padding,
-         "actor_rollout_ref.model.use_remove_padding=True: vision-language batches run the padded forward only; "
-         "set it to False"),
         (arr.actor.use_prefix_grouper,
          "actor_rollout_ref.actor.use_prefix_grouper=True: shared-prompt rows carry no images; set it to False"),
         (arr.actor.fsdp_config.tensor_parallel_size > 1 or arr.actor.ulysses_sequence_parallel_size > 1,
