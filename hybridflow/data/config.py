@@ -221,8 +221,10 @@ class SFTDataConfig(DataFilesConfig):
     """Samples per optimizer step, over all ranks."""
     micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward on one rank (gradient accumulation fills the batch); also the eval batch."""
-    micro_batch_size: Optional[int] = unsupported(None, "give micro_batch_size_per_gpu instead")
-    """Old global form of micro_batch_size_per_gpu."""
+    micro_batch_size: Optional[int] = None
+    """verl's old global form of micro_batch_size_per_gpu (its sp2 examples set it): given, micro_batch_size_per_gpu
+    becomes it over the data-parallel ranks (ranks / (tensor x sequence parallel size)), floored, and this key
+    reads back None. Both given is refused."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

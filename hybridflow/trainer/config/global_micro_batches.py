@@ -40,11 +40,21 @@ GLOBAL_MICRO_BATCHES = (
 )
 
 
-def apply_global_micro_batches(cfg: DictConfig, defaults: dict) -> None:
+SFT_GLOBAL_MICRO_BATCHES = (
+    GlobalMicroBatch("data.micro_batch_size", "data.micro_batch_size_per_gpu", "model.fsdp_config.tensor_parallel_size",
+                     "ulysses_sequence_parallel_size"),
+)
+"""verl's SFT config still lists the global form (`data.micro_batch_size`, "will be deprecated") and its sp2 examples
+set it."""
+
+
+def apply_global_micro_batches(cfg: DictConfig, defaults: dict,
+                               entries: tuple[GlobalMicroBatch, ...] = GLOBAL_MICRO_BATCHES) -> None:
     """Set each given global key's per-GPU key (in place) and clear the global one; ValueError when both are
     given (the per-GPU key off its default, as verl refuses both) or when the global size is smaller than the
-    data-parallel ranks. `defaults`: the schema's nested defaults (to tell a given per-GPU value from its default)."""
-    for entry in GLOBAL_MICRO_BATCHES:
+    data-parallel ranks. `defaults`: the schema's nested defaults (to tell a given per-GPU value from its default);
+    `entries`: the tree's global keys."""
+    for entry in entries:
         size = OmegaConf.select(cfg, entry.global_key)
         if size is None:
             continue

@@ -19,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.trainer.config.composition import compose_with_hydra, store_schema
-from hybridflow.trainer.config.global_micro_batches import apply_global_micro_batches
+from hybridflow.trainer.config.global_micro_batches import (
+    GLOBAL_MICRO_BATCHES, SFT_GLOBAL_MICRO_BATCHES, GlobalMicroBatch, apply_global_micro_batches)
 from hybridflow.trainer.config.evaluation_schema import EvaluationConfig
 from hybridflow.trainer.config.generation_schema import GenerationConfig
 from hybridflow.trainer.config.schema import PPO_DERIVED, PPOConfig, SFTConfig
@@ -58,6 +59,8 @@ class ConfigTree:
     config_groups: Mapping[str, str] = field(default_factory=dict)
     """verl's config-group choices (`optim=fsdp`) -> the one group this tree's section holds: that choice is
     dropped (the section is it already), any other is refused."""
+    global_micro_batches: tuple[GlobalMicroBatch, ...] = ()
+    """verl's old global micro-batch keys, turned into their per-GPU forms before typing."""
     boolean_counts: frozenset[str] = frozenset()
     """Step counts that verl's scripts also write as booleans (`trainer.test_freq=False`): verl compares them as
     numbers, so False is 0 (off) and True is 1."""
@@ -98,6 +101,7 @@ PPO_TREE = ConfigTree(
         "reward_model.num_workers": "reward_model.scoring.num_workers",
     },
     boolean_counts=frozenset({"trainer.test_freq", "trainer.save_freq"}),
+    global_micro_batches=GLOBAL_MICRO_BATCHES,
     renamed={
         "ray_init": "ray_kwargs.ray_init",
         "critic.fsdp_config": "critic.model.fsdp_config",
@@ -116,6 +120,7 @@ SFT_TREE = ConfigTree(
     },
     renamed={"ray_init": "ray_kwargs.ray_init"},
     config_groups={"optim": "fsdp"},
+    global_micro_batches=SFT_GLOBAL_MICRO_BATCHES,
 )
 
 
@@ -268,8 +273,8 @@ def _explain(err: Exception, tree: ConfigTree) -> str:
 
 def to_typed(cfg: DictConfig, tree: ConfigTree = PPO_TREE) -> Any:
     """The frozen dataclass tree of a composed config: interpolations resolved, every value checked."""
-    if tree is PPO_TREE:
-        apply_global_micro_batches(cfg, schema_defaults(tree))
+    if tree.global_micro_batches:
+        apply_global_micro_batches(cfg, schema_defaults(tree), tree.global_micro_batches)
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:

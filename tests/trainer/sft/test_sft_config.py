@@ -67,3 +67,18 @@ def test_ray_s_timeline_is_taken_and_never_written_over_a_file(sft_workspace, tm
     args = sft_overrides(sft_workspace, tmp_path, f"ray_kwargs.timeline_json_file={existing}")
     assert cli_main(["sft", *args]) == 2
     assert "timeline_json_file" in capsys.readouterr().err and existing.read_text() == "{}"
+
+
+def test_verl_s_global_micro_batch_size_becomes_the_per_gpu_one(sft_workspace, tmp_path):
+    """verl's sp2 SFT examples set the old global `data.micro_batch_size`: it is split over the data-parallel ranks
+    (ranks / sequence-parallel size), as verl's RL workers split their global keys."""
+    base = [arg for arg in sft_overrides(sft_workspace, tmp_path) if not arg.startswith("data.micro_batch_size_per_gpu")]
+    cfg = load_config([*base, "data.micro_batch_size=4", "trainer.n_gpus_per_node=2"], SFT_TREE)
+    assert (cfg.data.micro_batch_size_per_gpu, cfg.data.micro_batch_size) == (2, None)
+    cfg = load_config([*base, "data.micro_batch_size=4", "trainer.n_gpus_per_node=2", "ulysses_sequence_parallel_size=2",
+                       "use_remove_padding=true"], SFT_TREE)
+    assert cfg.data.micro_batch_size_per_gpu == 4
+    with pytest.raises(ValueError, match="data.micro_batch_size=4 and data.micro_batch_size_per_gpu=2 are both given"):
+        load_config([*base, "data.micro_batch_size=4", "data.micro_batch_size_per_gpu=2"], SFT_TREE)
+    with pytest.raises(ValueError, match="data.micro_batch_size=1 over 2 data-parallel ranks leaves less than one"):
+        load_config([*base, "data.micro_batch_size=1", "trainer.n_gpus_per_node=2"], SFT_TREE)
