@@ -225,13 +225,32 @@ class SFTDataConfig(DataFilesConfig):
     """verl's old global form of micro_batch_size_per_gpu (its sp2 examples set it): given, micro_batch_size_per_gpu
     becomes it over the data-parallel ranks (ranks / (tensor x sequence parallel size)), floored, and this key
     reads back None. Both given is refused."""
+    use_dynamic_bsz: bool = False
+    """Cut each rank's share of a step into micro-batches by token count (max_token_len_per_gpu) instead of
+    micro_batch_size_per_gpu rows (verl's engine-SFT key): short samples share a forward, long ones get their own.
+    The loss is the same (a mean over the step's tokens); every rank runs as many micro-batches as the fullest."""
+    max_token_len_per_gpu: int = 8192
+    """With use_dynamic_bsz: real (unpadded) tokens per micro-batch on one rank, at least max_length; also the
+    validation forwards' budget."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive("train_batch_size", self.train_batch_size)
         check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
         check_at_least("max_length", self.max_length, 2)
+        check_positive("max_token_len_per_gpu", self.max_token_len_per_gpu)
+        if self.use_dynamic_bsz and self.max_token_len_per_gpu < self.max_length:
+            raise ConfigFieldError(
+                "max_token_len_per_gpu",
+                f"max_token_len_per_gpu={self.max_token_len_per_gpu} is below max_length={self.max_length}: a "
+                "sample of max_length tokens would not fit a micro-batch; raise it",
+            )
         keys = (self.multiturn.messages_key,) if self.multiturn.enable else (self.prompt_key, self.response_key)
         if not all(keys):
             name = "multiturn.messages_key" if self.multiturn.enable else "prompt_key/response_key"
             raise ConfigFieldError(name, f"{name} must name columns, got {keys}")
+
+    @property
+    def token_budget(self) -> Optional[int]:
+        """Tokens per micro-batch on one rank, or None to cut by rows."""
+        return self.max_token_len_per_gpu if self.use_dynamic_bsz else None

@@ -47,9 +47,11 @@ class SFTWorker(Worker):
     """One data-parallel rank of SFT."""
 
     def __init__(self, engine_config: FSDPEngineConfig, runtime: WorkerRuntimeConfig,
-                 checkpoint: CheckpointConfig = CheckpointConfig()) -> None:
+                 checkpoint: CheckpointConfig = CheckpointConfig(), token_budget: int | None = None) -> None:
+        """token_budget: tokens per micro-batch (data.use_dynamic_bsz), or None for micro_batch_size_per_gpu rows."""
         super().__init__()
         self.engine_config, self.runtime, self.checkpoint = engine_config, runtime, checkpoint
+        self.token_budget = token_budget
         self.engine = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -67,7 +69,9 @@ class SFTWorker(Worker):
         start = time.perf_counter()
         data = with_targets(data)
         counts = compute_global_counts(data.batch["loss_mask"][:, 1:], self.engine.device)
-        result = self.engine.train_batch(data, sft_loss_fn(counts.num_tokens, counts.dp_size), scale_by_rows=False)
+        batch = data if self.token_budget is None else self.engine.split_micro_batches(
+            data, max_token_len=self.token_budget)[0]
+        result = self.engine.train_batch(batch, sft_loss_fn(counts.num_tokens, counts.dp_size), scale_by_rows=False)
         self.engine.lr_scheduler_step()
         metrics = {
             "train/loss": result["loss"],
@@ -82,7 +86,7 @@ class SFTWorker(Worker):
     def eval_loss(self, data: DataProto) -> DataProto:
         """Per sample: `nll_sum` (summed NLL of its loss-masked tokens) and `num_tokens` (both (bs,) float)."""
         data = with_targets(data)
-        log_probs, _ = self.engine.compute_log_prob(data)
+        log_probs, _ = self.engine.compute_log_prob(data, max_token_len=self.token_budget)
         mask = data.batch["loss_mask"][:, 1:].to(log_probs.dtype)
         return DataProto.from_dict({"nll_sum": -(log_probs * mask).sum(-1), "num_tokens": mask.sum(-1)})
 

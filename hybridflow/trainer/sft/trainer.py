@@ -59,7 +59,8 @@ def build_sft_dataloaders(data: SFTDataConfig, tokenizer: Any) -> tuple[DataLoad
 def build_sft_workers(cfg: SFTConfig, total_training_steps: int) -> WorkerProcesses:
     """One SFTWorker per rank (in the driver with `trainer.local_mode`), models loaded."""
     worker = RayClassWithInitArgs(SFTWorker, cfg.engine_config(total_training_steps),
-                                  worker_runtime(cfg.trainer, total_training_steps), cfg.trainer.checkpoint)
+                                  worker_runtime(cfg.trainer, total_training_steps), cfg.trainer.checkpoint,
+                                  cfg.data.token_budget)
     processes = WorkerProcesses(cfg.trainer, worker, name_prefix="hybridflow_sft")
     processes.group.init_model()
     return processes

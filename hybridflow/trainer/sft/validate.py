@@ -28,7 +28,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
             f"({where}); make it a multiple of {world}"
         )
     per_rank = data.train_batch_size // world
-    if per_rank % data.micro_batch_size_per_gpu:
+    if data.token_budget is None and per_rank % data.micro_batch_size_per_gpu:
         raise ValueError(
             f"data.micro_batch_size_per_gpu={data.micro_batch_size_per_gpu} does not divide the {per_rank} samples "
             f"per rank (data.train_batch_size={data.train_batch_size} / {world} ranks); use a divisor of {per_rank}"
@@ -44,11 +44,15 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
         )
     cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
     cfg.ray_kwargs.check_output_files()
-    return [
+    rows = [
         ("ranks (nnodes x n_gpus_per_node)", ranks),
         ("data-parallel groups (ranks / tp x sp)", world),
         ("samples per step (data.train_batch_size)", data.train_batch_size),
         ("samples per rank", per_rank),
+    ]
+    if data.token_budget is not None:
+        return rows + [("tokens per micro-batch (max_token_len_per_gpu)", data.token_budget)]
+    return rows + [
         ("micro-batch per rank (micro_batch_size_per_gpu)", data.micro_batch_size_per_gpu),
         ("gradient accumulation steps", per_rank // data.micro_batch_size_per_gpu),
     ]

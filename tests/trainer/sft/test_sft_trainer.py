@@ -59,6 +59,21 @@ def test_local_sft_learns_validates_checkpoints_and_resumes_exactly(sft_workspac
     assert AutoModelForCausalLM.from_pretrained(target).config.num_hidden_layers == 2
 
 
+def test_token_budget_micro_batches_give_the_row_micro_batches_loss(sft_workspace):
+    """data.use_dynamic_bsz (verl's engine-SFT key): micro-batches cut by tokens, the same loss and validation loss
+    as micro-batches of rows (the loss is a mean over the step's tokens)."""
+    steps = ("trainer.local_mode=true", "trainer.total_training_steps=2", "trainer.test_freq=2")
+    _, by_rows = run(sft_overrides(sft_workspace, sft_workspace / "rows_budget", *steps))
+    _, by_tokens = run(sft_overrides(sft_workspace, sft_workspace / "tokens_budget", *steps, "data.use_dynamic_bsz=true",
+                                     "data.max_token_len_per_gpu=64"))
+    for step in (1, 2):
+        assert by_tokens[step]["train/loss"] == pytest.approx(by_rows[step]["train/loss"], rel=1e-5), step
+    assert by_tokens[2]["val/loss"] == pytest.approx(by_rows[2]["val/loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="max_token_len_per_gpu=32 is below data.max_length=64"):
+        load_config(sft_overrides(sft_workspace, sft_workspace / "x", "data.use_dynamic_bsz=true",
+                                  "data.max_token_len_per_gpu=32"), SFT_TREE)
+
+
 def test_multiturn_sft_trains_only_assistant_turns_padded_or_packed(sft_workspace):
     def args(name: str, *extra: str) -> list[str]:
         return sft_overrides(
