@@ -197,6 +197,19 @@ class MultiturnConfig:
     """Column of the conversation (a list of {role, content})."""
     tools_key: str = "tools"
     """Optional column of tool schemas passed to the chat template."""
+    enable_thinking_key: str = "enable_thinking"
+    """Optional column of per-row booleans passed to the chat template as enable_thinking (a null row leaves
+    data.apply_chat_template_kwargs as set)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTDatasetClassConfig:
+    """verl's SFT `data.custom_cls.*`."""
+
+    path: Optional[str] = unsupported(None, "SFT reads the prompt/response or messages columns itself")
+    """verl: the file defining a dataset class."""
+    name: Optional[str] = unsupported(None, "SFT reads the prompt/response or messages columns itself")
+    """verl: the class."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +245,22 @@ class SFTDataConfig(DataFilesConfig):
     max_token_len_per_gpu: int = 8192
     """With use_dynamic_bsz: real (unpadded) tokens per micro-batch on one rank, at least max_length; also the
     validation forwards' budget."""
+    pad_mode: Literal["right", "no_padding"] = "right"
+    """verl's engine-SFT batch layout. right: samples right-padded to the longest of the batch (the forward packs
+    them when model.use_remove_padding). no_padding: the padding is never computed on: needs
+    model.use_remove_padding=True, whose packed forward drops it."""
+    ignore_input_ids_mismatch: bool = False
+    """Multi-turn samples are tokenized message by message (for exact loss masks); when that differs from the whole
+    conversation's tokenization (a merge across a turn boundary) the row is refused, naming it, unless this is
+    True: then the message-by-message ids are trained on (verl's key and behaviour)."""
+    balance_dp_token: bool = unsupported(False, "samples are split over the ranks by count (verl: not implemented)")
+    """verl: balance tokens over data-parallel ranks."""
+    use_shm: bool = unsupported(False, "the data files are read where they are")
+    """verl: copy the data files to shared memory first."""
+    chat_template: Optional[str] = unsupported(None, "set model.custom_chat_template")
+    """verl: an old place of the chat template."""
+    custom_cls: SFTDatasetClassConfig = field(default_factory=lambda: SFTDatasetClassConfig())
+    """verl: a dataset class of the user's."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -239,6 +268,7 @@ class SFTDataConfig(DataFilesConfig):
         check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
         check_at_least("max_length", self.max_length, 2)
         check_positive("max_token_len_per_gpu", self.max_token_len_per_gpu)
+        check_literal_fields(self)
         if self.use_dynamic_bsz and self.max_token_len_per_gpu < self.max_length:
             raise ConfigFieldError(
                 "max_token_len_per_gpu",

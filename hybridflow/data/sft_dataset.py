@@ -43,11 +43,16 @@ def tokenize_conversation(
     *,
     tools: Any = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    whole_conversation_check: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Token ids of the chat-templated conversation and its loss mask (1 on assistant content + eos).
 
+    With `whole_conversation_check`, the message-by-message ids must equal the tokenization of the whole rendered
+    conversation (verl's check; a tokenizer may merge characters across a turn boundary).
+
     Raises:
-        ValueError: no assistant message, or a chat template that is not prefix-stable.
+        ValueError: no assistant message, a chat template that is not prefix-stable, or (checked) ids that differ
+            from the whole conversation's.
     """
     kwargs = dict(chat_template_kwargs or {})
     if tools is not None:
@@ -86,6 +91,16 @@ def tokenize_conversation(
         mask.extend(piece_mask)
     if mask and mask[0]:
         mask[0] = 0  # the first token is never predicted
+    if whole_conversation_check:
+        whole = tokenizer(previous, add_special_tokens=False)["input_ids"] if previous else []
+        if list(whole) != ids:
+            at = next((i for i, (a, b) in enumerate(zip(whole, ids)) if a != b), min(len(whole), len(ids)))
+            raise ValueError(
+                f"tokenized message by message, the conversation's ids differ from the whole conversation's "
+                f"tokenization at token {at} ({len(ids)} against {len(whole)} tokens): the tokenizer merges "
+                "characters across a turn boundary. Set data.ignore_input_ids_mismatch=True to train on the "
+                "message-by-message ids (verl's behaviour), or change the conversation"
+            )
     return ids, mask
 
 
@@ -133,7 +148,8 @@ class SFTDataset(Dataset):
                 messages, tools = self._messages(row, where)
                 try:
                     ids, mask = tokenize_conversation(
-                        tokenizer, messages, tools=tools, chat_template_kwargs=config.apply_chat_template_kwargs
+                        tokenizer, messages, tools=tools, chat_template_kwargs=self._template_kwargs(row),
+                        whole_conversation_check=config.multiturn.enable and not config.ignore_input_ids_mismatch,
                     )
                 except ValueError as err:
                     raise ValueError(f"{where}: {err}") from err
@@ -146,6 +162,14 @@ class SFTDataset(Dataset):
                            config.max_length, config.truncation)
         if not self.samples:
             raise ValueError(f"no rows in {[str(p) for p in self.data_files]}")
+
+    def _template_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
+        """data.apply_chat_template_kwargs, with a multi-turn row's own enable_thinking where its column holds one."""
+        kwargs = dict(self.config.apply_chat_template_kwargs)
+        multiturn = self.config.multiturn
+        if multiturn.enable and row.get(multiturn.enable_thinking_key) is not None:
+            kwargs["enable_thinking"] = bool(row[multiturn.enable_thinking_key])
+        return kwargs
 
     def _messages(self, row: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], Any]:
         config = self.config

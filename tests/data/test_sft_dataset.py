@@ -165,3 +165,41 @@ def test_templates_that_rewrite_earlier_turns_are_rejected(tmp_path):
     tokenizer.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
     with pytest.raises(ValueError, match="prefix-stable"):
         tokenize_conversation(tokenizer, CONVERSATION[:2])
+
+
+CONCAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+"""Messages' contents back to back: a tokenizer can merge characters across a turn boundary."""
+
+
+def test_ids_that_differ_from_the_whole_conversation_s_are_refused_unless_ignored(tmp_path):
+    """verl's check: 'h' + 'ello' tokenized turn by turn is not 'hello' tokenized whole (a BPE merge)."""
+    tokenizer = build_local_tokenizer()
+    tokenizer.chat_template = CONCAT_TEMPLATE
+    chat = [{"role": "user", "content": "h"}, {"role": "assistant", "content": "ello"}]
+    whole = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    ids, _ = tokenize_conversation(tokenizer, chat)
+    assert ids != whole
+    with pytest.raises(ValueError, match=r"differ from the whole conversation's tokenization at token 0"):
+        tokenize_conversation(tokenizer, chat, whole_conversation_check=True)
+    path = write(tmp_path / "chat.parquet", [{"messages": chat}])
+    with pytest.raises(ValueError, match=r"chat.parquet: row 0: .*data.ignore_input_ids_mismatch=True"):
+        SFTDataset(path, tokenizer, MULTITURN)
+    ignored = SFTDataset(path, tokenizer, SFTDataConfig(multiturn=MultiturnConfig(enable=True),
+                                                        ignore_input_ids_mismatch=True))
+    assert ignored[0]["input_ids"].tolist() == ids
+    fine = [{"role": "user", "content": "hel"}, {"role": "assistant", "content": "lo"}]  # 'hel' + 'lo' == 'hello'
+    assert tokenize_conversation(tokenizer, fine, whole_conversation_check=True)[0] == whole
+
+
+def test_a_row_s_enable_thinking_column_reaches_the_chat_template(tmp_path):
+    """verl's data.multiturn.enable_thinking_key: per-row enable_thinking; a null row keeps the default."""
+    tokenizer = build_local_tokenizer()
+    tokenizer.chat_template = "{% if enable_thinking %}<think>{% endif %}" + CONCAT_TEMPLATE
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": " b"}]
+    path = write(tmp_path / "chat.parquet", [{"messages": chat, "enable_thinking": flag} for flag in (True, False, None)])
+    rows = [item["input_ids"].tolist() for item in SFTDataset(path, tokenizer, MULTITURN)]
+    thinking = tokenizer("<think>", add_special_tokens=False)["input_ids"]
+    assert rows[0][: len(thinking)] == thinking and rows[1] == rows[2] and rows[0][len(thinking):] == rows[1]
+    on_by_default = SFTDataConfig(multiturn=MultiturnConfig(enable=True), apply_chat_template_kwargs={"enable_thinking": True})
+    rows = [item["input_ids"].tolist() for item in SFTDataset(path, tokenizer, on_by_default)]
+    assert rows[0] == rows[2] != rows[1]
