@@ -12,7 +12,7 @@ import pytest
 
 from hybridflow.algorithms.policy_loss_registry import loss_hyperparameters
 from hybridflow.trainer.config import PPO_TREE, SFT_TREE, load_config, validate_config
-from hybridflow.trainer.config.loader import EVALUATION_TREE, GENERATION_TREE
+from hybridflow.trainer.config.loader import EVALUATION_TREE, GENERATION_TREE, SFT_ENGINE_TREE
 from hybridflow.trainer.config.help import config_reference, format_help
 from hybridflow.trainer.main_ppo import main as train_main
 from hybridflow.trainer.sft.main import main as sft_main
@@ -203,12 +203,12 @@ def test_every_documented_key_is_in_the_tree_and_passes_dry_run(files, capsys):
     # hybridflow generate's and score's keys count as documented keys too; their dry runs need files of their own
     # (test_generate.py, test_main_eval.py)
     trees = [(tree, {item.key: item for item in describe_fields(tree.root, derived=tree.derived)})
-             for tree in (PPO_TREE, SFT_TREE, GENERATION_TREE, EVALUATION_TREE)]
+             for tree in (PPO_TREE, SFT_TREE, GENERATION_TREE, EVALUATION_TREE, SFT_ENGINE_TREE)]
     sections = {key.rpartition(".")[0] for _, leaves in trees for key in leaves}
     documented = _documented_keys()
     assert "actor_rollout_ref.actor.policy_loss.clip_cov_ratio" in documented  # the scan reads docs/algorithms.md
     not_keys = ("trainer.main_ppo", "trainer.main_generation", "trainer.main_eval", "trainer.fsdp_sft_trainer",
-                "data.preprocess", "reward_model.ground_truth",
+                "trainer.sft_trainer", "data.preprocess", "reward_model.ground_truth",
                 "critic.update_critic", "critic.compute_values")
     # names under a free-form mapping (custom_reward_function.reward_kwargs.NAME) are the user's, not the tree's
     mappings = tuple(f"{key}." for _, leaves in trees for key, item in leaves.items() if isinstance(item.default, dict))
@@ -376,7 +376,7 @@ def test_frozen_sections_are_dataclasses_all_the_way_down(files):
 PACKAGED_PPO_CONFIGS = sorted(
     path.stem for path in (Path(__file__).parents[2] / "hybridflow" / "trainer" / "config").glob("*.yaml")
     # the SFT, generation and evaluation trees' roots: tests/trainer/sft, test_generate.py, test_main_eval.py
-    if path.stem not in ("sft_trainer", "generation", "evaluation")
+    if path.stem not in ("sft_trainer", "sft_trainer_engine", "generation", "evaluation")
 )
 
 

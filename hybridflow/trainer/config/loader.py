@@ -59,6 +59,9 @@ class ConfigTree:
     config_groups: Mapping[str, str] = field(default_factory=dict)
     """verl's config-group choices (`optim=fsdp`) -> the one group this tree's section holds: that choice is
     dropped (the section is it already), any other is refused."""
+    section_aliases: Mapping[str, str] = field(default_factory=dict)
+    """verl's names of whole sections (`engine` -> `model.fsdp_config`): every key under one is rewritten, after
+    the exact `aliases`."""
     global_micro_batches: tuple[GlobalMicroBatch, ...] = ()
     """verl's old global micro-batch keys, turned into their per-GPU forms before typing."""
     boolean_counts: frozenset[str] = frozenset()
@@ -70,6 +73,9 @@ class ConfigTree:
         for alias, key in self.aliases.items():
             if any(item.lstrip("+~").startswith(alias + "=") for item in overrides):
                 message = message.replace(key, alias)
+        for section, place in self.section_aliases.items():
+            if any(item.lstrip("+~").startswith(section + ".") for item in overrides):
+                message = message.replace(place + ".", section + ".")
         return message
 
     def all_keys(self) -> list[str]:
@@ -124,6 +130,27 @@ SFT_TREE = ConfigTree(
 )
 
 
+SFT_ENGINE_TREE = ConfigTree(
+    SFTConfig,
+    "sft_trainer_engine",
+    "sft_trainer_schema",
+    aliases={
+        **SFT_TREE.aliases,
+        "engine.ulysses_sequence_parallel_size": "ulysses_sequence_parallel_size",
+        "data.messages_key": "data.multiturn.messages_key",
+        "data.tools_key": "data.multiturn.tools_key",
+        "data.enable_thinking_key": "data.multiturn.enable_thinking_key",
+    },
+    section_aliases={"engine": "model.fsdp_config", "checkpoint": "trainer.checkpoint"},
+    renamed=SFT_TREE.renamed,
+    config_groups={"optim": "fsdp", "engine": "fsdp", "model": "hf_model", "profiler": "profiler"},
+    global_micro_batches=SFT_GLOBAL_MICRO_BATCHES,
+)
+"""verl's engine-based SFT (`verl.trainer.sft_trainer`, sft_trainer_engine.yaml): the SFT config with its defaults
+(multi-turn `messages`, token-budget micro-batches, packed rows, constant lr 1e-3) and its names for the engine
+(`engine.*`) and checkpoint (`checkpoint.*`) sections."""
+
+
 GENERATION_TREE = ConfigTree(GenerationConfig, "generation", "generation_schema", renamed={"ray_init": "ray_kwargs.ray_init"})
 EVALUATION_TREE = ConfigTree(EvaluationConfig, "evaluation", "evaluation_schema")
 
@@ -165,8 +192,9 @@ def rewrite_overrides(overrides: Sequence[str], tree: ConfigTree) -> list[str]:
                 continue  # verl's group of that name is what the section holds
             raise ValueError(f"{key}={choice} selects verl's {choice!r} {key} config group; hybridflow's {key} section "
                              f"is the {tree.config_groups[key]!r} group: drop {key}={choice} (set {key}.* keys instead)")
-        if key in tree.aliases:
-            key = tree.aliases[key]
+        section = next((name for name in tree.section_aliases if key.startswith(name + ".")), None)
+        if key in tree.aliases or section is not None:
+            key = tree.aliases[key] if key in tree.aliases else tree.section_aliases[section] + key[len(section):]
             prefix = "" if prefix == "+" else prefix  # `+` adds a key; the alias's key is in the tree already
         elif prefix in ("", "+") and _under_free_dict(key, free_dicts := free_dicts or tree.free_dict_keys()):
             # an entry of a free-form dict (`rollout.engine_kwargs.sglang.attention_backend=triton`): Hydra's struct

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from hybridflow import env
 
@@ -253,6 +253,16 @@ class SFTTrainerConfig(RunConfig):
     """Tracking project."""
     experiment_name: str = "sft"
     """Tracking run name."""
+    test_freq: Union[int, Literal["after_each_epoch"]] = -1
+    """Validate every N steps and at the last step, or after_each_epoch (verl's engine SFT); -1: at the last step
+    only (verl's SFT trainer validates there)."""
+    save_freq: Union[int, Literal["after_each_epoch"]] = -1
+    """Checkpoint every N steps, or after_each_epoch, and at the last step (-1: at the last step only, as verl's SFT
+    trainer saves there)."""
+    default_hdfs_dir: Optional[str] = unsupported(None, "checkpoints stay in trainer.default_local_dir")
+    """verl: copy checkpoints to HDFS."""
+    profile_interval: list[int] = unsupported([-1, -1], "profile with global_profiler in hybridflow train")
+    """verl's engine SFT: the steps to profile."""
     max_ckpt_to_keep: Optional[int] = None
     """Older checkpoints are deleted beyond this many; None keeps all."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

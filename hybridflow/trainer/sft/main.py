@@ -9,6 +9,7 @@ count and the other ranks exit (`torchrun_launch`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from hybridflow.trainer.command import TrainerCommand, aligned_table
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.config import SFT_TREE
+from hybridflow.trainer.config.loader import SFT_ENGINE_TREE
 from hybridflow.trainer.sft.validate import validate_sft_config
 from hybridflow.trainer.torchrun_launch import clear_torchrun_environment, driver_overrides, torchrun_launch
 
@@ -36,24 +38,32 @@ COMMAND = TrainerCommand(
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+ENGINE_COMMAND = dataclasses.replace(
+    COMMAND,
+    prog="hybridflow sft (verl engine SFT)",
+    description="Supervised fine-tuning with the keys and defaults of verl's engine-based SFT (sft_trainer_engine).",
+    tree=SFT_ENGINE_TREE,
+)
+
+
+def main(argv: Sequence[str] | None = None, command: TrainerCommand = COMMAND) -> int:
     """Run SFT; config errors print one line naming the key and exit with code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     launch = torchrun_launch(os.environ)
     if launch is None:
-        return run_command(COMMAND, argv)
+        return run_command(command, argv)
     try:
         argv = driver_overrides(launch, argv)
     except ValueError as err:
         if launch.rank == 0:
-            print(f"{COMMAND.prog}: config error: {err}", file=sys.stderr)
+            print(f"{command.prog}: config error: {err}", file=sys.stderr)
         return 2
     if launch.rank != 0:
-        print(f"{COMMAND.prog}: torchrun rank {launch.rank} of {launch.world_size}: the driver on rank 0 runs all "
+        print(f"{command.prog}: torchrun rank {launch.rank} of {launch.world_size}: the driver on rank 0 runs all "
               f"{launch.world_size} workers on Ray; this process exits", file=sys.stderr)
         return 0
     clear_torchrun_environment()
-    return run_command(COMMAND, argv)
+    return run_command(command, argv)
 
 
 if __name__ == "__main__":

@@ -102,15 +102,20 @@ class SFTTrainer:
                 alive = heartbeat([self.processes], cfg.heartbeat_timeout_s)
                 metrics = {**alive, **self.train_step(batch)}
                 is_last = self.global_steps >= self.total_training_steps
-                if self.val_loader is not None and due(cfg.test_freq, self.global_steps, is_last, at_end_when_off=True):
+                if self.val_loader is not None and due(self._steps(cfg.test_freq), self.global_steps, is_last,
+                                                       at_end_when_off=True):
                     metrics["val/loss"] = summary["val/loss"] = self.validate()
-                if due(cfg.save_freq, self.global_steps, is_last, at_end_when_off=True):
+                if due(self._steps(cfg.save_freq), self.global_steps, is_last, at_end_when_off=True):
                     self.save_checkpoint()
                 self._log(metrics, step=self.global_steps)
                 if is_last:
                     break
         summary["train/loss"] = self.history[-1]["train/loss"] if self.history else float("nan")
         return summary
+
+    def _steps(self, freq: int | str) -> int:
+        """A frequency in steps: after_each_epoch is the batches of one epoch."""
+        return len(self.train_loader) if freq == "after_each_epoch" else freq
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One optimizer step; returns the step's metrics (loss averaged over ranks)."""

@@ -14,6 +14,9 @@ from hybridflow.trainer.config.validate import check_optimizer_section
 def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     """Files, paths, batch arithmetic, the model's context and loggers; returns the batch table rows."""
     data, ranks = cfg.data, cfg.trainer.world_size
+    if data.pad_mode == "no_padding" and not cfg.model.use_remove_padding:
+        raise ValueError("data.pad_mode=no_padding computes on no padding: it needs model.use_remove_padding=True "
+                         "(the packed forward); set it, or data.pad_mode=right")
     check_data_files(data)
     check_optimizer_section(cfg.optim, "")
     layout = check_sft_parallelism(cfg)
