@@ -95,10 +95,20 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
 
 def apply_config_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
     """Set `overrides` on a HF config in place (verl's `update_model_config`): a dict value for a sub-config
-    (e.g. text_config) updates it key by key; returns the config."""
+    (e.g. text_config) updates it key by key; returns the config.
+
+    `rope_scaling` (verl's docs: `override_config.rope_scaling.{type: yarn, factor, ...}`) is merged into the
+    config's rope parameters: transformers 5 keeps them there, `rope_theta` included, and assigning
+    `rope_scaling` would replace them and lose the base frequency."""
     for key, value in overrides.items():
         current = getattr(config, key, None)
-        if isinstance(value, Mapping) and current is not None and not isinstance(current, Mapping):
+        parameters = getattr(config, "rope_parameters", None)
+        if key == "rope_scaling" and isinstance(value, Mapping) and isinstance(parameters, Mapping):
+            merged = {**parameters, **value}
+            if "type" in value:
+                merged["rope_type"] = value["type"]
+            config.rope_parameters = merged
+        elif isinstance(value, Mapping) and current is not None and not isinstance(current, Mapping):
             apply_config_overrides(current, value)
         else:
             setattr(config, key, value)

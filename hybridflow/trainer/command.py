@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridflow.trainer.config.loader import ConfigTree, compose_config, to_typed
+from hybridflow.trainer.config.loader import ConfigTree, compose_config, to_typed, written_keys
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def main(command: TrainerCommand, argv: Sequence[str] | None = None) -> int:
         if args.cfg == "job":
             print(OmegaConf.to_yaml(raw))
             return 0
-        cfg = to_typed(raw, command.tree)
+        cfg = to_typed(raw, command.tree, written_keys(overrides, command.tree))
         checked = command.validate(cfg)
     except (ValueError, ImportError) as err:
         print(f"{command.prog}: config error: {command.tree.as_written(str(err), overrides)}", file=sys.stderr)

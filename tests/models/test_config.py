@@ -62,6 +62,13 @@ def test_hf_config_overrides_are_set_on_the_models_the_engine_builds(tmp_path):
     nested = apply_config_overrides(build_causal_lm(path).config, {"rope_scaling": {"rope_type": "linear",
                                                                                      "factor": 2.0}})
     assert nested.rope_scaling["rope_type"] == "linear" and nested.rope_scaling["factor"] == 2.0  # a dict key
+    # verl's docs/advance/rope.rst: `rope_scaling.{type: yarn, ...}` keeps the base frequency, and the model builds
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    scaled = build_causal_lm(path, config_overrides={"rope_scaling": yarn})
+    theta = build_causal_lm(path).config.rope_parameters["rope_theta"]
+    assert scaled.config.rope_parameters["rope_type"] == "yarn" and scaled.config.rope_parameters["rope_theta"] == theta
+    with torch.no_grad():
+        assert torch.isfinite(scaled(ids).logits).all()
     from transformers import Llama4Config
 
     multimodal = apply_config_overrides(Llama4Config(), {"text_config": {"max_position_embeddings": 77}})

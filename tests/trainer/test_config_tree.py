@@ -262,6 +262,9 @@ INVALID = [
     ("reward_model.rule_reward_coef=0.5", ["reward_model.rule_reward_coef=0.5", "reward_model.enable=False"]),
     ("reward_model.micro_batch_size=4 reward_model.micro_batch_size_per_gpu=2",
      ["reward_model.micro_batch_size=4", "reward_model.micro_batch_size_per_gpu=2 are both given"]),
+    # verl's docs/algo/ppo.md: the per-GPU size written at hybridflow's default still counts as given
+    ("actor_rollout_ref.actor.ppo_micro_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+     ["actor_rollout_ref.actor.ppo_micro_batch_size=2", "ppo_micro_batch_size_per_gpu=4 are both given"]),
     ("data.gen_batch_size=32", ["data.gen_batch_size=32", "algorithm.filter_groups.enable=True"]),
     ("algorithm.filter_groups.enable=True algorithm.filter_groups.metric=seq_final_reward algorithm.use_kl_in_reward=True",
      ["filter_groups.metric=seq_final_reward", "metric=seq_reward"]),

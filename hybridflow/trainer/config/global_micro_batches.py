@@ -49,17 +49,19 @@ set it."""
 
 
 def apply_global_micro_batches(cfg: DictConfig, defaults: dict,
-                               entries: tuple[GlobalMicroBatch, ...] = GLOBAL_MICRO_BATCHES) -> None:
+                               entries: tuple[GlobalMicroBatch, ...] = GLOBAL_MICRO_BATCHES,
+                               written: frozenset[str] = frozenset()) -> None:
     """Set each given global key's per-GPU key (in place) and clear the global one; ValueError when both are
-    given (the per-GPU key off its default, as verl refuses both) or when the global size is smaller than the
-    data-parallel ranks. `defaults`: the schema's nested defaults (to tell a given per-GPU value from its default);
-    `entries`: the tree's global keys."""
+    given (the per-GPU key written on the command line, or off its default in a YAML file, as verl refuses both)
+    or when the global size is smaller than the data-parallel ranks. `defaults`: the schema's nested defaults;
+    `entries`: the tree's global keys; `written`: the keys the command line sets."""
     for entry in entries:
         size = OmegaConf.select(cfg, entry.global_key)
         if size is None:
             continue
         per_gpu_node = OmegaConf.select(cfg, entry.per_gpu_key)
-        given = per_gpu_node is not None and per_gpu_node != _lookup(defaults, entry.per_gpu_key)  # null: verl's unset
+        given = per_gpu_node is not None and (  # null: verl's unset
+            entry.per_gpu_key in written or per_gpu_node != _lookup(defaults, entry.per_gpu_key))
         if not _is_interpolation(cfg, entry.per_gpu_key) and given:
             raise ValueError(
                 f"{entry.global_key}={size} and {entry.per_gpu_key}={per_gpu_node} are both given; verl takes one: "

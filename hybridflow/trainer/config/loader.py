@@ -299,10 +299,21 @@ def _explain(err: Exception, tree: ConfigTree) -> str:
     return message
 
 
-def to_typed(cfg: DictConfig, tree: ConfigTree = PPO_TREE) -> Any:
-    """The frozen dataclass tree of a composed config: interpolations resolved, every value checked."""
+def written_keys(overrides: Sequence[str], tree: ConfigTree = PPO_TREE) -> frozenset[str]:
+    """The tree keys a command line sets (aliases resolved), whatever their values."""
+    keys = set()
+    for item in rewrite_overrides(list(overrides), tree):
+        match = _OVERRIDE.match(item)
+        if match and match["rest"]:
+            keys.add(match["key"])
+    return frozenset(keys)
+
+
+def to_typed(cfg: DictConfig, tree: ConfigTree = PPO_TREE, written: frozenset[str] = frozenset()) -> Any:
+    """The frozen dataclass tree of a composed config: interpolations resolved, every value checked. `written`: the
+    keys the command line sets (`written_keys`), so that a key given at its default value still counts as given."""
     if tree.global_micro_batches:
-        apply_global_micro_batches(cfg, schema_defaults(tree), tree.global_micro_batches)
+        apply_global_micro_batches(cfg, schema_defaults(tree), tree.global_micro_batches, written)
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
@@ -317,4 +328,4 @@ def load_config(
     config_dir: str | Path | None = None,
 ) -> Any:
     """Compose, type and check a trainer config (cross-component checks: `validate.validate_config`)."""
-    return to_typed(compose_config(overrides, tree, config_name, config_dir), tree)
+    return to_typed(compose_config(overrides, tree, config_name, config_dir), tree, written_keys(overrides or [], tree))

@@ -18,6 +18,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
         raise ValueError("data.pad_mode=no_padding computes on no padding: it needs model.use_remove_padding=True "
                          "(the packed forward); set it, or data.pad_mode=right")
     check_data_files(data)
+    check_text_only_rows(data)
     check_optimizer_section(cfg.optim, "")
     layout = check_sft_parallelism(cfg)
     world = layout.dp
@@ -83,3 +84,26 @@ def check_sft_parallelism(cfg: SFTConfig) -> ParallelLayout:
         check_sp_layout(model_config, sp, "ulysses_sequence_parallel_size")
         check_ep_layout(model_config, ep, "model.fsdp_config.expert_parallel_size")
     return layout
+
+
+MEDIA_COLUMNS = ("images", "videos")
+"""verl's SFT datasets read images and videos from these columns (image_key / video_key defaults)."""
+
+
+def check_text_only_rows(data) -> None:
+    """SFT trains on text: a data file whose rows carry images or videos is refused (they would be dropped and the
+    placeholders trained on), naming the file and the column. Reads only those columns."""
+    import pyarrow.parquet as pq  # here: a config error prints before pyarrow loads
+
+    from hybridflow.data.config import expand_path
+
+    for name, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        for path in paths:
+            parquet = pq.ParquetFile(expand_path(path))
+            for column in (c for c in MEDIA_COLUMNS if c in parquet.schema_arrow.names):
+                if any(parquet.read(columns=[column]).column(column).to_pylist()):
+                    raise ValueError(
+                        f"{name} entry {path!r}: column {column!r} holds {column}, but hybridflow's SFT trains on "
+                        "text only (vision-language SFT is not supported yet): the rows would train without them; "
+                        "drop the column, or train the vision-language model with RL (hybridflow train)"
+                    )

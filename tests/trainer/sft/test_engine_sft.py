@@ -87,3 +87,14 @@ def test_after_each_epoch_validates_at_each_epoch_s_end(sft_workspace, chats, tm
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sorted(record["step"] for record in records if "val/loss" in record) == [0, 2, 4]
     assert max(record["step"] for record in records) == 4
+
+
+def test_rows_with_images_are_refused_not_trained_without_them(sft_workspace, tmp_path):
+    """verl's VLM SFT lines (examples/sft/vlm): the rows' images would be dropped, so they are refused by name."""
+    rows = [{"messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "A cat."}],
+             "images": [{"bytes": b"\x89PNG"}]}]
+    path = tmp_path / "vlm.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with nothing_started(), pytest.raises(ValueError, match=r"column 'images' holds images, but hybridflow's SFT trains"):
+        validate_sft_config(load_config([f"data.train_files={path}", f"model.path={sft_workspace / 'tiny'}"],
+                                        SFT_ENGINE_TREE))
