@@ -9,8 +9,8 @@ that `transformers.AutoModelForCausalLM.from_pretrained(target_dir)` loads. Opti
 
     hybridflow merge --local_dir checkpoints/run/global_step_100/actor --target_dir exported/step100
 
-verl's spelling `python -m hybridflow.engines.training.merge merge --backend fsdp --local_dir ... --target_dir ...`
-works as well.
+verl's spelling `python -m hybridflow.model_merger merge --backend fsdp --local_dir ... --target_dir ...` works as
+well, including verl's quickstart target, the checkpoint's own `huggingface/` directory.
 """
 
 from __future__ import annotations
@@ -121,12 +121,24 @@ def _combine(name: str, parts: list[torch.Tensor], placement) -> torch.Tensor:
     return torch.cat(parts, dim=_dim(placement))
 
 
-def check_target_dir(target_dir: str | os.PathLike) -> Path:
-    """`target_dir` as a Path; raises if it exists and is not an empty directory."""
+_WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|pt|pth)$|.*\.safetensors\.index\.json$")
+
+
+def check_target_dir(target_dir: str | os.PathLike, hf_dir: Path | None = None) -> tuple[Path, bool]:
+    """`target_dir` as a Path, and whether the export goes into the checkpoint's own `huggingface/` directory
+    (`hf_dir`, which holds its config and tokenizer: verl's quickstart merges there). Raises if the target exists
+    and is not an empty directory, unless it is that directory without model weights yet."""
     target = Path(target_dir)
+    if hf_dir is not None and target.is_dir() and target.resolve() == hf_dir.resolve():
+        weights = sorted(entry.name for entry in target.iterdir() if _WEIGHT_FILE.match(entry.name))
+        if weights:
+            raise FileExistsError(f"--target_dir {target} already holds model weights {weights}; nothing is written "
+                                  "over them: choose a new directory")
+        return target, True
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise FileExistsError(f"--target_dir {target} exists and is not empty; choose a new directory or empty it")
-    return target
+        raise FileExistsError(f"--target_dir {target} exists and is not empty; choose a new directory or empty it "
+                              "(or the checkpoint's own huggingface/ directory, which holds no weights)")
+    return target, False
 
 
 def merge_checkpoint(
@@ -136,7 +148,9 @@ def merge_checkpoint(
 
     Args:
         local_dir: the checkpoint directory (or an RL `global_step_N` holding `actor/`).
-        target_dir: a new or empty directory; written via a temporary sibling and renamed when complete.
+        target_dir: a new or empty directory, written via a temporary sibling and renamed when complete; or the
+            checkpoint's own `huggingface/` directory (verl's quickstart), which gets the weight files beside the
+            config and tokenizer it keeps as they are.
         dtype: 'float32' | 'bfloat16' | 'float16' to cast the weights; None keeps the training dtype.
 
     Returns:
@@ -144,12 +158,12 @@ def merge_checkpoint(
     """
     from transformers import AutoConfig
 
-    target = check_target_dir(target_dir)
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"--dtype={dtype!r} is not one of {sorted(_DTYPES)}")
     ckpt_dir = find_checkpoint_dir(local_dir)
-    shard_world_size(ckpt_dir)  # every rank's shard is present
     hf_dir = ckpt_dir / HF_SUBDIR
+    target, in_place = check_target_dir(target_dir, hf_dir)
+    shard_world_size(ckpt_dir)  # every rank's shard is present
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{hf_dir / 'config.json'} is missing: the checkpoint has no model config")
     state_dict = load_full_state_dict(ckpt_dir)
@@ -166,12 +180,17 @@ def merge_checkpoint(
         save_hf_model_from_state_dict(
             state_dict, config, staging, scaling=scaling, dtype=_DTYPES[dtype] if dtype else None
         )
-        for entry in hf_dir.iterdir():  # tokenizer files (the config was just written by save_pretrained)
-            if entry.is_file() and entry.name != "config.json":
-                shutil.copy2(entry, staging / entry.name)
-        if target.exists():
-            target.rmdir()  # empty (checked above); os.replace needs the name free or an empty directory
-        os.replace(staging, target)
+        if in_place:  # the weights (and generation config) join the config and tokenizer, which stay as saved
+            for entry in staging.iterdir():
+                if not (target / entry.name).exists():
+                    os.replace(entry, target / entry.name)
+        else:
+            for entry in hf_dir.iterdir():  # tokenizer files (the config was just written by save_pretrained)
+                if entry.is_file() and entry.name != "config.json":
+                    shutil.copy2(entry, staging / entry.name)
+            if target.exists():
+                target.rmdir()  # empty (checked above); os.replace needs the name free or an empty directory
+            os.replace(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging)

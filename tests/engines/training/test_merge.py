@@ -104,6 +104,33 @@ def test_one_rank_checkpoint_round_trips_through_the_cli(workspace, tmp_path, co
                                rtol=0, atol=1e-6)
 
 
+def test_verl_s_quickstart_merges_into_the_checkpoint_s_own_huggingface_directory(workspace, tmp_path, capsys):
+    """`python -m verl.model_merger merge ... --target_dir global_step_1/actor/huggingface`: the weights join the
+    config and tokenizer there, which stay as saved; a second merge finds the weights and writes nothing."""
+    import subprocess
+    import sys
+
+    _, model_dir = workspace
+    tokenizer = load_tokenizer(model_dir)
+    engine = build_fsdp_engine(model_dir, FULL, tokenizer=tokenizer)
+    params = _trained_params(engine, make_batch(len(tokenizer), batch_size=4, seed=3))
+    actor = tmp_path / "global_step_1" / "actor"
+    engine.save_checkpoint(actor)
+    hf_dir = actor / "huggingface"
+    saved = {entry.name: entry.read_bytes() for entry in hf_dir.iterdir()}
+    command = [sys.executable, "-m", "hybridflow.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
+               "--target_dir", str(hf_dir)]
+    assert subprocess.run(command, capture_output=True, text=True).returncode == 0
+    assert all((hf_dir / name).read_bytes() == content for name, content in saved.items())
+    input_ids = torch.randint(3, 400, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(logits_of(hf_dir, input_ids), reference_logits(model_dir, params, input_ids),
+                               rtol=0, atol=1e-6)
+    before = sorted(entry.name for entry in hf_dir.iterdir())
+    assert cli_main(["merge", "--local_dir", str(actor), "--target_dir", str(hf_dir)]) == 1
+    assert "already holds model weights" in capsys.readouterr().err
+    assert sorted(entry.name for entry in hf_dir.iterdir()) == before
+
+
 def test_merge_refuses_a_non_empty_target_and_incomplete_checkpoints(workspace, tmp_path, capsys):
     root, _ = workspace
     target = tmp_path / "taken"
