@@ -30,8 +30,9 @@ def grpo_overrides(train_file: str, *extra: str) -> list[str]:
 
 
 def write_rows(path: Path, data_sources: list[str], **columns) -> str:
-    """A parquet file with a `data_source` column (what config validation reads) and optional other columns."""
-    pq.write_table(pa.table({"data_source": list(data_sources), **columns}), path)
+    """A parquet file with `data_source` and `prompt` columns (what config validation reads) and optional others."""
+    prompts = [[{"role": "user", "content": f"question {index}"}] for index in range(len(data_sources))]
+    pq.write_table(pa.table({"data_source": list(data_sources), "prompt": prompts, **columns}), path)
     return str(path)
 
 

@@ -76,12 +76,9 @@ def weight_digests(trainer) -> tuple[dict, list[dict]]:
 # ----------------------------------------------------------------------------- config (no Ray)
 @pytest.fixture()
 def train_file(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from tests.helpers import write_rows
 
-    path = tmp_path / "train.parquet"
-    pq.write_table(pa.table({"data_source": ["gsm8k"] * 16}), path)
-    return str(path)
+    return write_rows(tmp_path / "train.parquet", ["gsm8k"] * 16)
 
 
 ONE_PLUS_ONE = ("actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1")

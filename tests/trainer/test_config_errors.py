@@ -31,6 +31,7 @@ def test_the_good_config_passes_and_derives_batch_numbers(train_file):
 CASES = [
     # (override, words the message must contain)
     ("trainer.bogus_key=1", ["bogus_key", "unknown key"]),
+    ("data.prompt_key=question", ["train.parquet' has no 'question' column (data.prompt_key)", "'prompt'"]),
     ("data.train_batch_size=abc", ["data.train_batch_size", "abc"]),
     ("data.train_batch_size=0", ["data.train_batch_size", "> 0"]),
     ("actor_rollout_ref.actor.ppo_mini_batch_size=3", ["data.train_batch_size=8", "ppo_mini_batch_size=3", "divisor"]),

@@ -35,8 +35,9 @@ def files(tmp_path):
     (weightless / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     return {
         "weightless": str(weightless),
-        "train": write_rows(tmp_path / "train.parquet", ["gsm8k", "math"] * 1024),
-        "val": write_rows(tmp_path / "test.parquet", ["gsm8k"]),
+        # a `response` column too: the SFT dry runs below read the same files (data.prompt_key / response_key)
+        "train": write_rows(tmp_path / "train.parquet", ["gsm8k", "math"] * 1024, response=["4"] * 2048),
+        "val": write_rows(tmp_path / "test.parquet", ["gsm8k"], response=["4"]),
         "model": str(model),
     }
 

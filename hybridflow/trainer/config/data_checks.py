@@ -34,6 +34,9 @@ def check_rows(cfg: PPOConfig) -> None:
             columns = parquet.schema_arrow.names
             if key not in columns:
                 raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
+            if cfg.data.custom_cls.path is None and cfg.data.prompt_key not in columns:
+                raise ValueError(f"{name} entry {path!r} has no {cfg.data.prompt_key!r} column (data.prompt_key); "
+                                 f"columns: {columns}")
             table = parquet.read(columns=[c for c in (key, "agent_name") if c in columns])
             num_train_rows += table.num_rows if name == "data.train_files" else 0
             if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):

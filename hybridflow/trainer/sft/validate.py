@@ -18,7 +18,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
         raise ValueError("data.pad_mode=no_padding computes on no padding: it needs model.use_remove_padding=True "
                          "(the packed forward); set it, or data.pad_mode=right")
     check_data_files(data)
-    check_text_only_rows(data)
+    check_sft_rows(data)
     check_optimizer_section(cfg.optim, "")
     layout = check_sft_parallelism(cfg)
     world = layout.dp
@@ -90,16 +90,24 @@ MEDIA_COLUMNS = ("images", "videos")
 """verl's SFT datasets read images and videos from these columns (image_key / video_key defaults)."""
 
 
-def check_text_only_rows(data) -> None:
-    """SFT trains on text: a data file whose rows carry images or videos is refused (they would be dropped and the
-    placeholders trained on), naming the file and the column. Reads only those columns."""
+def check_sft_rows(data) -> None:
+    """Every data file has the columns the samples are read from (data.prompt_key / response_key, or
+    data.multiturn.messages_key), and carries no images or videos: SFT trains on text, and would drop them and train
+    on their placeholders. Names the file and the column; reads only the media columns."""
     import pyarrow.parquet as pq  # here: a config error prints before pyarrow loads
 
     from hybridflow.data.config import expand_path
 
+    needed = ({"data.multiturn.messages_key": data.multiturn.messages_key} if data.multiturn.enable else
+              {"data.prompt_key": data.prompt_key, "data.response_key": data.response_key})
     for name, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         for path in paths:
             parquet = pq.ParquetFile(expand_path(path))
+            missing = {key: column for key, column in needed.items() if column not in parquet.schema_arrow.names}
+            if missing:
+                key, column = next(iter(missing.items()))
+                raise ValueError(f"{name} entry {path!r} has no {column!r} column ({key}); columns: "
+                                 f"{parquet.schema_arrow.names}")
             for column in (c for c in MEDIA_COLUMNS if c in parquet.schema_arrow.names):
                 if any(parquet.read(columns=[column]).column(column).to_pylist()):
                     raise ValueError(

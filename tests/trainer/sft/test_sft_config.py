@@ -27,6 +27,7 @@ def test_dry_run_prints_the_config_and_batch_arithmetic(sft_workspace, tmp_path,
     ("override", "words"),
     [
         ("model.lora_rnk=8", ["lora_rnk", "unknown key"]),
+        ("data.response_key=answer", ["has no 'answer' column (data.response_key)", "'response'"]),
         ("data.truncation=middle", ["data.truncation", "middle"]),
         ("optim.lr_scheduler=step", ["optim.lr_scheduler", "step"]),
         ("trainer.resume_mode=resume_path", ["trainer.resume_from_path"]),
