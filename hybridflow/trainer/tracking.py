@@ -113,7 +113,10 @@ class WandbBackend:
 
         run_dir.mkdir(parents=True, exist_ok=True)
         mode = wandb_mode_for(env.wandb_mode(), env.wandb_has_credentials())
-        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir), mode=mode)
+        proxy = (config.get("trainer") or {}).get("wandb_proxy")  # the run's trainer.wandb_proxy, as verl reads it
+        settings = wandb.Settings(https_proxy=proxy) if proxy else None
+        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir), mode=mode,
+                              settings=settings)
         if mode == "offline":
             logger.warning(
                 "wandb: no API key (WANDB_API_KEY or `wandb login`) and WANDB_MODE unset, so this run logs offline "

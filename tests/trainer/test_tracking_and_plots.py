@@ -79,6 +79,24 @@ def test_wandb_without_a_key_logs_offline_into_the_run_directory(tmp_path, monke
     assert "logs offline" in caplog.text and "wandb sync" in caplog.text
 
 
+def test_trainer_s_wandb_proxy_reaches_wandb_s_settings(tmp_path, monkeypatch):
+    """verl's `+trainer.wandb_proxy` (wandb.Settings(https_proxy)); refused without wandb among the loggers."""
+    import wandb
+
+    from hybridflow.trainer.config.schema import RunConfig
+    from hybridflow.utils.config import ConfigFieldError
+
+    seen = {}
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # chosen by the user: no offline-mode notice reads the run's dir
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: seen.update(kwargs) or object())
+    Tracking(["wandb"], tmp_path, "p", "e", {"trainer": {"wandb_proxy": "http://proxy.local:3128"}})
+    assert seen["settings"].https_proxy == "http://proxy.local:3128"
+    Tracking(["wandb"], tmp_path, "p", "e", {"trainer": {"wandb_proxy": None}})
+    assert seen["settings"] is None
+    with pytest.raises(ConfigFieldError, match="wandb_proxy='http://p:1' is wandb's proxy, but logger=\\['console'\\]"):
+        RunConfig(wandb_proxy="http://p:1", logger=["console"])
+
+
 def test_unknown_backend_lists_known_ones(tmp_path):
     with pytest.raises(KeyError, match="unknown tracking backend 'printer'.*console"):
         Tracking(["printer"], tmp_path, "p", "e", {})

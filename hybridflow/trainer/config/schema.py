@@ -118,6 +118,9 @@ class RunConfig(WorkerPlacement):
     logger: list[Logger] = field(default_factory=lambda: ["console"])
     """Where metrics go: any of console, file, tensorboard, wandb, mlflow (one name or a list). wandb logs
     offline under the run directory (for `wandb sync`) unless WANDB_MODE is set or an API key is at hand."""
+    wandb_proxy: Optional[str] = None
+    """The HTTPS proxy wandb reaches its server through (verl's `+trainer.wandb_proxy`, wandb's
+    Settings(https_proxy)); only with wandb in trainer.logger."""
     total_epochs: int = 1
     """Passes over the training data."""
     total_training_steps: Optional[int] = None
@@ -149,6 +152,9 @@ class RunConfig(WorkerPlacement):
         check_positive("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ConfigFieldError("resume_mode", "resume_mode=resume_path needs resume_from_path=<global_step_N dir>")
+        if self.wandb_proxy is not None and "wandb" not in self.logger:
+            raise ConfigFieldError("wandb_proxy", f"wandb_proxy={self.wandb_proxy!r} is wandb's proxy, but logger="
+                                                  f"{list(self.logger)} has no wandb: add it, or drop wandb_proxy")
 
     def check_paths(self) -> None:
         """Checkpoint locations, before anything is written: resume_from_path (resume_mode=resume_path) is a
