@@ -34,6 +34,9 @@ class TrainerCommand:
     """The dry-run tables of the typed config and what `validate` returned."""
     run: Callable[[Any, Any], Any]
     """Runs the job from the typed config and `validate`'s result."""
+    prepare: Callable[[Any], None] | None = None
+    """Adjusts the composed (untyped) config in place before it is typed, for a trainer whose verl counterpart
+    reads a key differently (see the off-policy trainers' `rollout.mode`)."""
 
 
 def aligned_table(title: str, rows: Sequence[tuple[str, int]]) -> str:
@@ -85,6 +88,8 @@ def main(command: TrainerCommand, argv: Sequence[str] | None = None) -> int:
         if args.cfg == "job":
             print(OmegaConf.to_yaml(raw))
             return 0
+        if command.prepare is not None:
+            command.prepare(raw)
         cfg = to_typed(raw, command.tree, written_keys(overrides, command.tree))
         checked = command.validate(cfg)
     except (ValueError, ImportError) as err:

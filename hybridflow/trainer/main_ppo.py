@@ -36,10 +36,12 @@ def describe_ppo(cfg, batch_sizes) -> str:
 
 
 def ppo_command(
-    prog: str, description: str, check: Callable[[Any], None], trainer_class: str | None = None
+    prog: str, description: str, check: Callable[[Any], None], trainer_class: str | None = None,
+    prepare: Callable[[Any], None] | None = None,
 ) -> TrainerCommand:
     """A PPO-family command: `check(cfg)`, then `validate_config`; the run is `run_ppo` with the trainer class named
-    by `trainer_class` ('module:Class', imported when the run starts), or `RayPPOTrainer`."""
+    by `trainer_class` ('module:Class', imported when the run starts), or `RayPPOTrainer`. `prepare`: see
+    `TrainerCommand.prepare`."""
 
     def validate(cfg):
         check(cfg)
@@ -54,7 +56,7 @@ def ppo_command(
         return run_ppo(cfg, batch_sizes, getattr(importlib.import_module(module), name))
 
     return TrainerCommand(prog=prog, description=description, tree=PPO_TREE, validate=validate, describe=describe_ppo,
-                          run=run)
+                          run=run, prepare=prepare)
 
 
 COMMAND = ppo_command(

@@ -38,7 +38,8 @@ trainer waiting for samples), `fully_async/rollout_gen_s` (the batch's generatio
 
 The rollouter is a `ThreadedRollouter`; `async_training.deterministic_schedule_seed` replaces it by a
 `ScheduledRollouter` that runs an `AsyncSchedule` in the driver's thread (for tests: the interleaving of chunks,
-trains and syncs is fixed by the seed). Agent loops (rollout.mode=async) are refused. A checkpoint records the
+trains and syncs is fixed by the seed). Multi-turn agent loops are refused; verl's rollout.mode=async with single-turn
+rows runs as batch generation (`checks.single_turn_batch_generation`). A checkpoint records the
 data position before the oldest drawn but untrained batch; a resumed run generates those batches again.
 """
 

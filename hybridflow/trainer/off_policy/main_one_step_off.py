@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.main_ppo import check_async_training_unused, ppo_command
-from hybridflow.trainer.off_policy.checks import check_one_step_off_policy
+from hybridflow.trainer.off_policy.checks import check_one_step_off_policy, single_turn_batch_generation
 
 
 def _check(cfg) -> None:
@@ -22,6 +22,7 @@ COMMAND = ppo_command(
     "hybridflow train-one-step-off",
     "One-step off-policy PPO/GRPO on split pools: generation of batch k+1 overlaps training on batch k.",
     _check, "hybridflow.trainer.off_policy.one_step_off_policy:OneStepOffPolicyTrainer",
+    prepare=single_turn_batch_generation,
 )
 
 

@@ -112,7 +112,8 @@ def test_syncs_before():
 @pytest.mark.parametrize(("extra", "words"), [
     ((), ["actor_rollout_ref.hybrid_engine=False"]),
     (SPLIT + ("algorithm.filter_groups.enable=True",), ["algorithm.filter_groups.enable=True", "hybridflow train"]),
-    (SPLIT + ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"), ["rollout.mode=async"]),
+    (SPLIT + ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True",
+              "actor_rollout_ref.rollout.multi_turn.enable=True"), ["rollout.mode=async with multi-turn generation"]),
     (SPLIT + ("trainer.critic_warmup=1",), ["trainer.critic_warmup=1", "set it to 0"]),
     (SPLIT + ("actor_rollout_ref.rollout.over_sample_rate=0.1", "async_training.partial_rollout=True",
               "async_training.staleness_threshold=1", "async_training.partial_rollout_chunk_tokens=4"),

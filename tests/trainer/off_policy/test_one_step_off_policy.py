@@ -51,7 +51,8 @@ def test_samples_after_the_first_batch_are_one_version_stale(workspace, ray_clus
 @pytest.mark.parametrize(("extra", "words"), [
     ((), ["actor_rollout_ref.hybrid_engine=False"]),
     (SPLIT + ("algorithm.filter_groups.enable=True",), ["algorithm.filter_groups.enable=True", "hybridflow train"]),
-    (SPLIT + ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True"), ["rollout.mode=async"]),
+    (SPLIT + ("actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True",
+              "actor_rollout_ref.rollout.multi_turn.enable=True"), ["rollout.mode=async with multi-turn generation"]),
 ])
 def test_what_one_step_off_policy_needs_is_checked(train_file, extra, words):  # noqa: F811
     with pytest.raises(ValueError) as info:
@@ -65,6 +66,18 @@ def test_cli_refuses_colocated_placement(train_file, capsys):  # noqa: F811
     assert "hybrid_engine=False" in capsys.readouterr().err
     assert one_step_main(["--dry-run", *grpo_overrides(train_file, *SPLIT)]) == 0
     assert "[placement] split" in capsys.readouterr().out
+
+
+def test_verl_s_rollout_mode_async_runs_single_turn_rows_by_batch_generation(train_file, capsys):  # noqa: F811
+    """verl's off-policy trainers assert rollout.mode=async (its default); single-turn lines run here, in sync."""
+    from hybridflow.trainer.off_policy.main_fully_async import main as fully_async_main
+
+    line = grpo_overrides(train_file, *SPLIT, "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True")
+    for main in (one_step_main, fully_async_main):
+        assert main(["--dry-run", *line]) == 0
+        assert "mode: sync" in capsys.readouterr().out
+        assert main(["--dry-run", *line, "actor_rollout_ref.rollout.multi_turn.enable=True"]) == 2
+        assert "rollout.mode=async with multi-turn generation" in capsys.readouterr().err
 
 
 def test_the_heartbeat_skips_the_rollout_pool_while_it_generates():
