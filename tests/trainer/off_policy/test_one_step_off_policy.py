@@ -80,6 +80,15 @@ def test_verl_s_rollout_mode_async_runs_single_turn_rows_by_batch_generation(tra
         assert "rollout.mode=async with multi-turn generation" in capsys.readouterr().err
 
 
+def test_verl_s_one_step_off_config_name_is_packaged(train_file, capsys):  # noqa: F811
+    """verl's scripts run `--config-path=config --config-name=one_step_off_ppo_trainer.yaml` (its recipe's YAML)."""
+    args = ["--config-path=config", "--config-name=one_step_off_ppo_trainer.yaml",
+            *grpo_overrides(train_file, "rollout.n_gpus_per_node=2")]
+    assert one_step_main(["--dry-run", *args]) == 0
+    out = capsys.readouterr().out
+    assert "[placement] split" in out and "bypass_mode: true" in out
+
+
 def test_the_heartbeat_skips_the_rollout_pool_while_it_generates():
     """A ping to a rollout worker busy with the next batch would queue behind the generation and time out."""
     from types import SimpleNamespace
