@@ -200,7 +200,7 @@ def _val_sampling() -> SamplingConfig:
 
 _VLLM_ONLY_KEYS = (
     "enforce_eager", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-    "enable_prefix_caching", "load_format",
+    "enable_prefix_caching", "load_format", "disable_log_stats",
 )
 """Rollout keys only the vllm engine reads."""
 
@@ -349,10 +349,8 @@ class RolloutConfig(SamplingConfig):
         None, "give vLLM its compilation settings through rollout.engine_kwargs.vllm (name=vllm)"
     )
     """verl: vLLM's CUDA-graph batch sizes."""
-    disable_log_stats: bool = unsupported(
-        True, "give vLLM its logging settings through rollout.engine_kwargs.vllm.disable_log_stats (name=vllm)"
-    )
-    """verl: vLLM's statistics logging."""
+    disable_log_stats: bool = True
+    """vLLM's engine statistics logging off (verl's key, passed to vllm.LLM; name=vllm only)."""
     pipeline_model_parallel_size: int = unsupported(1, "a rollout replica splits by tensor parallelism only")
     """verl: pipeline stages of one rollout replica."""
     quantization: Optional[str] = unsupported(None, "rollouts generate in rollout.dtype; quantized serving is not built")

@@ -199,6 +199,7 @@ def compute_vllm_engine_kwargs(
         "enable_chunked_prefill": config.enable_chunked_prefill,
         "enable_prefix_caching": config.enable_prefix_caching,
         "load_format": config.load_format,
+        "disable_log_stats": config.disable_log_stats,
         "seed": seed,
     }
     if hf_overrides:

@@ -91,12 +91,13 @@ def test_engine_kwargs_follow_the_config_section():
     gpu = _kwargs(
         CUDA, dtype="float16", enforce_eager=True, max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096,
         enable_chunked_prefill=False, enable_prefix_caching=False, gpu_memory_utilization=0.3,
-        free_cache_engine=False, load_format="dummy",
+        free_cache_engine=False, load_format="dummy", disable_log_stats=False,
     )
     expected = {
         "dtype": "float16", "enforce_eager": True, "max_model_len": 4096, "max_num_seqs": 32,
         "max_num_batched_tokens": 4096, "enable_chunked_prefill": False, "enable_prefix_caching": False,
         "gpu_memory_utilization": 0.3, "enable_sleep_mode": False, "load_format": "dummy",
+        "disable_log_stats": False,  # verl's rollout.disable_log_stats
     }
     assert {key: gpu[key] for key in expected} == expected
     assert _kwargs(CPU, dtype="bfloat16", enforce_eager=False)["dtype"] == "bfloat16"  # explicit values stay
@@ -433,7 +434,8 @@ def test_rollout_on_cpu_reloads_weights_from_files_and_refuses_dummy(fake_vllm, 
                               config=RolloutConfig(name="vllm", load_format="dummy"))
 
 
-@pytest.mark.parametrize("override", [{"max_num_seqs": 64}, {"enforce_eager": True}, {"load_format": "dummy"}])
+@pytest.mark.parametrize("override", [{"max_num_seqs": 64}, {"enforce_eager": True}, {"load_format": "dummy"},
+                                      {"disable_log_stats": False}])
 def test_vllm_only_keys_are_refused_for_other_engines(override):
     from hybridflow.engines.rollout.config import RolloutConfig
     from hybridflow.utils.config import ConfigFieldError
