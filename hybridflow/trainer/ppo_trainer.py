@@ -32,6 +32,7 @@ from hybridflow.trainer.advantage import apply_kl_in_reward, apply_pf_ppo, compu
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
+from hybridflow.trainer.rollout_replay import RolloutReplay, replay_name
 from hybridflow.trainer.generation_dump import dump_generations, generation_rows
 from hybridflow.trainer.guards import StepGuards, WeightVersionWatch, served_versions
 from hybridflow.trainer.guards.memory import arm_within_step_watch
@@ -82,7 +83,9 @@ class RayPPOTrainer:
         self.total_training_steps = total_steps(config.trainer, len(train_dataloader))
         self.global_steps = 0
         self.guards = StepGuards(config.trainer.guards)
-        self.weight_versions = WeightVersionWatch() if self.on_policy_rollouts else None
+        # A replayed rollout (skip_rollout) keeps the weight version it was generated with, by design.
+        replays = config.actor_rollout_ref.rollout.skip_rollout
+        self.weight_versions = WeightVersionWatch() if self.on_policy_rollouts and not replays else None
         self.initial_val_metrics: dict[str, float] = {}
         self.workers: WorkerGroups | None = None
         self.generator: Any = None  # the actor/rollout group, or the agent-loop manager in async mode
@@ -90,6 +93,9 @@ class RayPPOTrainer:
         self.profiling: StepProfiling | None = None  # global_profiler's steps, with the workers
         # Agent loops read every row field of the prompts they are sent.
         self.pass_rows = config.actor_rollout_ref.rollout.mode == "async"
+        rollout, run = config.actor_rollout_ref.rollout, config.trainer
+        self.replay = RolloutReplay(rollout.skip_dump_dir, replay_name(
+            run.project_name, run.experiment_name, config.data.train_batch_size, rollout.n)) if rollout.skip_rollout else None
 
     def init_workers(self) -> None:
         """Start the worker processes and load the models (before the first step)."""
@@ -276,10 +282,10 @@ class RayPPOTrainer:
         """Generate `rollout.n` responses per prompt and score them (`token_level_scores`); ReMax adds the greedy
         response's score as `reward_baselines`. Returns the batch and the reward manager's per-sample columns."""
         rollout = self.config.actor_rollout_ref.rollout
+        generate = lambda: generate_batch(self.generator, batch_dict, rollout.n, pass_rows=self.pass_rows,  # noqa: E731
+                                          validate=False)
         with timer("gen", timing):
-            batch, gen_metrics = generate_batch(
-                self.generator, batch_dict, rollout.n, pass_rows=self.pass_rows, validate=False
-            )
+            batch, gen_metrics = self.replay.generate(generate) if self.replay is not None else generate()
         metrics.update(gen_metrics)
         if self.config.estimator.greedy_baseline:
             with timer("gen_max", timing):

@@ -360,10 +360,12 @@ class RolloutConfig(SamplingConfig):
     scheduling_policy: Literal["fcfs"] = "fcfs"
     """Order in which a generation server takes requests (verl's key): fcfs, first come first served, is what
     hybridflow's servers do (vLLM's priority scheduling is not offered)."""
-    skip_rollout: bool = unsupported(False, "every step generates; rollouts are not replayed from a dump")
-    """verl: replay rollouts dumped in skip_dump_dir instead of generating (debugging)."""
+    skip_rollout: bool = False
+    """Debugging (verl's key): the run's first training generation is dumped to skip_dump_dir and replayed by every
+    later step, and by later runs of the same name and batch shape, instead of generating; validation generates
+    (`trainer/rollout_replay.py`). `hybridflow train` only; not with dynamic sampling or ReMax."""
     skip_dump_dir: str = "/tmp/rollout_dump"
-    """verl: where skip_rollout's dumps live (read only with skip_rollout, which is not built)."""
+    """Where skip_rollout's dump is (`{experiment}_{project}_GBS{train_batch_size}__N{n}.pt`)."""
     mtp: Optional[dict[str, Any]] = unsupported(None, "multi-token prediction (speculative decoding) is not built")
     """verl: the rollout's copy of model.mtp."""
     prometheus: PrometheusConfig = field(default_factory=lambda: PrometheusConfig())

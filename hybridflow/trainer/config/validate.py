@@ -143,6 +143,12 @@ def check_rollout_backend(cfg: PPOConfig) -> None:
 
 def _check_algorithm(cfg: PPOConfig) -> None:
     estimator, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if cfg.actor_rollout_ref.rollout.skip_rollout and (cfg.algorithm.filter_groups.enable or cfg.estimator.greedy_baseline):
+        which = "algorithm.filter_groups.enable=True" if cfg.algorithm.filter_groups.enable else f"adv_estimator={estimator!r}"
+        raise ValueError(
+            f"actor_rollout_ref.rollout.skip_rollout=True with {which}: a replayed batch cannot stand for dynamic "
+            "sampling's further batches or ReMax's greedy baseline of new prompts; drop one of the two"
+        )
     if cfg.estimator.group_based and n < 2:
         if not cfg.estimator.runs_with_one_sample:
             raise ValueError(

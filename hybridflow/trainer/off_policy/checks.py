@@ -42,6 +42,8 @@ def check_off_policy_trainer(cfg: PPOConfig, trainer: str, extra: list[tuple[boo
          "dynamic sampling draws a variable number of generation batches per step"),
         (cfg.estimator.greedy_baseline, f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}",
          "its greedy baseline (ReMax's) is a second generation of the same batch"),
+        (cfg.actor_rollout_ref.rollout.skip_rollout, "actor_rollout_ref.rollout.skip_rollout=True",
+         "the rollout pool generates on its own schedule; replaying a dump is built into the synchronous trainer"),
         (cfg.actor_rollout_ref.rollout.mode == "async", "actor_rollout_ref.rollout.mode=async with multi-turn "
          "generation, tools or interactions", "agent loops cannot yet be left running across a weight sync (single-turn "
          "rows run with mode=async, by batch generation)"),
