@@ -81,6 +81,7 @@ def make_trainer(overrides: list[str], reward_fn, reward_model=None) -> RayPPOTr
     trainer.config, trainer.reward_fn = config, reward_fn
     trainer.generator = ScriptedGenerator()
     trainer.pass_rows = False
+    trainer.replay = None  # rollout.skip_rollout off
     trainer.workers = SimpleNamespace(reward_model=reward_model)
     trainer.rewards = build_reward_stage(config, reward_fn, reward_model)  # as init_workers does
     return trainer
