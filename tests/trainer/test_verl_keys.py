@@ -62,7 +62,7 @@ REFUSED = [  # (override, words of the reason)
     ("transfer_queue.enable=True", "object store"),
     ("data.sampler.class_path=my_sampler.py", "set both"),  # verl's class_name is needed with it
     ("reward_manager.source=importlib", "reward_manager.source"),
-    ("actor_rollout_ref.rollout.disable_log_stats=False", "engine_kwargs.vllm"),
+    ("actor_rollout_ref.rollout.disable_log_stats=False", "sets the vllm engine, but .*name=.* does not read it"),
     ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton", "triton kernels are not built"),
     # training-only settings on the frozen reference (its passes save nothing for a backward)
     ("actor_rollout_ref.ref.model.enable_activation_offload=True", "the reference is frozen"),
