@@ -70,6 +70,16 @@ class SandboxFusionConfig:
         if self.memory_limit_mb < 1:
             raise ConfigFieldError("memory_limit_mb", f"memory_limit_mb={self.memory_limit_mb} must be >= 1")
 
+    def check_scorer_processes(self, num_workers: int, workers_key: str) -> None:
+        """With a url, the scorer processes (`workers_key`) do not outnumber max_concurrent: each keeps one request
+        in flight to the server."""
+        if self.url is not None and num_workers > self.max_concurrent:
+            raise ConfigFieldError(
+                "sandbox_fusion.max_concurrent",
+                f"reward_model.sandbox_fusion.max_concurrent={self.max_concurrent} is below {workers_key}="
+                f"{num_workers}: each scorer process keeps one request in flight to the server; raise "
+                f"max_concurrent or lower {workers_key} to it")
+
     def endpoint(self) -> Optional[SandboxFusionEndpoint]:
         """The server to send code scorers' cases to, or None (no url)."""
         return None if self.url is None else SandboxFusionEndpoint(url=self.url, memory_limit_mb=self.memory_limit_mb)
@@ -96,13 +106,7 @@ class RewardModelConfig:
     data_source's scorer) added to the model's score; 0 uses the model's score alone, as verl does."""
 
     def __post_init__(self) -> None:
-        fusion = self.sandbox_fusion
-        if fusion.url is not None and self.scoring.num_workers > fusion.max_concurrent:
-            raise ConfigFieldError(
-                "sandbox_fusion.max_concurrent",
-                f"reward_model.sandbox_fusion.max_concurrent={fusion.max_concurrent} is below "
-                f"reward_model.scoring.num_workers={self.scoring.num_workers}: each scorer process keeps one request in flight to the server; raise "
-                "max_concurrent or lower reward_model.scoring.num_workers to it")
+        self.sandbox_fusion.check_scorer_processes(self.scoring.num_workers, "reward_model.scoring.num_workers")
 
 
 @dataclass(frozen=True, kw_only=True)

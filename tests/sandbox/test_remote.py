@@ -116,3 +116,10 @@ def test_config_checks() -> None:
         SandboxFusionConfig(url="sandbox:8080/run_code")
     with pytest.raises(ConfigFieldError, match="max_concurrent=0"):
         SandboxFusionConfig(max_concurrent=0)
+    from hybridflow.rewards.config import RewardModelConfig
+    from hybridflow.rewards.pool import ScoringConfig
+
+    fusion = SandboxFusionConfig(url="https://sandbox.example/run_code", max_concurrent=2)
+    with pytest.raises(ConfigFieldError, match="max_concurrent=2 is below reward_model.scoring.num_workers=4"):
+        RewardModelConfig(sandbox_fusion=fusion, scoring=ScoringConfig(num_workers=4))
+    RewardModelConfig(sandbox_fusion=fusion, scoring=ScoringConfig(num_workers=2))

@@ -104,7 +104,7 @@ def test_code_responses_run_in_the_sandbox_and_a_program_that_exits_early_scores
      "custom_reward_function: custom_reward_function.path not found"),
     ([gsm8k_row("4", ["#### 4"])], ("reward_model.sandbox_fusion.url=http://sandbox:8080/run_code",
                                     "reward_model.scoring.num_workers=2", "ray_kwargs.ray_init.num_cpus=80"),
-     "num_cpus=80 scorer processes exceed reward_model.sandbox_fusion.max_concurrent=64"),
+     "max_concurrent=64 is below ray_kwargs.ray_init.num_cpus=80"),
 ])
 def test_bad_rows_and_settings_are_refused_before_scoring(tmp_path, rows, extra, message):
     path = write_generated(tmp_path / "gen.parquet", rows)

@@ -41,10 +41,9 @@ def validate_evaluation_config(cfg: EvaluationConfig) -> ScoredRows:
     if fusion.url is not None and custom.path is not None:
         raise ValueError(f"reward_model.sandbox_fusion.url={fusion.url!r} sends the built-in code scorers' cases to "
                          f"the server, but custom_reward_function.path={custom.path!r} replaces them: drop one")
-    if fusion.url is not None and cfg.scoring.num_workers > fusion.max_concurrent:
-        raise ValueError(f"ray_kwargs.ray_init.num_cpus={cfg.scoring.num_workers} scorer processes exceed "
-                         f"reward_model.sandbox_fusion.max_concurrent={fusion.max_concurrent}: each keeps one request "
-                         "in flight to the server; lower num_cpus or raise max_concurrent")
+    workers_key = ("ray_kwargs.ray_init.num_cpus" if cfg.ray_kwargs.ray_init.num_cpus is not None
+                   else "reward_model.scoring.num_workers")
+    fusion.check_scorer_processes(cfg.scoring.num_workers, workers_key)
     rows = read_scored_rows(data)
     if custom.path is not None:
         from hybridflow.rewards.custom import load_custom_reward_fn

@@ -48,16 +48,8 @@ class EvaluationRewardConfig:
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
     """verl's remote code sandbox: with a url, the code scorers' test cases run there."""
     format_score: float = 0.0
-    """For the built-in scorers that take one: the score of a well-formed but wrong answer."""
-
-    def __post_init__(self) -> None:
-        fusion = self.sandbox_fusion
-        if fusion.url is not None and self.scoring.num_workers > fusion.max_concurrent:
-            raise ConfigFieldError(
-                "sandbox_fusion.max_concurrent",
-                f"reward_model.sandbox_fusion.max_concurrent={fusion.max_concurrent} is below "
-                f"reward_model.scoring.num_workers={self.scoring.num_workers}: each scorer process keeps one "
-                "request in flight to the server; raise max_concurrent or lower reward_model.scoring.num_workers")
+    """For the built-in scorers that take one: the score of a well-formed but wrong answer (the server's capacity
+    against the scorer processes is checked with ray_kwargs.ray_init.num_cpus, which may set their count)."""
 
 
 @dataclass(frozen=True, kw_only=True)
