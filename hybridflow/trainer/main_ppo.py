@@ -25,6 +25,13 @@ def check_async_training_unused(cfg, command: str) -> None:
             f"async_training.* is read only by `hybridflow train-fully-async`, not by `{command}`: "
             "leave it at its defaults or run train-fully-async"
         )
+    for key in ("total_rollout_steps", "total_epochs", "test_freq"):
+        if getattr(cfg.rollout, key) is not None:
+            raise ValueError(
+                f"rollout.{key}={getattr(cfg.rollout, key)} is verl's fully async rollouter's key, read only by "
+                f"`hybridflow train-fully-async`, not by `{command}`: use trainer.total_training_steps / "
+                "trainer.total_epochs / trainer.test_freq"
+            )
 
 
 def describe_ppo(cfg, batch_sizes) -> str:

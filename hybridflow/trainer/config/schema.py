@@ -369,10 +369,21 @@ class RolloutPoolConfig:
     n_gpus_per_node: int = 1
     """Rollout processes per node: accelerators per node on GPU hosts, CPU workers on CPU hosts (used with
     actor_rollout_ref.hybrid_engine=False)."""
+    total_rollout_steps: Optional[int] = None
+    """verl's fully async rollouter: generation batches (of data.gen_batch_size prompts) to generate in all.
+    `hybridflow train-fully-async` turns it into trainer.total_training_steps (those prompts over
+    data.train_batch_size per step); other trainers refuse it."""
+    total_epochs: Optional[int] = None
+    """verl's fully async rollouter: passes over the data; train-fully-async sets trainer.total_epochs from it."""
+    test_freq: Optional[int] = None
+    """verl's fully async trainer: validate every N weight syncs; train-fully-async sets trainer.test_freq to N x
+    async_training.trigger_parameter_sync_step steps."""
 
     def __post_init__(self) -> None:
         check_positive("nnodes", self.nnodes)
         check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        for name in ("total_rollout_steps", "total_epochs", "test_freq"):
+            check_positive(name, getattr(self, name), allow_none=True)
 
     @property
     def world_size(self) -> int:
@@ -387,11 +398,17 @@ class AsyncTrainingConfig:
     (verl's require_batches x ppo_mini_batch_size); a policy version is one weight sync."""
 
     staleness_threshold: float = 1.0
-    """Most policy versions (weight syncs) a sample may lag behind the rollout's weights when it is trained on: the
-    rollouter runs at most (1 + staleness_threshold) x trigger_parameter_sync_step batches ahead, then waits for a
-    sync. 0 is synchronous training. Whole numbers only (this trainer streams whole prompt batches)."""
+    """How far the rollouter may run ahead of the rollout's weights (verl's key): at most (1 + staleness_threshold) x
+    trigger_parameter_sync_step trainer steps' batches past the last sync, rounded down to whole batches (this
+    trainer streams whole steps; verl streams prompts), then it waits for a sync. A sample then lags at most
+    ceil(staleness_threshold) weight syncs behind the weights it is trained with; 0 (or a fraction that rounds to
+    no extra batch) is synchronous training."""
     trigger_parameter_sync_step: int = 1
     """Trainer steps between weight syncs to the rollout pool (the last step also syncs)."""
+    require_batches: int = 1
+    """verl's mini-batches per trainer step: with verl's data.train_batch_size=0, a step trains on require_batches x
+    actor.ppo_mini_batch_size prompts (data.train_batch_size is set to that); with a given data.train_batch_size
+    the two must agree."""
     partial_rollout: bool = False
     """Pause generations in flight at a weight sync and resume them under the new weights (verl's key): the rollouter
     generates each batch in chunks of partial_rollout_chunk_tokens tokens and a sync may come between two chunks, so
@@ -409,13 +426,8 @@ class AsyncTrainingConfig:
 
     def __post_init__(self) -> None:
         check_at_least("staleness_threshold", self.staleness_threshold, 0)
-        if self.staleness_threshold != int(self.staleness_threshold):
-            raise ConfigFieldError(
-                "staleness_threshold",
-                f"staleness_threshold={self.staleness_threshold!r} must be a whole number of policy versions "
-                "(this trainer streams whole prompt batches): use 0, 1, 2, ...",
-            )
         check_positive("trigger_parameter_sync_step", self.trigger_parameter_sync_step)
+        check_positive("require_batches", self.require_batches)
         check_positive("partial_rollout_chunk_tokens", self.partial_rollout_chunk_tokens)
 
 

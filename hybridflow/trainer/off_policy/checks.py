@@ -29,6 +29,48 @@ def single_turn_batch_generation(raw: Any) -> None:
     rollout.mode = "sync"
 
 
+def verl_fully_async_keys(raw: Any) -> None:
+    """verl's fully async lines, on the composed config (untyped, changed in place): mode=async with single-turn
+    rows (`single_turn_batch_generation`); data.train_batch_size=0 becomes async_training.require_batches x
+    actor.ppo_mini_batch_size prompts a step (a given size must agree); data.gen_batch_size, verl's streaming
+    granularity, is dropped with a notice (whole steps are generated here); rollout.total_epochs, total_rollout_steps
+    and test_freq (in weight syncs) become trainer.total_epochs, total_training_steps and test_freq (in steps)."""
+    from omegaconf import OmegaConf
+
+    single_turn_batch_generation(raw)
+    select = lambda key: OmegaConf.select(raw, key)  # noqa: E731
+    mini, batches, prompts = (select("actor_rollout_ref.actor.ppo_mini_batch_size"),
+                              select("async_training.require_batches"), select("data.train_batch_size"))
+    if prompts == 0:
+        raw.data.train_batch_size = prompts = batches * mini
+    elif batches != 1 and prompts != batches * mini:
+        raise ValueError(
+            f"data.train_batch_size={prompts} but async_training.require_batches={batches} x "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} = {batches * mini} prompts a step; set "
+            "data.train_batch_size=0 (verl's way: the step is require_batches mini-batches) or make them agree"
+        )
+    gen_batch = select("data.gen_batch_size")
+    if gen_batch is not None and not select("algorithm.filter_groups.enable"):
+        logger.info("data.gen_batch_size=%s: verl's rollouter streams that many prompts at a time; this one "
+                    "generates whole steps of data.train_batch_size=%s prompts under the same staleness bound",
+                    gen_batch, prompts)
+        raw.data.gen_batch_size = None
+    pool = raw.rollout
+    if pool.total_epochs is not None:
+        raw.trainer.total_epochs, pool.total_epochs = pool.total_epochs, None
+    if pool.total_rollout_steps is not None:
+        steps = pool.total_rollout_steps * (gen_batch or prompts) // prompts
+        if steps < 1:
+            raise ValueError(f"rollout.total_rollout_steps={pool.total_rollout_steps} generation batches of "
+                             f"{gen_batch or prompts} prompts make no trainer step of {prompts} prompts; raise it")
+        given = select("trainer.total_training_steps")
+        raw.trainer.total_training_steps = steps if given is None else min(steps, given)
+        pool.total_rollout_steps = None
+    if pool.test_freq is not None:
+        raw.trainer.test_freq = pool.test_freq * select("async_training.trigger_parameter_sync_step")
+        pool.test_freq = None
+
+
 def check_off_policy_trainer(cfg: PPOConfig, trainer: str, extra: list[tuple[bool, str, str]] = ()) -> None:
     """What an off-policy trainer (`trainer`, e.g. 'one-step off-policy') needs: split pools, one generation per
     step, batch generation; `extra` adds (refused, key, reason) rows."""

@@ -18,11 +18,12 @@ order every call.
   and the batch in flight resumes under the new weights (its KV cache recomputed by the chunk's prefill).
 - `gate` (a `VersionGate`, `rollouter.py`) holds the policy version (`param_version`, verl's name: syncs done in
   this run) and the data positions of the drawn but untrained batches. Before drawing the batch of step s, the
-  rollouter waits until `syncs_before(s) - param_version <= staleness_threshold`, where `syncs_before(s)` is the
-  number of syncs the trainer will have made when it trains step s. Every token of the batch is sampled at that
-  version or later, so a sample's staleness, counted from its OLDEST token (versions between the weights that
-  sampled its first token and the rollout's weights when it is trained on), is at most the threshold; with 0 the
-  run is synchronous (each batch is generated after the previous step's sync: the same samples and metrics as
+  rollouter waits until s is at most `gate.lead` = floor((1 + staleness_threshold) x trigger_parameter_sync_step)
+  steps past the last step whose weights the rollout holds (verl's bound, in whole batches). Every token of the
+  batch is sampled at that version or later, so a sample's staleness, counted from its OLDEST token (versions
+  between the weights that sampled its first token and the rollout's weights when it is trained on), is at most
+  `gate.max_staleness` = ceil(lead / trigger) - 1 (the threshold, for whole thresholds); with a lead of one sync
+  window the run is synchronous (each batch is generated after the previous step's sync: the same samples and metrics as
   `hybridflow train` on the same split pools with trigger_parameter_sync_step=1).
 
 Nothing is dropped: the gate holds the bound, so no sample is ever too stale (`fully_async/num_dropped_samples`
@@ -72,8 +73,8 @@ class FullyAsyncTrainer(RayPPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         async_cfg = self.config.async_training
-        self.gate = VersionGate(int(async_cfg.staleness_threshold), async_cfg.trigger_parameter_sync_step)
-        self.capacity = (self.gate.staleness_threshold + 1) * self.gate.sync_every  # the gate's lead, at most
+        self.gate = VersionGate(async_cfg.staleness_threshold, async_cfg.trigger_parameter_sync_step)
+        self.capacity = self.gate.lead  # batches drawn ahead, at most
         # Without partial rollout a batch is one call: its chunk is the whole response.
         self.chunk_tokens = self.config.actor_rollout_ref.rollout.response_length
         if async_cfg.partial_rollout:
@@ -144,7 +145,7 @@ class FullyAsyncTrainer(RayPPOTrainer):
         assert bool((tokens[:, 0] >= 0).all()), "every response has a first token"
         oldest = tokens[:, 0]
         staleness = param_version - oldest
-        within = (staleness >= 0) & (staleness <= self.gate.staleness_threshold)
+        within = (staleness >= 0) & (staleness <= self.gate.max_staleness)
         assert bool(within.all()), (staleness, param_version)
         metrics = tag_staleness(batch, staleness, {
             "rollout_param_version": oldest.clone(),

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 
 from hybridflow.trainer.command import main as run_command
 from hybridflow.trainer.main_ppo import ppo_command
-from hybridflow.trainer.off_policy.checks import check_fully_async, single_turn_batch_generation
+from hybridflow.trainer.off_policy.checks import check_fully_async, verl_fully_async_keys
 
 COMMAND = ppo_command(
     "hybridflow train-fully-async",
     "Fully async PPO/GRPO on split pools: a rollouter streams samples to the trainer under a staleness bound "
     "(async_training.*; partial_rollout pauses generations across a weight sync).",
     check_fully_async, "hybridflow.trainer.off_policy.fully_async_policy:FullyAsyncTrainer",
-    prepare=single_turn_batch_generation,
+    prepare=verl_fully_async_keys,
 )
 
 

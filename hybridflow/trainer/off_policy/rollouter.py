@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +44,12 @@ class VersionGate:
     `cond` guards every field; `rollout_lock` serializes the calls to the rollout pool (a chunk, a weight sync,
     validation each hold it for their whole call)."""
 
-    def __init__(self, staleness_threshold: int, sync_every: int) -> None:
+    def __init__(self, staleness_threshold: float, sync_every: int) -> None:
         self.staleness_threshold, self.sync_every = staleness_threshold, sync_every
+        # Batches the rollouter may draw past the last sync: verl's (1 + staleness) x sync window, in whole batches.
+        self.lead = max(int(math.floor((1 + staleness_threshold) * sync_every + 1e-9)), sync_every)
+        # What a sample may then lag behind the weights it is trained with, in syncs.
+        self.max_staleness = -(-self.lead // sync_every) - 1
         self.cond = threading.Condition()
         self.rollout_lock = threading.Lock()
         self.param_version = 0  # syncs made in this run (written under both locks)
@@ -55,9 +60,10 @@ class VersionGate:
         self.stop = threading.Event()
 
     def is_open(self, step: int) -> bool:
-        """Whether the batch of `step` may be drawn: trained on, it will be at most staleness_threshold stale."""
-        needed = syncs_before(step, self.start_step, self.sync_every) - self.staleness_threshold
-        return self.param_version >= needed
+        """Whether the batch of `step` may be drawn: it is at most `lead` batches past the steps whose weights the
+        rollout holds (the last sync's), so trained on, it is at most `max_staleness` syncs stale."""
+        synced_through = self.sync_every * (self.start_step // self.sync_every + self.param_version)
+        return step <= synced_through + self.lead
 
     def sync(self, run_sync: Callable[[], int | None]) -> None:
         """Announce a sync (the rollouter pauses before its next chunk), run it under the rollout lock, and open

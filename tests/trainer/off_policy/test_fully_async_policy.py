@@ -100,6 +100,24 @@ def test_a_rollouter_error_ends_the_step():
     assert isinstance(info.value.__cause__, ConnectionError)
 
 
+def test_a_fractional_threshold_leads_by_whole_batches():
+    """verl's bound, (1 + staleness) x sync window, in whole steps' batches; the staleness it allows."""
+    from hybridflow.trainer.off_policy.rollouter import VersionGate
+
+    assert [(g.lead, g.max_staleness) for g in (VersionGate(0.1, 4), VersionGate(0.5, 4), VersionGate(1, 4),
+                                               VersionGate(0.5, 1), VersionGate(0, 2))] == [
+        (4, 0), (6, 1), (8, 1), (1, 0), (2, 0)]
+    gate = VersionGate(0.5, 4)
+    assert [step for step in range(1, 12) if gate.is_open(step)] == [1, 2, 3, 4, 5, 6]  # before the first sync
+    gate.param_version = 1  # synced after step 4
+    assert max(step for step in range(1, 20) if gate.is_open(step)) == 10
+    # whole thresholds keep the old rule: syncs_before(step) - param_version <= threshold
+    whole = VersionGate(1, 2)
+    for version in range(3):
+        whole.param_version = version
+        assert all(whole.is_open(step) == (syncs_before(step, 0, 2) - version <= 1) for step in range(1, 12))
+
+
 def test_syncs_before():
     # sync every 2 steps from the start: steps 1-2 see 0 syncs, 3-4 one, 5 two
     assert [syncs_before(step, 0, 2) for step in range(1, 6)] == [0, 0, 1, 1, 2]
@@ -128,7 +146,7 @@ def test_what_the_fully_async_trainer_needs_is_checked(train_file, extra, words)
 
 @pytest.mark.parametrize(("extra", "words"), [
     (("async_training.partial_rollout_chunk_tokens=-4",), ["async_training.partial_rollout_chunk_tokens=-4", "> 0"]),
-    (("async_training.staleness_threshold=0.5",), ["async_training.staleness_threshold=0.5", "whole number"]),
+    (("async_training.require_batches=0",), ["async_training.require_batches=0", "> 0"]),
     (("async_training.staleness_threshold=-1",), ["async_training.staleness_threshold=-1"]),
     (("async_training.trigger_parameter_sync_step=0",), ["async_training.trigger_parameter_sync_step=0"]),
 ])
@@ -137,6 +155,25 @@ def test_async_training_values_are_checked(train_file, extra, words):  # noqa: F
         load_config(grpo_overrides(train_file, *SPLIT, *extra))
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+def test_verl_s_fully_async_line_maps_onto_steps(train_file, capsys):  # noqa: F811
+    """verl's tests/special_e2e/run_fully_async_policy.sh keys: train_batch_size=0 and require_batches size a step,
+    gen_batch_size (verl's streaming unit) is dropped, rollout.total_rollout_steps / test_freq become trainer keys."""
+    verl_keys = ("data.train_batch_size=0", "data.gen_batch_size=1", "async_training.require_batches=2",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=4", "rollout.total_rollout_steps=40", "rollout.test_freq=3",
+                 "rollout.total_epochs=5", "async_training.staleness_threshold=0.5",
+                 "async_training.trigger_parameter_sync_step=2", "actor_rollout_ref.rollout.mode=async")
+    assert fully_async_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, *verl_keys)]) == 0
+    out = capsys.readouterr().out
+    for line in ("train_batch_size: 8", "gen_batch_size: null", "total_training_steps: 5", "test_freq: 6",
+                 "total_epochs: 5", "staleness_threshold: 0.5", "require_batches: 2"):
+        assert line in out, line
+    assert fully_async_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, "data.train_batch_size=16",
+                                                          "async_training.require_batches=2")]) == 2
+    assert "data.train_batch_size=16 but async_training.require_batches=2" in capsys.readouterr().err
+    assert train_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, "rollout.total_rollout_steps=40")]) == 2
+    assert "rollout.total_rollout_steps=40 is verl's fully async rollouter's key" in capsys.readouterr().err
 
 
 def test_cli_checks_before_ray(train_file, capsys):  # noqa: F811
