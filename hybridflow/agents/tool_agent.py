@@ -152,6 +152,11 @@ class ToolAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------ interaction and clean-up
     async def _start_interaction(self, interaction_kwargs: dict[str, Any]) -> tuple[Any, str | None]:
         name = interaction_kwargs.get("name")
+        if name is None and self.context.interactions:
+            raise ValueError(  # as verl's loop; the config check refuses such rows before Ray starts
+                "interactions are configured (actor_rollout_ref.rollout.multi_turn.interaction_config_path) but the "
+                "row's extra_info.interaction_kwargs names none ('name')"
+            )
         if name is None:
             return None, None
         interaction = self.context.interactions.get(name)

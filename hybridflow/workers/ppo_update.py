@@ -184,6 +184,12 @@ def make_critic_loss_fn(
     return loss_fn
 
 
+SUMMED_METRICS = frozenset({"actor/pg_loss", "critic/vf_loss"})
+"""Loss metrics that are each micro-batch's share of the mini-batch's loss (the losses are normalised by the
+mini-batch's global counts): the engine sums them over micro-batches, so they do not change with the micro-batch
+size (verl sums its pg_loss the same way)."""
+
+
 def iterate_mini_batches(data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int):
     """This rank's mini-batches for `epochs` passes (seeded shuffle between passes when asked)."""
     size = min(mini_batch_size, len(data))
@@ -215,6 +221,7 @@ def run_update(
             temperature=temperature,
             calculate_entropy=calculate_entropy,
             scale_by_rows=False,
+            summed_metrics=SUMMED_METRICS,
         )
         for key, value in step.items():
             # The engine's own keys (`grad_norm`) and an MoE's router metrics (`moe/...`) belong to the updated

@@ -724,3 +724,17 @@ def test_tools_interactions_and_agent_rows_run_in_agent_loops_or_are_refused(fil
         validate_config(load_config([*line[1:], f"data.train_files={agent_rows}"]))
     single = write_rows(tmp_path / "single.parquet", ["gsm8k"] * 1024, agent_name=["single_turn_agent"] * 1024)
     validate_config(load_config([*line[1:], f"data.train_files={single}"]))
+
+
+def test_an_interaction_config_needs_rows_that_name_their_interaction(files, tmp_path):
+    """verl's tool agent requires extra_info.interaction_kwargs.name when interactions are configured; a row without
+    it would run as a plain single turn, so it is refused before Ray (verl's interaction doc line on plain data)."""
+    config = tmp_path / "interactions.yaml"
+    config.write_text("interaction:\n  - name: answer_feedback\n")
+    line = [f"actor_rollout_ref.model.path={files['model']}", "data.return_raw_chat=True",
+            "actor_rollout_ref.rollout.multi_turn.enable=True", f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={config}"]
+    with pytest.raises(ValueError, match=r"train.parquet' row 0: .*interaction_kwargs names no interaction"):
+        validate_config(load_config([*line, f"data.train_files={files['train']}"]))
+    named = write_rows(tmp_path / "named.parquet", ["gsm8k"] * 1024,
+                       extra_info=[{"interaction_kwargs": {"name": "answer_feedback", "ground_truth": "4"}}] * 1024)
+    validate_config(load_config([*line, f"data.train_files={named}"]))

@@ -27,11 +27,12 @@ def model_dir(tmp_path_factory):
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", num_layers=2, hidden=64, seed=0))
 
 
-def worker(model_dir: str, ppo_mini_batch_size: int = BATCH) -> LocalWorkerGroup:
+def worker(model_dir: str, ppo_mini_batch_size: int = BATCH, micro_batch_size: int = 2) -> LocalWorkerGroup:
     config = ActorRolloutRefConfig(
         model=ModelConfig(path=model_dir),
         actor=ActorConfig(
-            ppo_mini_batch_size=ppo_mini_batch_size, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2)
+            ppo_mini_batch_size=ppo_mini_batch_size, ppo_micro_batch_size_per_gpu=micro_batch_size,
+            optim=OptimConfig(lr=1e-2)
         ),
         rollout=RolloutConfig(name="native", temperature=0.9, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN),
     )
@@ -84,6 +85,21 @@ def test_the_first_update_is_the_same_from_every_source(model_dir):
     assert abs(b["training/rollout_probs_diff_mean"] - expected["training/rollout_probs_diff_mean"]) < 1e-6
     for name, value in full.workers[0].actor_engine.named_full_params():
         assert torch.allclose(value, dict(on_policy.workers[0].actor_engine.named_full_params())[name], atol=1e-5), name
+
+
+def test_the_logged_policy_loss_does_not_depend_on_the_micro_batch_size(model_dir):
+    """Each micro-batch's pg_loss is its share of the mini-batch's (normalised by the mini-batch's tokens): the
+    logged value is their sum, the mini-batch's loss, whatever the micro-batch size (it used to be their mean)."""
+    metrics = {}
+    for micro in (1, 4):
+        group = worker(model_dir, micro_batch_size=micro)
+        batch = rollout(group)
+        batch.batch["old_log_probs"] = group.compute_log_prob(batch).batch["old_log_probs"]
+        batch.batch["advantages"] = batch.batch["advantages"] + 0.5  # a mean that is not 0: a loss that is not 0
+        metrics[micro] = update(group, batch)
+    assert metrics[1]["actor/pg_loss"] == pytest.approx(metrics[4]["actor/pg_loss"], abs=1e-6)
+    assert metrics[1]["actor/pg_loss"] == pytest.approx(metrics[1]["actor/loss"], abs=1e-6)  # no entropy or KL term
+    assert abs(metrics[1]["actor/pg_loss"]) > 1e-3
 
 
 def test_an_off_policy_update_without_old_log_probs_is_refused(model_dir):

@@ -7,7 +7,7 @@ The engine works on `DataProto`s (the worker boundary's type). A caller may hand
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -120,16 +120,20 @@ def partition_units(units: list[list[int]], tokens: list[int], count: int) -> li
     return [sorted(row for unit in part for row in units[unit]) for part in partition_by_tokens(tokens, count)]
 
 
-def reduce_metrics(collected: Mapping[str, Sequence[float | torch.Tensor]]) -> dict[str, float]:
-    """The mean of each metric's values (floats or 0-dim tensors, one per micro-batch). Tensor metrics are averaged
-    on their device and reach the host in one transfer for all keys (one synchronisation per step)."""
+def reduce_metrics(collected: Mapping[str, Sequence[float | torch.Tensor]],
+                   summed: Collection[str] = ()) -> dict[str, float]:
+    """The mean of each metric's values (floats or 0-dim tensors, one per micro-batch), or the sum for the keys in
+    `summed` (each micro-batch's share of a step-level quantity, such as a loss normalised by the step's global
+    token count). Tensor metrics are reduced on their device and reach the host in one transfer for all keys (one
+    synchronisation per step)."""
     result: dict[str, float] = {}
     on_device: dict[str, torch.Tensor] = {}
     for key, values in collected.items():
         if values and all(isinstance(value, torch.Tensor) for value in values):
-            on_device[key] = torch.stack([value.detach().float().reshape(()) for value in values]).mean()
+            stacked = torch.stack([value.detach().float().reshape(()) for value in values])
+            on_device[key] = stacked.sum() if key in summed else stacked.mean()
         elif values:
-            result[key] = sum(float(value) for value in values) / len(values)
+            result[key] = sum(float(value) for value in values) / (1 if key in summed else len(values))
     if on_device:
         devices = {value.device for value in on_device.values()}
         means = torch.stack([value.to(next(iter(devices))) for value in on_device.values()]).cpu().tolist()

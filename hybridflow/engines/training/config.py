@@ -130,10 +130,10 @@ class FSDPConfig:
     by all-to-all). The ranks of an EP group still take different data; FSDP2 shards each rank's experts over the
     world / ep ranks that hold the same ones. Needs a model whose experts it divides (transformers' EP plan)."""
     fsdp_size: int = -1
-    """Ranks per FSDP sharding group (-1: all ranks). A divisor k of the ranks gives hybrid sharding (HSDP, verl's
-    key): each group of k consecutive ranks shards the weights, the world / k groups are replicas of each other,
-    and gradients are reduce-scattered in a group, then all-reduced over the replicas. Not with tensor or expert
-    parallelism."""
+    """Ranks per FSDP sharding group (-1, or the ranks or more: all ranks, as verl reads it). A smaller divisor k of
+    the ranks gives hybrid sharding (HSDP, verl's key): each group of k consecutive ranks shards the weights, the
+    world / k groups are replicas of each other, and gradients are reduce-scattered in a group, then all-reduced over
+    the replicas. Not with tensor or expert parallelism."""
     offload_policy: bool = unsupported(False, "use param_offload, which applies FSDP2's CPUOffloadPolicy")
     """FSDP2 CPU offload of parameters, gradients and optimizer state."""
     mixed_precision: dict[str, str] = field(default_factory=dict)
@@ -389,7 +389,7 @@ class ParallelLayout:
                 f"{self.world_size} ranks cannot form groups of tensor_parallel_size x ulysses_sequence_parallel_size "
                 f"= {self.tp * self.sp}; the number of ranks must be a multiple of it"
             )
-        if self.fsdp_size != -1 and (self.fsdp_size < 1 or self.world_size % self.fsdp_size):
+        if self.fsdp_size != -1 and (self.fsdp_size < 1 or (self.hybrid_shards and self.world_size % self.fsdp_size)):
             raise ValueError(
                 f"fsdp_size={self.fsdp_size} does not divide the {self.world_size} ranks into sharding groups; use a "
                 "divisor of the ranks, or -1 (one group of all ranks)"
@@ -397,8 +397,9 @@ class ParallelLayout:
 
     @property
     def hybrid_shards(self) -> bool:
-        """Whether FSDP2 shards in groups of fsdp_size ranks replicated over the rest (HSDP)."""
-        return self.fsdp_size not in (-1, self.world_size)
+        """Whether FSDP2 shards in groups of fsdp_size ranks replicated over the rest (HSDP). An fsdp_size of all the
+        ranks or more is one group of all of them, as in verl (a line written for 8 GPUs runs on fewer)."""
+        return self.fsdp_size != -1 and self.fsdp_size < self.world_size
 
     @property
     def group_size(self) -> int:

@@ -287,6 +287,7 @@ class FSDPEngine:
         temperature: float = 1.0,
         calculate_entropy: bool = False,
         scale_by_rows: bool = True,
+        summed_metrics: Collection[str] = (),
     ) -> dict[str, float]:
         """One optimizer step on `batch`, with gradient accumulation over micro-batches.
 
@@ -305,6 +306,9 @@ class FSDPEngine:
             calculate_entropy: also compute `outputs['entropy']`.
             scale_by_rows: weight each micro-batch loss by its share of rows (see `loss_fn`). False backpropagates
                 the losses as returned: for losses already normalised by global token/sequence counts.
+            summed_metrics: `loss_fn` metrics that are each micro-batch's share of the step's value (a loss
+                normalised by global counts): summed over the micro-batches, not averaged, so the logged value does
+                not depend on how the batch was cut.
 
         Returns:
             `loss` (weighted over micro-batches), `grad_norm` (before clipping), `lr` (used by this step),
@@ -342,7 +346,7 @@ class FSDPEngine:
                 collected[key].append(value)
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm, stepped = self._clip_and_step()
-        result = reduce_metrics({**collected, "loss": [total_loss]})
+        result = reduce_metrics({**collected, "loss": [total_loss]}, summed_metrics)
         result.update(grad_norm=grad_norm, lr=lr, num_skipped_steps=0 if stepped else 1)
         return result
 

@@ -37,13 +37,17 @@ def check_rows(cfg: PPOConfig) -> None:
             if cfg.data.custom_cls.path is None and cfg.data.prompt_key not in columns:
                 raise ValueError(f"{name} entry {path!r} has no {cfg.data.prompt_key!r} column (data.prompt_key); "
                                  f"columns: {columns}")
-            table = parquet.read(columns=[c for c in (key, "agent_name") if c in columns])
+            interactions = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path is not None
+            wanted = (key, "agent_name", *(("extra_info",) if interactions else ()))
+            table = parquet.read(columns=[c for c in wanted if c in columns])
             num_train_rows += table.num_rows if name == "data.train_files" else 0
             if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
                 _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
             if "agent_name" in columns:
                 _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path,
                                    cfg.actor_rollout_ref.rollout.mode)
+            if interactions:
+                _check_interaction_rows(cfg, table, f"{name} entry {path!r}")
     _check_steps(cfg, num_train_rows)
 
 
@@ -79,6 +83,24 @@ def _check_scorers(data_sources: list[str], where: str) -> None:
             f"{where}: no reward scorer for data_source {missing}; register one in hybridflow.rewards.score.SCORERS "
             "or set custom_reward_function.path"
         )
+
+
+def _check_interaction_rows(cfg: PPOConfig, table, where: str) -> None:
+    """With an interaction config, every row the tool agent runs names its interaction
+    (extra_info.interaction_kwargs.name), as verl requires: without one the row would run as a plain single turn."""
+    rollout = cfg.actor_rollout_ref.rollout
+    default = "tool_agent" if rollout.multi_turn.enable else rollout.agent.default_agent_loop
+    names = table.column("agent_name").to_pylist() if "agent_name" in table.column_names else [None] * table.num_rows
+    infos = table.column("extra_info").to_pylist() if "extra_info" in table.column_names else [None] * table.num_rows
+    for index, (agent, info) in enumerate(zip(names, infos)):
+        kwargs = (info or {}).get("interaction_kwargs") or {}
+        if (agent or default) == "tool_agent" and not kwargs.get("name"):
+            raise ValueError(
+                f"{where} row {index}: actor_rollout_ref.rollout.multi_turn.interaction_config_path is set, but the "
+                "row's extra_info.interaction_kwargs names no interaction ('name'), which verl requires; without it "
+                "the row would run without its interaction. Add it (verl's gsm8k multi-turn preprocessing writes "
+                "one) or drop interaction_config_path"
+            )
 
 
 def _check_agent_names(names: list[str], path: str, mode: str) -> None:

@@ -72,6 +72,8 @@ def test_hybrid_sharding_steps_like_fsdp_over_all_ranks(tiny_llama_dir, tmp_path
 
 def test_sharding_groups_must_divide_the_ranks_and_stay_off_tp_and_ep():
     assert ParallelLayout(8, fsdp_size=4).hybrid_shards and not ParallelLayout(8, fsdp_size=8).hybrid_shards
+    # verl reads fsdp_size >= the ranks as one group of all of them (a line written for more GPUs runs on fewer)
+    assert not ParallelLayout(2, fsdp_size=8).hybrid_shards and not ParallelLayout(1, fsdp_size=3).hybrid_shards
     with pytest.raises(ValueError, match=r"fsdp_size=3 does not divide the 8 ranks"):
         ParallelLayout(8, fsdp_size=3)
     with pytest.raises(ValueError, match=r"fsdp_size=2 with tensor_parallel_size=2: hybrid sharding groups with"):
