@@ -18,7 +18,7 @@ from hybridflow.trainer.config import PPO_TREE, validate_config
 
 def check_async_training_unused(cfg, command: str) -> None:
     """`async_training.*` is read only by `hybridflow train-fully-async`: other commands refuse a changed value."""
-    from hybridflow.trainer.config.schema import AsyncTrainingConfig
+    from hybridflow.trainer.config.async_schema import AsyncTrainingConfig
 
     if cfg.async_training != AsyncTrainingConfig():
         raise ValueError(

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridflow.trainer.config.schema import PPOConfig, RolloutPoolConfig
+from hybridflow.trainer.config.async_schema import RolloutPoolConfig
+from hybridflow.trainer.config.schema import PPOConfig
 
 if TYPE_CHECKING:  # the Ray controller imports torch: the config checks here must not wait for it
     from hybridflow.single_controller.ray.resource_pool_manager import ResourcePoolManager
