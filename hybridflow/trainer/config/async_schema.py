@@ -22,7 +22,8 @@ class RolloutPoolConfig:
     """Rollout processes per node: accelerators per node on GPU hosts, CPU workers on CPU hosts (used with
     actor_rollout_ref.hybrid_engine=False)."""
     total_rollout_steps: Optional[int] = None
-    """verl's fully async rollouter: generation batches (of data.gen_batch_size prompts) to generate in all.
+    """verl's fully async rollouter: rollout steps to generate in all, each data.gen_batch_size prompts (one prompt
+    when unset, as verl's fully async config sets it).
     `hybridflow train-fully-async` turns it into trainer.total_training_steps (those prompts over
     data.train_batch_size per step); other trainers refuse it."""
     total_epochs: Optional[int] = None

@@ -59,10 +59,11 @@ def verl_fully_async_keys(raw: Any) -> None:
     if pool.total_epochs is not None:
         raw.trainer.total_epochs, pool.total_epochs = pool.total_epochs, None
     if pool.total_rollout_steps is not None:
-        steps = pool.total_rollout_steps * (gen_batch or prompts) // prompts
+        per_step = gen_batch or 1  # verl's fully async config streams one prompt a rollout step by default
+        steps = pool.total_rollout_steps * per_step // prompts
         if steps < 1:
-            raise ValueError(f"rollout.total_rollout_steps={pool.total_rollout_steps} generation batches of "
-                             f"{gen_batch or prompts} prompts make no trainer step of {prompts} prompts; raise it")
+            raise ValueError(f"rollout.total_rollout_steps={pool.total_rollout_steps} rollout steps of {per_step} "
+                             f"prompts make no trainer step of {prompts} prompts; raise it")
         given = select("trainer.total_training_steps")
         raw.trainer.total_training_steps = steps if given is None else min(steps, given)
         pool.total_rollout_steps = None

@@ -169,6 +169,9 @@ def test_verl_s_fully_async_line_maps_onto_steps(train_file, capsys):  # noqa: F
     for line in ("train_batch_size: 8", "gen_batch_size: null", "total_training_steps: 5", "test_freq: 6",
                  "total_epochs: 5", "staleness_threshold: 0.5", "require_batches: 2"):
         assert line in out, line
+    # verl's docs: total_rollout_steps counts prompts (one a rollout step, its config's gen_batch_size: 1)
+    assert fully_async_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, "rollout.total_rollout_steps=24")]) == 0
+    assert "total_training_steps: 3" in capsys.readouterr().out  # 24 prompts over steps of data.train_batch_size=8
     assert fully_async_main(["--dry-run", *grpo_overrides(train_file, *SPLIT, "data.train_batch_size=16",
                                                           "async_training.require_batches=2")]) == 2
     assert "data.train_batch_size=16 but async_training.require_batches=2" in capsys.readouterr().err
