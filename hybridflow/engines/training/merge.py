@@ -194,7 +194,7 @@ def merge_checkpoint(
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    logger.info("wrote %s (%d tensors%s)", target, len(state_dict), ", LoRA merged" if scaling else "")
+    logger.info("wrote %s (from %d checkpoint tensors%s)", target, len(state_dict), ", LoRA merged" if scaling else "")
     return target
 
 
