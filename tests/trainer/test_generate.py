@@ -121,3 +121,26 @@ def test_rows_that_are_not_chats_are_refused_naming_the_row(prompts, tmp_path):
     args = [arg if not arg.startswith("data.path=") else f"data.path={bad}" for arg in line(prompts, tmp_path / "o.parquet")]
     with nothing_started(), pytest.raises(ValueError, match=r"bad.parquet row 1: column 'prompt' must hold chat messages"):
         validate_generation_config(load_config(args, GENERATION_TREE))
+
+
+def test_verl_s_generation_server_line_writes_rollout_n_responses_per_row(prompts, tmp_path, capsys):
+    """verl's tests/special_e2e/generation/run_gen_qwen05_server.sh (main_generation_server: PPO keys, samples as
+    actor_rollout_ref.rollout.n), on this machine's model, data and sizes."""
+    from hybridflow.trainer.main_generation_server import main as server_main
+
+    output = tmp_path / "server" / "out.parquet"
+    line = ["trainer.nnodes=1", "trainer.n_gpus_per_node=1", f"actor_rollout_ref.model.path={prompts / 'tiny'}",
+            "actor_rollout_ref.model.trust_remote_code=True", "actor_rollout_ref.rollout.temperature=1.0",
+            "actor_rollout_ref.rollout.top_k=50", "actor_rollout_ref.rollout.top_p=0.7",
+            "actor_rollout_ref.rollout.prompt_length=64", "actor_rollout_ref.rollout.response_length=6",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.9",
+            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=3",
+            f"data.train_files={prompts / 'test.parquet'}", "data.prompt_key=prompt", f"+data.output_path={output}"]
+    assert server_main(["--dry-run", *line]) == 0
+    assert "responses per prompt (data.n_samples)          3" in capsys.readouterr().out
+    assert server_main([*line, "actor_rollout_ref.rollout.temperature=0"]) == 2
+    assert "actor_rollout_ref.rollout.n=3 with greedy decoding" in capsys.readouterr().err  # named as written
+    assert server_main([*line, "trainer.local_mode=true"]) == 0
+    frame = pd.read_parquet(output)
+    assert len(frame) == 5 and all(len(responses) == 3 for responses in frame["responses"])
+

@@ -16,6 +16,7 @@ VERL_MODULES = {
     "hybridflow.trainer.sft_trainer_ray": "hybridflow.trainer.sft_trainer",
     "hybridflow.trainer.main_generation": "hybridflow.trainer.main_generation",
     "hybridflow.trainer.main_eval": "hybridflow.trainer.main_eval",
+    "hybridflow.trainer.main_generation_server": "hybridflow.trainer.main_generation_server",
     "hybridflow.model_merger": "hybridflow.engines.training.merge",
     "hybridflow.experimental.one_step_off_policy.main_ppo": "hybridflow.trainer.off_policy.main_one_step_off",
     "hybridflow.experimental.one_step_off_policy.async_main_ppo": "hybridflow.trainer.off_policy.main_one_step_off",

@@ -152,6 +152,16 @@ SFT_ENGINE_TREE = ConfigTree(
 
 
 GENERATION_TREE = ConfigTree(GenerationConfig, "generation", "generation_schema", renamed={"ray_init": "ray_kwargs.ray_init"})
+GENERATION_SERVER_TREE = ConfigTree(
+    GenerationConfig,
+    "generation",
+    "generation_schema",
+    aliases={"actor_rollout_ref.rollout.n": "data.n_samples", "data.train_files": "data.path"},
+    section_aliases={"actor_rollout_ref.rollout": "rollout", "actor_rollout_ref.model": "model"},
+    renamed={"ray_init": "ray_kwargs.ray_init"},
+)
+"""verl's `main_generation_server` line (its PPO keys: actor_rollout_ref.model/rollout.*, data.train_files, the
+samples as actor_rollout_ref.rollout.n) onto `hybridflow generate`'s config."""
 EVALUATION_TREE = ConfigTree(EvaluationConfig, "evaluation", "evaluation_schema")
 
 
