@@ -127,8 +127,11 @@ def prefetch_next_layers(layers: list[nn.Module]) -> None:
 
 def enable_activation_checkpointing(module: nn.Module) -> None:
     """Non-reentrant activation checkpointing of every decoder layer, under either name transformers has given
-    the switch (`activation_checkpointing_enable` in 5.23; only `gradient_checkpointing_enable` in 5.17)."""
-    kwargs = {"use_reentrant": False}
+    the switch (`activation_checkpointing_enable` in 5.23; only `gradient_checkpointing_enable` in 5.17). A layer's
+    recomputation in backward runs under the Ulysses context of its forward (`ulysses.checkpoint_context_fn`)."""
+    from hybridflow.engines.training.ulysses import checkpoint_context_fn
+
+    kwargs = {"use_reentrant": False, "context_fn": checkpoint_context_fn}
     if hasattr(module, "activation_checkpointing_enable"):
         module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -139,6 +139,23 @@ def ulysses_context(group: dist.ProcessGroup, full_position_ids: torch.Tensor) -
         _ACTIVE = previous
 
 
+def checkpoint_context_fn() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """torch.utils.checkpoint's `context_fn` (non-reentrant): the recomputation of a checkpointed layer, which runs in
+    backward after `ulysses_context` has exited, attends under the context of the forward it repeats."""
+    return contextlib.nullcontext(), _restored(_ACTIVE)
+
+
+@contextlib.contextmanager
+def _restored(state: _Active | None) -> Iterator[None]:
+    global _ACTIVE
+    previous = _ACTIVE
+    _ACTIVE = state
+    try:
+        yield
+    finally:
+        _ACTIVE = previous
+
+
 def local_slice(total: int, group: dist.ProcessGroup) -> slice:
     """This rank's slice of a packed row of `total` tokens (a multiple of the group size)."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)

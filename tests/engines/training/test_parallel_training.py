@@ -34,6 +34,10 @@ LAYOUTS = {
         dataclasses.replace(BASE, fsdp=FSDPConfig(tensor_parallel_size=2), share_prompts=True), "same"
     ),
     "sp2_packed": (dataclasses.replace(PACKED, ulysses_sequence_parallel_size=2), "same"),
+    # a checkpointed layer's recomputation in backward attends under its forward's Ulysses context
+    "sp2_packed_checkpointed": (dataclasses.replace(
+        PACKED, ulysses_sequence_parallel_size=2,
+        model=ModelConfig(use_remove_padding=True, enable_gradient_checkpointing=True)), "same"),
 }
 """layout -> (engine config, how the ranks get data: `split` halves the batch, `same` gives both ranks all of it)."""
 
