@@ -11,6 +11,7 @@ dict, `{'test_score/<data_source>': mean}`, each row's mean score averaged over 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -18,13 +19,13 @@ from typing import Any
 
 from hybridflow.data.config import expand_path
 from hybridflow.data.new_parquet import write_new_parquet
-from hybridflow.rewards.manager.base import DecodedBatch, ScoredBatch, check_error_fraction
+from hybridflow.rewards.manager.base import DecodedBatch, ScoredBatch, check_error_fraction, sample_accuracy
 from hybridflow.rewards.manager.naive import score_each
 from hybridflow.rewards.pool import ScorerPool
 from hybridflow.trainer.config.evaluation_checks import ScoredRows
 from hybridflow.trainer.config.evaluation_schema import EvaluationConfig
 
-__all__ = ["SourceReport", "format_report", "report_by_source", "run_evaluation"]
+__all__ = ["format_report", "report_by_source", "row_spans", "run_evaluation"]
 
 logger = logging.getLogger(__name__)
 Z95 = 1.959964
@@ -36,26 +37,24 @@ def report_by_source(rows: ScoredRows, scored: ScoredBatch) -> dict[str, dict[st
     a correct response), and failed scorer calls (`errors`, `timeouts`). `scored` holds the responses flattened
     row by row."""
     report: dict[str, dict[str, Any]] = {}
-    position = 0
-    for source, responses in zip(rows.data_sources, rows.responses):
-        span = range(position, position + len(responses))
-        position += len(responses)
-        scores = [scored.scores[i] for i in span]
-        correct = [_accuracy(scored.scores[i], scored.details[i]) for i in span]
+    for source, span in zip(rows.data_sources, row_spans(rows)):
+        scores = scored.scores[span]
+        correct = [sample_accuracy(score, detail) for score, detail in zip(scores, scored.details[span])]
         entry = report.setdefault(source, {"row_scores": [], "row_accs": [], "passed": 0, "responses": 0,
                                            "errors": 0, "timeouts": 0})
         entry["row_scores"].append(sum(scores) / len(scores))
         entry["row_accs"].append(sum(correct) / len(correct))
         entry["passed"] += int(max(correct) >= 1.0)
-        entry["responses"] += len(responses)
-        entry["errors"] += sum(scored.errored[i] for i in span)
-        entry["timeouts"] += sum(scored.timed_out[i] for i in span)
+        entry["responses"] += len(scores)
+        entry["errors"] += sum(scored.errored[span])
+        entry["timeouts"] += sum(scored.timed_out[span])
     return {source: _summary(entry) for source, entry in sorted(report.items())}
 
 
-def _accuracy(score: float, detail: dict[str, Any]) -> float:
-    acc = detail.get("acc")
-    return float(acc) if isinstance(acc, (int, float)) else float(score >= 1.0)
+def row_spans(rows: ScoredRows) -> list[slice]:
+    """Each row's responses in the flattened, row-by-row order that scoring uses (`_flatten`)."""
+    ends = list(itertools.accumulate(len(responses) for responses in rows.responses))
+    return [slice(end - len(responses), end) for end, responses in zip(ends, rows.responses)]
 
 
 def _summary(entry: dict[str, Any]) -> dict[str, float]:
@@ -148,14 +147,12 @@ def run_evaluation(cfg: EvaluationConfig, rows: ScoredRows) -> dict[str, float]:
 def _log_examples(rows: ScoredRows, scored: ScoredBatch) -> None:
     """The first response of each data source's first row, at INFO."""
     shown: set[str] = set()
-    position = 0
-    for index, (source, responses) in enumerate(zip(rows.data_sources, rows.responses)):
+    for index, (source, span) in enumerate(zip(rows.data_sources, row_spans(rows))):
         if source not in shown:
             shown.add(source)
             prompt = rows.prompts[index] if rows.prompts is not None else None
             logger.info("[%s] [prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s", source, prompt,
-                        responses[0], rows.ground_truths[index], scored.scores[position])
-        position += len(responses)
+                        rows.responses[index][0], rows.ground_truths[index], scored.scores[span.start])
 
 
 def _write_scores(cfg: EvaluationConfig, rows: ScoredRows, scored: ScoredBatch) -> None:
@@ -163,10 +160,6 @@ def _write_scores(cfg: EvaluationConfig, rows: ScoredRows, scored: ScoredBatch) 
     import pandas as pd
 
     frame = pd.read_parquet(expand_path(cfg.data.path))
-    scores, position = [], 0
-    for responses in rows.responses:
-        scores.append(scored.scores[position:position + len(responses)])
-        position += len(responses)
-    frame["scores"] = scores
+    frame["scores"] = [scored.scores[span] for span in row_spans(rows)]
     target = write_new_parquet(frame, cfg.data.output_path, "data.output_path")
     logger.info("wrote %d rows with their scores to %s", len(frame), target)

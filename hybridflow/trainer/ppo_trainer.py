@@ -94,8 +94,10 @@ class RayPPOTrainer:
         # Agent loops read every row field of the prompts they are sent.
         self.pass_rows = config.actor_rollout_ref.rollout.mode == "async"
         rollout, run = config.actor_rollout_ref.rollout, config.trainer
-        self.replay = RolloutReplay(rollout.skip_dump_dir, replay_name(
-            run.project_name, run.experiment_name, config.data.train_batch_size, rollout.n)) if rollout.skip_rollout else None
+        self.replay = None  # rollout.skip_rollout's dump of the first training generation
+        if rollout.skip_rollout:
+            name = replay_name(run.project_name, run.experiment_name, config.data.train_batch_size, rollout.n)
+            self.replay = RolloutReplay(rollout.skip_dump_dir, name)
 
     def init_workers(self) -> None:
         """Start the worker processes and load the models (before the first step)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from hybridflow.data.config import expand_path
 from hybridflow.protocol import DataProto
@@ -42,8 +41,3 @@ class RolloutReplay:
         batch.save_to_disk(self.path)  # staged and renamed: a dump is whole or absent
         logger.info("rollout.skip_rollout: dumped this step's generation to %s", self.path)
         return batch, {**metrics, "rollout_skip/replayed": 0.0}
-
-    @property
-    def dump_path(self) -> Path:
-        """Where the dump is (or will be)."""
-        return self.path

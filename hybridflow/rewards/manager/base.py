@@ -23,7 +23,7 @@ from hybridflow.rewards.manager_registry import REWARD_MANAGERS
 
 __all__ = ["REWARD_MANAGERS", "DecodedBatch", "RewardManager", "RewardResult", "ScoredBatch", "bind_scorers",
            "build_reward_result", "decode_batch", "get_reward_manager_cls", "log_examples", "precomputed_reward",
-           "unpack_outcomes"]
+           "sample_accuracy", "unpack_outcomes"]
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +181,12 @@ def check_error_fraction(decoded: DecodedBatch, scored: ScoredBatch, max_error_f
     )
 
 
+def sample_accuracy(score: float, detail: dict[str, Any]) -> float:
+    """A sample's accuracy: the scorer's 'acc' where its dict gives one, else 1.0 when the score reaches full marks."""
+    acc = detail.get("acc")
+    return float(acc) if isinstance(acc, numbers.Real) else float(score >= 1.0)
+
+
 def _fill_value(values: list[Any]) -> Any:
     present = [v for v in values if v is not None]
     return 0.0 if present and all(isinstance(v, numbers.Real) for v in present) else None
@@ -203,8 +209,7 @@ def build_reward_result(data: DataProto, decoded: DecodedBatch, scored: ScoredBa
     keys = sorted({key for detail in scored.details for key in detail} - {"score", "acc"})
     info: dict[str, list[Any]] = {
         "score": list(scored.scores),
-        "acc": [float(d["acc"]) if isinstance(d.get("acc"), numbers.Real) else float(s >= 1.0)
-                for s, d in zip(scored.scores, scored.details)],
+        "acc": [sample_accuracy(s, d) for s, d in zip(scored.scores, scored.details)],
     }
     for key in keys:
         column = [detail.get(key) for detail in scored.details]
