@@ -62,6 +62,11 @@ class DataFilesConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for tokenizer.apply_chat_template (e.g. {enable_thinking: false})."""
 
+    def named_files(self) -> list[tuple[str, str]]:
+        """(its key, path) of every data file, the training files first: ('data.train_files', 'a.parquet'), ..."""
+        return [*(("data.train_files", path) for path in self.train_files),
+                *(("data.val_files", path) for path in self.val_files)]
+
     def __post_init__(self) -> None:
         if self.val_files is None:
             object.__setattr__(self, "val_files", [])

@@ -7,14 +7,19 @@ from hybridflow.data.config import DataFilesConfig, expand_path
 from hybridflow.trainer.config.schema import PPOConfig
 
 
+def holds_values(parquet, column: str) -> bool:
+    """Whether the pyarrow ParquetFile `parquet` has `column` with a non-empty value in some row (reads that column
+    only)."""
+    return column in parquet.schema_arrow.names and any(parquet.read(columns=[column]).column(column).to_pylist())
+
+
 def check_data_files(data: DataFilesConfig) -> None:
     """Training files are given, and every training and validation file exists (`~` expanded)."""
     if not data.train_files:
         raise ValueError("data.train_files is empty; give parquet files, e.g. data.train_files=[data/train.parquet]")
-    for key, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
-        for path in paths:
-            if not expand_path(path).is_file():
-                raise ValueError(f"{key} entry {path!r} does not exist; hybridflow/data/preprocess/ writes parquet files")
+    for key, path in data.named_files():
+        if not expand_path(path).is_file():
+            raise ValueError(f"{key} entry {path!r} does not exist; hybridflow/data/preprocess/ writes parquet files")
 
 
 def check_rows(cfg: PPOConfig) -> None:
@@ -24,30 +29,29 @@ def check_rows(cfg: PPOConfig) -> None:
     import pyarrow.parquet as pq
 
     key = cfg.data.reward_fn_key
+    interactions = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path is not None
+    wanted = (key, "agent_name", *(("extra_info",) if interactions else ()))
     num_train_rows = 0
-    for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-        for path in paths:
-            try:  # ParquetFile, not read_table: the dataset reader would import pandas (0.3 s) for nothing
-                parquet = pq.ParquetFile(expand_path(path))
-            except (OSError, pa.ArrowException) as err:
-                raise ValueError(f"{name} entry {path!r} is not a readable parquet file: {err}") from None
-            columns = parquet.schema_arrow.names
-            if key not in columns:
-                raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
-            if cfg.data.custom_cls.path is None and cfg.data.prompt_key not in columns:
-                raise ValueError(f"{name} entry {path!r} has no {cfg.data.prompt_key!r} column (data.prompt_key); "
-                                 f"columns: {columns}")
-            interactions = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path is not None
-            wanted = (key, "agent_name", *(("extra_info",) if interactions else ()))
-            table = parquet.read(columns=[c for c in wanted if c in columns])
-            num_train_rows += table.num_rows if name == "data.train_files" else 0
-            if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
-                _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
-            if "agent_name" in columns:
-                _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path,
-                                   cfg.actor_rollout_ref.rollout.mode)
-            if interactions:
-                _check_interaction_rows(cfg, table, f"{name} entry {path!r}")
+    for name, path in cfg.data.named_files():
+        try:  # ParquetFile, not read_table: the dataset reader would import pandas (0.3 s) for nothing
+            parquet = pq.ParquetFile(expand_path(path))
+        except (OSError, pa.ArrowException) as err:
+            raise ValueError(f"{name} entry {path!r} is not a readable parquet file: {err}") from None
+        columns = parquet.schema_arrow.names
+        if key not in columns:
+            raise ValueError(f"{name} entry {path!r} has no {key!r} column (data.reward_fn_key); columns: {columns}")
+        if cfg.data.custom_cls.path is None and cfg.data.prompt_key not in columns:
+            raise ValueError(f"{name} entry {path!r} has no {cfg.data.prompt_key!r} column (data.prompt_key); "
+                             f"columns: {columns}")
+        table = parquet.read(columns=[c for c in wanted if c in columns])
+        num_train_rows += table.num_rows if name == "data.train_files" else 0
+        if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
+            _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
+        if "agent_name" in columns:
+            _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path,
+                               cfg.actor_rollout_ref.rollout.mode)
+        if interactions:
+            _check_interaction_rows(cfg, table, f"{name} entry {path!r}")
     _check_steps(cfg, num_train_rows)
 
 

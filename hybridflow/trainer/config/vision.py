@@ -1,8 +1,9 @@
 """Config checks for vision-language models, run before Ray starts (part of `validate_config`).
 
 A vision-language actor (a checkpoint with a `vision_config`, e.g. Qwen2-VL) runs where its images are handled:
-the `hf` rollout (sync mode), the FSDP engine's padded or packed (use_remove_padding) forward, without critic, reward model, LoRA, tensor or
-sequence parallelism or a distillation teacher. A text model refuses training data with images.
+the `hf` rollout (sync mode), the FSDP engine's padded or packed (use_remove_padding) forward, without critic,
+reward model, LoRA, tensor or sequence parallelism or a distillation teacher. A text model refuses training data
+with images.
 """
 
 from __future__ import annotations
@@ -85,16 +86,13 @@ def _check_no_images(cfg: PPOConfig) -> None:
     """A text actor's training and validation files hold no images in `data.image_key` (reads only that column)."""
     import pyarrow.parquet as pq  # here, not at the top: a config error prints before pyarrow (and numpy) load
 
+    from hybridflow.trainer.config.data_checks import holds_values
+
     key = cfg.data.image_key
-    for name, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-        for path in paths:
-            parquet = pq.ParquetFile(expand_path(path))  # not read_table, which imports pandas
-            if key not in parquet.schema_arrow.names:
-                continue
-            column = parquet.read(columns=[key]).column(key).to_pylist()
-            if any(images for images in column):
-                raise ValueError(
-                    f"{name} entry {path!r}: column {key!r} (data.image_key) holds images but {_MODEL_KEY}="
-                    f"{cfg.actor_rollout_ref.model.path!r} is a text-only model; use a vision-language model "
-                    "(e.g. Qwen2-VL) or drop the column"
-                )
+    for name, path in cfg.data.named_files():
+        if holds_values(pq.ParquetFile(expand_path(path)), key):  # not read_table, which imports pandas
+            raise ValueError(
+                f"{name} entry {path!r}: column {key!r} (data.image_key) holds images but {_MODEL_KEY}="
+                f"{cfg.actor_rollout_ref.model.path!r} is a text-only model; use a vision-language model "
+                "(e.g. Qwen2-VL) or drop the column"
+            )

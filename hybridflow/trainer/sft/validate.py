@@ -97,21 +97,21 @@ def check_sft_rows(data) -> None:
     import pyarrow.parquet as pq  # here: a config error prints before pyarrow loads
 
     from hybridflow.data.config import expand_path
+    from hybridflow.trainer.config.data_checks import holds_values
 
     needed = ({"data.multiturn.messages_key": data.multiturn.messages_key} if data.multiturn.enable else
               {"data.prompt_key": data.prompt_key, "data.response_key": data.response_key})
-    for name, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
-        for path in paths:
-            parquet = pq.ParquetFile(expand_path(path))
-            missing = {key: column for key, column in needed.items() if column not in parquet.schema_arrow.names}
-            if missing:
-                key, column = next(iter(missing.items()))
-                raise ValueError(f"{name} entry {path!r} has no {column!r} column ({key}); columns: "
-                                 f"{parquet.schema_arrow.names}")
-            for column in (c for c in MEDIA_COLUMNS if c in parquet.schema_arrow.names):
-                if any(parquet.read(columns=[column]).column(column).to_pylist()):
-                    raise ValueError(
-                        f"{name} entry {path!r}: column {column!r} holds {column}, but hybridflow's SFT trains on "
-                        "text only (vision-language SFT is not supported yet): the rows would train without them; "
-                        "drop the column, or train the vision-language model with RL (hybridflow train)"
-                    )
+    for name, path in data.named_files():
+        parquet = pq.ParquetFile(expand_path(path))
+        missing = {key: column for key, column in needed.items() if column not in parquet.schema_arrow.names}
+        if missing:
+            key, column = next(iter(missing.items()))
+            raise ValueError(f"{name} entry {path!r} has no {column!r} column ({key}); columns: "
+                             f"{parquet.schema_arrow.names}")
+        media = next((column for column in MEDIA_COLUMNS if holds_values(parquet, column)), None)
+        if media is not None:
+            raise ValueError(
+                f"{name} entry {path!r}: column {media!r} holds {media}, but hybridflow's SFT trains on "
+                "text only (vision-language SFT is not supported yet): the rows would train without them; "
+                "drop the column, or train the vision-language model with RL (hybridflow train)"
+            )
