@@ -215,7 +215,7 @@ def build_tracking(run: RunConfig, config: Any, backends: Sequence[str] | None =
 
 def run_dir(run: RunConfig) -> Path:
     """The run's directory (checkpoints and metrics), absolute: Ray workers may run elsewhere."""
-    return expand_path(run.default_local_dir).resolve()
+    return run.local_dir().resolve()
 
 
 def total_steps(run: RunConfig, batches_per_epoch: int) -> int:

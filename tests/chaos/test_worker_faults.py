@@ -19,9 +19,10 @@ from tests.single_controller.toy_workers import AllReduceWorker
 
 
 @pytest.fixture
-def processes(ray_cluster):
-    """Two toy ranks in a gloo group, started the way trainers start theirs, with a 3 s RPC timeout."""
-    run = RunConfig(n_gpus_per_node=2, rpc_timeout_s=3.0, device="cpu")
+def processes(ray_cluster, tmp_path):
+    """Two toy ranks in a gloo group, started the way trainers start theirs, with a 3 s RPC timeout (a hung call's
+    stacks go to the run directory, here under tmp_path)."""
+    run = RunConfig(n_gpus_per_node=2, rpc_timeout_s=3.0, device="cpu", default_local_dir=str(tmp_path / "run"))
     workers = WorkerProcesses(run, RayClassWithInitArgs(AllReduceWorker), name_prefix="chaos")
     workers.group.init_model()
     yield workers
@@ -40,7 +41,7 @@ def kill_later(pid: int, delay_s: float, sig: int = signal.SIGKILL) -> list[floa
     return sent
 
 
-def test_a_hung_rank_is_stopped_by_the_rpc_timeout_naming_it(processes):
+def test_a_hung_rank_is_stopped_by_the_rpc_timeout_naming_it(processes, tmp_path):
     group = processes.group
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError) as info:
@@ -53,6 +54,7 @@ def test_a_hung_rank_is_stopped_by_the_rpc_timeout_naming_it(processes):
     assert "worker group 'chaos'" in message and "'stall_before_all_reduce'" in message
     assert f"ranks 0 (pid" in message and f"1 (pid {pid} on" in message and "within 3 s" in message
     assert "trainer.rpc_timeout_s" in message
+    assert f"all threads in {tmp_path / 'run'}/hang_stacks_chaos_stall_before_all_reduce_" in message
     assert info.value.ranks == [0, 1]
     # Between calls the heartbeat finds the same: the ranks do not answer (still inside the hung call).
     with pytest.raises(WorkerTimeoutError, match=r"timed out in 'heartbeat'.*trainer.heartbeat_timeout_s"):

@@ -478,6 +478,21 @@ def test_disable_resume_on_a_directory_with_checkpoints_is_refused(files, tmp_pa
         validate_config(load_config(overrides + ["trainer.resume_mode=disable"]))
 
 
+def test_a_run_config_built_in_python_fills_its_own_run_directory(tmp_path, monkeypatch):
+    """Without Hydra nothing resolves the default's `${trainer.project_name}`: the run's directory is filled from
+    the section (it used to be a directory literally named `${trainer.project_name}`); a path with another
+    interpolation left in it is refused; a composed config's directory is the same as the Python one's."""
+    from hybridflow.trainer.config.schema import RunConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert RunConfig().local_dir() == Path("checkpoints/hybridflow/run")
+    assert RunConfig(project_name="p", experiment_name="e").local_dir() == Path("checkpoints/p/e")
+    assert load_config(["trainer.project_name=p", "trainer.experiment_name=e"]).trainer.local_dir() == Path(
+        "checkpoints/p/e")
+    with pytest.raises(ValueError, match=r"default_local_dir='\$\{oc.env:NOPE\}/x' holds an interpolation"):
+        RunConfig(default_local_dir="${oc.env:NOPE}/x").local_dir()
+
+
 def test_a_resume_from_a_checkpoint_without_the_parts_it_reads_is_refused_before_ray(files, tmp_path):
     """save_contents=['hf_model'] keeps exports only: resuming from one would claim its step with the initial
     weights. A model-only checkpoint resumes when load_contents reads the model alone."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from hybridflow.data.config import expand_path
 from hybridflow.trainer.checkpoint_dirs import resume_candidate
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig
@@ -14,7 +13,7 @@ def check_resume_contents(cfg: PPOConfig) -> None:
     """A checkpoint saved without a part that a role reads on resume (e.g. `save_contents=['hf_model']`, an
     export) is refused with what it holds and the ways on, instead of failing in the workers after Ray starts."""
     run = cfg.trainer
-    path = resume_candidate(run.resume_mode, run.resume_from_path, expand_path(run.default_local_dir).resolve())
+    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
     if path is None:
         return
     from hybridflow.engines.training.engine_state import saved_parts  # torch: only when there is one to resume

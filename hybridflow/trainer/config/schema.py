@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Optional, Union
 
 from hybridflow import env
@@ -155,6 +156,18 @@ class RunConfig(WorkerPlacement):
             raise ConfigFieldError("wandb_proxy", f"wandb_proxy={self.wandb_proxy!r} is wandb's proxy, but logger="
                                                   f"{list(self.logger)} has no wandb: add it, or drop wandb_proxy")
 
+    def local_dir(self) -> Path:
+        """`default_local_dir` as a path: `~` expanded, and the default's `${trainer.project_name}` and
+        `${trainer.experiment_name}` filled from this section when no Hydra/OmegaConf resolution did it (a RunConfig
+        built in Python), so such a run never writes to a directory literally named `${trainer.project_name}`."""
+        path = self.default_local_dir
+        for name in ("project_name", "experiment_name"):
+            path = path.replace("${trainer.%s}" % name, str(getattr(self, name)))
+        if "${" in path:
+            raise ConfigFieldError("default_local_dir", f"default_local_dir={self.default_local_dir!r} holds an "
+                                                        "interpolation that nothing resolved; give a path")
+        return expand_path(path)
+
     def check_paths(self) -> None:
         """Checkpoint locations, before anything is written: resume_from_path (resume_mode=resume_path) is a
         global_step_N directory that exists; both locations are filesystem paths; resume_mode=disable starts at
@@ -174,7 +187,7 @@ class RunConfig(WorkerPlacement):
                     "nodes, one shared by all of them at the same path, e.g. an NFS mount); remote stores such as HDFS "
                     "or S3 are not supported: mount them, or give a local path"
                 )
-        steps = checkpoint_dirs.list_steps(expand_path(self.default_local_dir))
+        steps = checkpoint_dirs.list_steps(self.local_dir())
         if self.resume_mode == "disable" and steps:
             raise ValueError(
                 f"trainer.resume_mode=disable starts a new run, but trainer.default_local_dir={self.default_local_dir!r} "
