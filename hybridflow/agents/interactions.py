@@ -10,6 +10,8 @@ a verl interaction file naming that class builds.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -65,16 +67,35 @@ class AnswerFeedbackInteraction(BaseInteraction):
     ) -> tuple[bool, str, float, dict[str, Any]]:
         state = self.instances[instance_id]
         answer = next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")
-        scorer = resolve_scorer(state["data_source"])
-        result = scorer(state["data_source"], answer, state["ground_truth"], state.get("extra_info"))
-        score = float(result["score"] if isinstance(result, dict) else result)
+        score, problem = await self._score(state, answer)
         state["score"] = score
         if score >= 1.0:
             return True, self.config.get("correct_message", "Your answer is correct."), score, {}
         message = self.config.get(
             "incorrect_message", "Your answer is incorrect. Check your work and give the final answer again."
         )
-        return False, message, score, {}
+        return False, message, score, {"score_error": problem} if problem else {}
+
+    async def _score(self, state: dict[str, Any], answer: str) -> tuple[float, str | None]:
+        """The answer's score, off the event loop (a code row runs its sandbox; the other rows' turns go on) and
+        within `config.score_timeout_s` (default 30); a scorer that raises, hangs or returns no finite number
+        scores 0, with what went wrong (the tool agent counts it as `interaction_score_errors`)."""
+        data_source = state["data_source"]
+        scorer = resolve_scorer(data_source)
+        timeout_s = float(self.config.get("score_timeout_s", 30.0))
+        try:
+            result = await asyncio.wait_for(
+                asyncio.to_thread(scorer, data_source, answer, state["ground_truth"], state.get("extra_info")),
+                timeout_s,
+            )
+            score = float(result["score"] if isinstance(result, dict) else result)
+        except asyncio.TimeoutError:
+            return 0.0, f"the {data_source!r} scorer took over {timeout_s:g} s"
+        except Exception as err:  # model output must never stop the rollout: the turn scores 0
+            return 0.0, f"the {data_source!r} scorer raised {type(err).__name__}: {str(err)[:200]}"
+        if not math.isfinite(score):
+            return 0.0, f"the {data_source!r} scorer returned {score}"
+        return score, None
 
 
 @INTERACTIONS.register("gsm8k")

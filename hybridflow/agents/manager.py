@@ -115,7 +115,14 @@ class AgentLoopManager:
             loop = AGENT_LOOPS.get(str(name))(self.context)
             fields["request_id"] = request_ids[index]
             async with limit:
-                return await loop.run(list(rows["raw_prompt"][index]), params, **fields)
+                try:
+                    return await loop.run(list(rows["raw_prompt"][index]), params, **fields)
+                except Exception as err:  # a bug in the loop or its tools: stop the step, naming the row
+                    raise RuntimeError(
+                        f"agent loop {name!r} raised on row {index} of the batch: {type(err).__name__}: {err}. "
+                        "Model output must never raise (a malformed turn is reported to the model); fix the loop, "
+                        "its tool or its interaction"
+                    ) from err
 
         tasks = [asyncio.ensure_future(run_row(i)) for i in range(len(prompts))]
         if needed < len(tasks):
@@ -124,7 +131,12 @@ class AgentLoopManager:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 returned += len(done)
             await asyncio.gather(*(abort() for abort in self.abort_callers))
-        outputs = list(await asyncio.gather(*tasks))
+        try:
+            outputs = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:  # the other rows' loops (and their tool calls) stop with the step
+                task.cancel()
+            raise
         for output, request_id in zip(outputs, request_ids):
             if request_id in server.aborted:
                 output.aborted = True

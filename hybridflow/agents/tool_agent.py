@@ -76,7 +76,9 @@ class ToolAgentLoop(AgentLoopBase):
                 if (parsed.calls or parsed.errors) and self.context.tools:
                     followup = await self._run_tools(parsed.calls, parsed.errors)
                 elif interaction is not None and (cfg.max_user_turns is None or user_turns < cfg.max_user_turns):
-                    done, reply, score, _ = await interaction.generate_response(interaction_id, self.messages)
+                    done, reply, score, meta = await interaction.generate_response(interaction_id, self.messages)
+                    if isinstance(meta, dict) and meta.get("score_error"):
+                        self.metrics["interaction_score_errors"] = self.metrics.get("interaction_score_errors", 0) + 1
                     out.reward_score = score
                     self.turn_scores.append(score)
                     if done:

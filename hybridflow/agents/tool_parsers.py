@@ -96,11 +96,10 @@ class HermesToolParser(ToolParser):
     def _parse_block(self, body: str, number: int, errors: list[str]) -> FunctionCall | None:
         """The call in one block body, or None after appending an error message."""
         where = f"tool call {number}"
-        try:
-            data = json.loads(body)
-        except json.JSONDecodeError as err:
-            errors.append(f"{where}: invalid JSON ({err.msg} at line {err.lineno} column {err.colno}); write "
-                          f"{self._example} between {self.open_tag} and {self.close_tag}")
+        data, problem = _decode_json(body)
+        if problem is not None:
+            errors.append(f"{where}: invalid JSON ({problem}); write {self._example} between {self.open_tag} and "
+                          f"{self.close_tag}")
             return None
         if not isinstance(data, dict):
             errors.append(f"{where}: expected a JSON object like {self._example}, got {type(data).__name__}")
@@ -121,10 +120,9 @@ class HermesToolParser(ToolParser):
         if arguments is None:
             return {}
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as err:
-                errors.append(f"{where}: 'arguments' is a string but not valid JSON ({err.msg}); give a JSON "
+            arguments, problem = _decode_json(arguments) if arguments.strip() else ({}, None)
+            if problem is not None:
+                errors.append(f"{where}: 'arguments' is a string but not valid JSON ({problem}); give a JSON "
                               f"object of argument name -> value")
                 return None
         if not isinstance(arguments, dict):
@@ -132,3 +130,17 @@ class HermesToolParser(ToolParser):
                           f"got {type(arguments).__name__}")
             return None
         return arguments
+
+
+def _decode_json(text: str) -> tuple[Any, str | None]:
+    """`json.loads(text)` and None, or None and what is wrong. Model output is untrusted: besides malformed JSON,
+    nesting deeper than the interpreter's recursion limit raises RecursionError and an integer beyond Python's
+    digit limit ValueError; each is a malformed call reported to the model, never an exception out of the parser."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as err:
+        return None, f"{err.msg} at line {err.lineno} column {err.colno}"
+    except RecursionError:
+        return None, "nested too deeply"
+    except ValueError as err:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, str(err).split(";")[0]

@@ -58,6 +58,7 @@ _CHILD = Path(__file__).with_name("_child.py")
 _SANDBOX_UID = 65534  # `nobody`: the uid a root trainer's sandboxes run as (inside their user namespace)
 _CHUNK = 65536
 _STOP_GRACE_S = 5.0  # how long to wait for killed processes to be reaped
+_CHILD_REAP_S = 0.5  # how long the group leader gets to reap its killed children before the group is killed
 _NAMESPACES_HELP = (
     "SandboxLimits.isolation='namespaces' (the default) requires Linux user namespaces. Enable them "
     "(sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in Docker, a seccomp/AppArmor "
@@ -175,13 +176,35 @@ def _remove_tree(path: str) -> None:
 
 
 def _kill_group(pid: int, returncode: int | None) -> None:
-    """SIGKILL the sandbox's process group, unless its leader was already reaped (its id may be reused)."""
+    """SIGKILL the sandbox's process group, unless its leader was already reaped (its id may be reused).
+
+    The leader's children die first and the leader reaps them: killed together, a child (the namespaces' init)
+    outlives its parent as a zombie handed to the nearest subreaper, which is the trainer itself where it runs as
+    a container's pid 1 without an init, and nothing there reaps it (one zombie per stopped run)."""
     if returncode is not None:
         return
+    children = _children_of(pid)
+    for child in children:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + _CHILD_REAP_S
+    while children and time.monotonic() < deadline and any(os.path.exists(f"/proc/{child}") for child in children):
+        time.sleep(0.002)
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # already gone
+
+
+def _children_of(pid: int) -> list[int]:
+    """The live children of `pid` (Linux's /proc; empty where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+            return [int(child) for child in handle.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _read_report(fd: int) -> _Report:

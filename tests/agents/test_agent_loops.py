@@ -158,6 +158,80 @@ def test_interaction_gives_feedback_until_correct(chat_tokenizer, tmp_path):
         asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", interaction_kwargs={"name": "x"}))
 
 
+@pytest.mark.parametrize("scorer_fault", ["raises", "hangs", "nan"])
+def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_running(
+    chat_tokenizer, monkeypatch, scorer_fault
+):
+    """The answer_feedback interaction scores off the event loop within `score_timeout_s`: a scorer that raises
+    (it did on MATH rows ending in `\\boxed `, failing the whole rollout step), hangs, or returns NaN scores the
+    turn 0, is counted (`interaction_score_errors`), and the trajectory goes on; other rows never wait on it."""
+    import math as pymath
+    import time
+
+    from hybridflow.agents import interactions as interactions_module
+
+    def scorer(data_source, answer, ground_truth, extra_info):
+        if scorer_fault == "raises":
+            raise ValueError("not a boxed expression")
+        if scorer_fault == "hangs":
+            time.sleep(3.0)
+        return pymath.nan
+
+    monkeypatch.setattr(interactions_module, "resolve_scorer", lambda data_source: scorer)
+    feedback = AnswerFeedbackInteraction({"score_timeout_s": 0.3})
+    server = ScriptedServer(chat_tokenizer, ["\\boxed ", "\\boxed $", "never asked"])
+    ctx = context(chat_tokenizer, server, interactions={"feedback": feedback})
+    kwargs = {"name": "feedback", "data_source": "lighteval/MATH", "ground_truth": "5"}
+    ticks: list[float] = []
+
+    async def ticker():
+        for _ in range(20):
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.02)
+
+    async def both():
+        loop = ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", interaction_kwargs=kwargs)
+        out, _ = await asyncio.gather(loop, ticker())
+        return out
+
+    out = asyncio.run(both())
+    assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == [0.0] * len(out.extra_fields["turn_scores"])
+    assert out.metrics["interaction_score_errors"] == out.metrics["user_turns"] >= 1
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.25  # the event loop never waited on the scorer
+
+
+def test_a_loop_that_raises_stops_the_step_naming_its_row_and_cancels_the_others(chat_tokenizer, monkeypatch):
+    """A bug in an agent loop or its tools stops generate_sequences with the row, and the other rows' loops are
+    cancelled rather than left running."""
+    started, cancelled = [], []
+
+    class Broken(SingleTurnAgentLoop):
+        async def run(self, messages, sampling_params, **kwargs):
+            started.append(kwargs["request_id"])
+            if len(started) == 2:
+                raise KeyError("tool state")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(kwargs["request_id"])
+                raise
+
+    from hybridflow.agents.base import AGENT_LOOPS
+
+    monkeypatch.setitem(AGENT_LOOPS._entries, "broken_for_test", Broken)
+    manager = AgentLoopManager(FakeWorkerGroup(ScriptedServer(chat_tokenizer, [])), RolloutConfig(),
+                               chat_tokenizer, response_length=8)
+    raw = np.empty(3, dtype=object)
+    raw[:] = [list(QUESTION)] * 3
+    names = np.array(["broken_for_test"] * 3, dtype=object)
+    prompts = DataProto.from_dict(tensors={"index": torch.arange(3)},
+                                  non_tensors={"raw_prompt": raw, "agent_name": names})
+    with pytest.raises(RuntimeError, match=r"agent loop 'broken_for_test' raised on row 1 of the batch: "
+                                           r"KeyError: 'tool state'"):
+        manager.generate_sequences(prompts)
+    assert len(cancelled) == 2
+
+
 def test_single_turn_and_batch_layout(chat_tokenizer):
     server = ScriptedServer(chat_tokenizer, ["Five.", "It is 5, because two plus three is five, as anyone who counts on their fingers will quickly see."])
     ctx = context(chat_tokenizer, server, response_length=16)

@@ -52,6 +52,20 @@ def test_malformed_calls_become_errors(parser, body, error):
     assert len(parsed.errors) == 1 and parsed.errors[0].startswith(error)
 
 
+@pytest.mark.parametrize(("body", "error"), [
+    ("[" * 5000, "tool call 1: invalid JSON (nested too deeply)"),
+    ('{"name": "calc", "arguments": ' + '{"a":' * 3000 + "1" + "}" * 3001, "tool call 1: invalid JSON (nested too deep"),
+    ('{"name": "calc", "arguments": "' + "[" * 5000 + '"}', "tool call 1: 'arguments' is a string but not valid JSON "
+                                                          "(nested too deeply)"),
+    ('{"name": "calc", "arguments": {"x": ' + "9" * 5000 + "}}", "tool call 1: invalid JSON (Exceeds the limit"),
+])
+def test_hostile_calls_become_errors_and_never_raise(parser, body, error):
+    """About 500 tokens of `[` (or a 5,000-digit integer) made json.loads raise RecursionError (ValueError) out
+    of the parser, which failed the whole rollout step; they are malformed calls like any other."""
+    parsed = parser.parse(f"<tool_call>{body}</tool_call>")
+    assert parsed.calls == [] and len(parsed.errors) == 1 and parsed.errors[0].startswith(error), parsed.errors
+
+
 def test_bad_call_does_not_hide_good_ones(parser):
     text = ('<tool_call>{"name": "a", "arguments": {}}</tool_call>'
             '<tool_call>{oops}</tool_call>'

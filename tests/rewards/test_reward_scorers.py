@@ -176,3 +176,30 @@ def test_reasoning_gym_flexible_extraction_falls_back_to_the_last_number():
     assert extract_answer_flexible("It is 1,234 in total") == "1234"
     assert extract_answer_flexible("7 apples. Answer: 12") == "12"  # an Answer: line wins
     assert extract_answer_flexible("no digits here") is None
+
+
+HOSTILE_RESPONSES = [
+    "So the answer is \\boxed ", "So the answer is \\boxed $", "\\fbox  \n", "\\boxed{", "\\boxed{" * 3000,
+    "\\boxed{" + "9" * 5000 + "}", "\\boxed{\\frac{" + "9" * 5000 + "}{3}}", "\\boxed{\\frac{1}{0}}",
+    "#### " + "9" * 5000, "Answer: " + "9" * 5000, "<answer>" + "9" * 5000 + "</answer>", "9" * 100_000,
+]
+CODE_SCORERS = {"openai_humaneval", "code", "codecontests", "apps", "codeforces", "taco"}  # sandboxed: test_code_*
+
+
+@pytest.mark.parametrize("data_source", [name for name in SCORERS.names() if name not in CODE_SCORERS])
+def test_hostile_responses_score_as_wrong_answers_and_never_raise(data_source: str) -> None:
+    """Model output is untrusted: a bare `\\boxed `, braces that never close, or numbers past Python's digit
+    limit score as a wrong answer. A scorer that raises is counted as an error by the reward pool, and a batch
+    of them stops the run (`reward_model.max_error_fraction`): before, `\\boxed ` at the end of a MATH answer
+    and a boxed number of 5,000 digits raised ValueError."""
+    truth = {"countdown": {"target": 24, "numbers": [1, 2, 3, 4]}, "color_square": "red"}.get(data_source, "5")
+    source, extra = data_source, {}
+    if data_source == "reasoning_gym":
+        entry = pytest.importorskip("reasoning_gym").create_dataset("chain_sum", size=1, seed=3)[0]
+        source, truth = "reasoning_gym/chain_sum", str(int(entry["answer"]) + 1)  # never the responses' numbers
+        extra = {"task": "chain_sum", "task_config": json.dumps({"seed": 3, "size": 1}), "question": entry["question"],
+                 "metadata": json.dumps(entry["metadata"]), "answer_extraction": "flexible"}
+    for response in HOSTILE_RESPONSES:
+        result = default_compute_score(source, response, truth, extra)
+        score = result["score"] if isinstance(result, dict) else result
+        assert score <= 0.0, (response[:40], result)

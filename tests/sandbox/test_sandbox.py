@@ -310,6 +310,42 @@ def test_async_limits_and_cancellation(sandbox_root):
     assert stat.S_ISDIR(os.stat(sandbox_root).st_mode)
 
 
+ZOMBIE_PROBE = """
+import asyncio, ctypes, os, sys
+from hybridflow.sandbox import SandboxLimits, run_python, run_python_async
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: this process stands for a container's pid 1
+limits = SandboxLimits(isolation=sys.argv[1], wall_time_s=1.0, cpu_time_s=1.0, output_bytes=4096)
+statuses = [run_python("import time\\ntime.sleep(60)", limits=limits).status,
+            run_python("while True: print('x' * 9999)", limits=limits).status,
+            asyncio.run(run_python_async("import time\\ntime.sleep(60)", limits=limits)).status]
+zombies = []
+for entry in os.listdir("/proc"):
+    try:
+        state, ppid = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        continue
+    if state == "Z" and int(ppid) == os.getpid():
+        zombies.append(entry)
+print(statuses, zombies)
+"""
+
+
+def test_stopped_runs_leave_no_zombie_to_a_subreaper(use_namespaces, sandbox_root):
+    """A run stopped by its wall time or its output limit kills the sandbox's processes so that their own parents
+    reap them: none is orphaned to the trainer, which reaps nothing it did not start when it is a container's
+    pid 1 (a subreaper here). Before, each stopped run left one zombie there."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    isolation = "namespaces" if use_namespaces else "none"
+    result = subprocess.run([sys.executable, "-c", ZOMBIE_PROBE, isolation], capture_output=True, text=True,
+                            timeout=120, cwd=REPO_ROOT, env={**os.environ, "TMPDIR": str(sandbox_root)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "['timeout', 'output_limit', 'timeout'] []", result.stdout
+
+
 def test_missing_namespaces_fail_the_suite_unless_declared(monkeypatch):
     """A machine without user namespaces must not leave the default isolation untested in silence."""
     monkeypatch.setattr("tests.sandbox.namespaces._NAMESPACES", [False])

@@ -23,7 +23,8 @@ def last_boxed_only_string(text: str) -> str | None:
     after = start + len(command)
     if text.startswith(" ", after):  # `\boxed 5`: the answer runs to the next `$` or the end
         end = text.find("$", after)
-        return text[start:end if end >= 0 else len(text)].rstrip()
+        boxed = text[start:end if end >= 0 else len(text)].rstrip()
+        return boxed if len(boxed) > after - start else None  # `\boxed ` with nothing after it boxes nothing
     brace = text.find("{", after)
     if brace < 0 or text[after:brace].strip():
         return None
@@ -130,7 +131,7 @@ def _as_fraction(s: str) -> Fraction | None:
         if match:
             value = Fraction(int(match.group(2)), int(match.group(3)))
             return -value if match.group(1) else value
-    except ZeroDivisionError:
+    except (ZeroDivisionError, ValueError):  # x/0, or more digits than Python converts (model output is untrusted)
         return None
     return None
 
