@@ -25,6 +25,7 @@ __all__ = [
     "register_policy_loss",
     "get_policy_loss_fn",
     "compute_policy_loss_from_config",
+    "check_policy_loss_result",
 ]
 
 PolicyLossFn = Callable[..., tuple[Any, dict[str, float]]]
@@ -88,7 +89,7 @@ def compute_policy_loss_from_config(
         )
     if rollout_is_weights is not None:
         kwargs["rollout_is_weights"] = rollout_is_weights
-    return fn(
+    result = fn(
         old_log_prob=old_log_prob,
         log_prob=log_prob,
         advantages=advantages,
@@ -96,6 +97,31 @@ def compute_policy_loss_from_config(
         loss_agg_mode=config.loss_agg_mode,
         **kwargs,
     )
+    return check_policy_loss_result(name, result, log_prob)
+
+
+def check_policy_loss_result(name: str, result: Any, log_prob: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A loss's `(loss, metrics)`, or an error naming the loss and its contract: `loss` a 0-d tensor that carries
+    the gradient of `log_prob` (aggregated with `agg_loss`), `metrics` a dict of numbers or 0-d tensors. Reads
+    tensor metadata only: no device synchronisation."""
+    import torch
+
+    contract = (f"policy loss {name!r} must return (loss, metrics): loss a 0-d tensor aggregated with agg_loss "
+                f"from log_prob, metrics a dict of numbers or 0-d tensors")
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"{contract}; it returned {type(result).__name__}")
+    loss, metrics = result
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"{contract}; its loss is {shape} (aggregate the per-token loss with agg_loss)")
+    if log_prob.requires_grad and not loss.requires_grad:
+        raise ValueError(f"{contract}; its loss carries no gradient (it must be computed from log_prob, not detached)")
+    if not isinstance(metrics, dict):
+        raise TypeError(f"{contract}; its metrics are {type(metrics).__name__}")
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.dim() != 0:
+            raise ValueError(f"{contract}; its metric {key!r} has shape {tuple(value.shape)} (reduce it to one number)")
+    return loss, metrics
 
 
 _NOT_LOSS_ARGS = ("loss_agg_mode", "entropy_coeff", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "policy_loss")

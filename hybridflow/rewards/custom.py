@@ -58,6 +58,10 @@ class FileRewardFunction:
         """The loaded function itself."""
         return _load_function(self.path, self.name)
 
+    def prepare(self) -> None:
+        """Import the file in this process (the scorer pool does it before a call's timeout starts)."""
+        _load_function(self.path, self.name)
+
 
 @dataclass(frozen=True)
 class GenerativeRewardFunction(FileRewardFunction):

@@ -10,6 +10,10 @@ Timeouts have two layers:
   outcome, the pool is terminated (killing the stuck worker) and the unfinished calls go to a fresh pool.
   Work is queued in submission order, so when the driver starts waiting on a call it is already running;
   waiting from then never cuts a call short.
+A scorer with a `prepare()` method (a custom reward file: its import) is prepared in every worker when the pool
+starts, and the driver waits up to `_PREPARE_WAIT_S` for that before it submits calls, so a slow import (a reward
+file importing torch on a loaded machine) is not charged to the first calls' timeouts. A new such scorer starts a
+fresh pool.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,6 +43,8 @@ __all__ = ["ScoreOutcome", "ScorerPool", "ScoringConfig"]
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # prctl option: signal this process when its parent dies
+_PREPARE_WAIT_S = 120.0
+"""How long a fresh pool's workers may take to prepare the scorers (import the user's reward file)."""
 
 
 def scorer_preload() -> list[str]:
@@ -108,6 +115,29 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _ScorerTimeout
 
 
+def _start_worker(die_with_parent: bool, scorers: list[Any], prepared: Any) -> None:
+    """A worker's start: default signal handlers, then every scorer prepared (a failure is left for its calls to
+    report as their error), counted in the shared `prepared`."""
+    _reset_signal_handlers(die_with_parent)
+    for scorer in scorers:
+        try:
+            scorer.prepare()
+        except BaseException:  # noqa: BLE001 - reported by the calls, which prepare again
+            pass
+    with prepared.get_lock():
+        prepared.value += 1
+
+
+def _preparable(calls: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> dict[Any, Any]:
+    """The calls' scorers with a `prepare()`, by identity of what they load."""
+    found = {}
+    for fn, _ in calls:
+        if callable(getattr(fn, "prepare", None)):
+            found[(type(fn).__qualname__, getattr(fn, "path", None), getattr(fn, "name", None), id(fn) if
+                   getattr(fn, "path", None) is None else None)] = fn
+    return found
+
+
 def _reset_signal_handlers(die_with_parent: bool = False) -> None:
     """Default SIGTERM/SIGINT in a worker: a forked worker inherits the driver's Python handlers (test runners,
     Ray and torch install some), and one that swallows SIGTERM would make `Pool.terminate()` wait forever on a
@@ -123,6 +153,12 @@ def _reset_signal_handlers(die_with_parent: bool = False) -> None:
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any], alarm_s: float | None) -> ScoreOutcome:
     """Runs in a worker: the scorer's result, its traceback (a failing scorer must not kill the batch), or a
     timeout after `alarm_s` seconds (None: no alarm, for calls in the driver process)."""
+    prepare = getattr(fn, "prepare", None)
+    if callable(prepare):  # a first call's import of the user's file is not the scorer's time
+        try:
+            prepare()
+        except (Exception, SystemExit):
+            return ScoreOutcome("error", message=traceback.format_exc())
     if alarm_s is not None:
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, alarm_s)
@@ -147,6 +183,7 @@ class ScorerPool:
         self.config = config
         self._pool: multiprocessing.pool.Pool | None = None
         self._finalizer: weakref.finalize | None = None
+        self._prepared: dict[Any, Any] = {}  # scorers the workers prepare when they start
         self._logged_error = False
         self._logged_timeout = False
         if config.num_workers == 0:
@@ -164,6 +201,10 @@ class ScorerPool:
             _check_picklable(fn)
         outcomes: list[ScoreOutcome | None] = [None] * len(calls)
         pending = list(range(len(calls)))
+        preparable = _preparable(calls)
+        if self._pool is not None and not preparable.keys() <= self._prepared.keys():
+            self._terminate()  # a scorer the workers have not prepared: start them again with it
+        self._prepared.update(preparable)
         while pending:
             pool = self._ensure_pool()
             handles = [(i, pool.apply_async(_call, (*calls[i], self.config.timeout_s))) for i in pending]
@@ -205,11 +246,25 @@ class ScorerPool:
             # The death signal follows the thread that started the worker: ask for it only from the main thread,
             # which lives as long as the process.
             in_main_thread = threading.current_thread() is threading.main_thread()
+            prepared = context.Value("i", 0)
             self._pool = context.Pool(
-                processes=self.config.num_workers, initializer=_reset_signal_handlers, initargs=(in_main_thread,)
+                processes=self.config.num_workers, initializer=_start_worker,
+                initargs=(in_main_thread, list(self._prepared.values()), prepared),
             )
             self._finalizer = weakref.finalize(self, self._pool.terminate)
+            if self._prepared:
+                self._wait_prepared(prepared)
         return self._pool
+
+    def _wait_prepared(self, prepared: Any) -> None:
+        """Wait until every worker has prepared the scorers (at most `_PREPARE_WAIT_S`; past it, the calls' own
+        timeouts apply and a warning says why they may time out)."""
+        deadline = time.monotonic() + _PREPARE_WAIT_S
+        while prepared.value < self.config.num_workers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if prepared.value < self.config.num_workers:
+            logger.warning("the reward scorer processes did not finish importing the reward function within %.0f s; "
+                           "their first calls may time out", _PREPARE_WAIT_S)
 
     def _terminate(self) -> None:
         if self._finalizer is not None:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hybridflow import env
 from hybridflow.data import build_sampler
 from hybridflow.data.config import expand_path
+from hybridflow.workers.registrations import driver_registrations
 from hybridflow.models import MODEL_CATALOGUE, catalogue_tokenizer_path, load_tokenizer, resolve_model_path
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.loader import with_chat_template
@@ -113,7 +114,7 @@ def worker_runtime(
     if threads == 0 and not use_accelerator(run):
         threads = max(1, (os.cpu_count() or 1) // (num_processes or run.world_size))
     return WorkerRuntimeConfig(total_training_steps=total_training_steps, seed=run.seed, num_threads=threads,
-                               collective_timeout_s=collective_timeout_s)
+                               collective_timeout_s=collective_timeout_s, registrations=driver_registrations())
 
 
 class WorkerProcesses:

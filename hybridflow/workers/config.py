@@ -456,3 +456,6 @@ class WorkerRuntimeConfig:
     collective_timeout_s: Optional[int] = None
     """Seconds a collective of the worker's process group may wait before it fails (actor_rollout_ref.nccl_timeout);
     None: torch's default."""
+    registrations: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    """Entries the driver registered itself (a custom policy loss, engine or rollout), pickled: the worker
+    installs them before it builds anything (`workers.registrations`)."""

@@ -11,6 +11,7 @@ from hybridflow.models.config import ModelConfig
 from hybridflow.models.loader import with_chat_template
 from hybridflow.models.shm_copy import shm_copy_of
 from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.registrations import install_registrations
 from hybridflow.single_controller import Worker
 
 
@@ -19,6 +20,7 @@ def prepare_worker_process(worker: Worker, runtime: WorkerRuntimeConfig, model: 
 
     Threads: Ray gives 1-CPU actors OMP_NUM_THREADS=1, so torch's count is set deliberately (0 keeps torch's).
     """
+    install_registrations(runtime.registrations)
     if runtime.num_threads > 0:
         torch.set_num_threads(runtime.num_threads)
     torch.manual_seed(runtime.seed)

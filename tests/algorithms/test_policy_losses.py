@@ -297,6 +297,25 @@ def test_custom_loss_and_global_batch_check(scratch_registry):
         )
 
 
+@pytest.mark.parametrize(("returned", "error"), [
+    (lambda lp, mask: -lp * mask, r"; it returned Tensor"),
+    (lambda lp, mask: (-lp * mask, {}), r"its loss is \(1, 4\) \(aggregate the per-token loss with agg_loss\)"),
+    (lambda lp, mask: (-(lp * mask).sum().detach(), {}), "its loss carries no gradient"),
+    (lambda lp, mask: (-(lp * mask).sum(), None), "its metrics are NoneType"),
+    (lambda lp, mask: (-(lp * mask).sum(), {"my/ratio": lp.detach()}), r"its metric 'my/ratio' has shape \(1, 4\)"),
+])
+def test_a_custom_loss_that_breaks_the_contract_is_named(scratch_registry, returned, error):
+    """A custom loss's mistakes (no agg_loss, a detached loss, no metrics dict, a per-token metric) are refused at
+    its first call naming the loss and the contract, instead of surfacing as a torch error inside backward."""
+    name = f"my_loss_{uuid.uuid4().hex[:6]}"
+    register_policy_loss(name)(lambda old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean":
+                               returned(log_prob, response_mask))
+    log_prob = torch.zeros(1, 4, requires_grad=True)
+    with pytest.raises((TypeError, ValueError), match=rf"policy loss '{name}' must return \(loss, metrics\).*{error}"):
+        compute_policy_loss_from_config(PPOLossConfig(policy_loss=PolicyLossConfig(loss_mode=name)), OLD, log_prob,
+                                        ADV, MASK)
+
+
 def test_registry_errors(scratch_registry):
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("vanilla")(compute_policy_loss_vanilla)

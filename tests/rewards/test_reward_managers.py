@@ -126,6 +126,42 @@ def test_errors_and_timeouts_score_zero_and_are_counted(tmp_path: Path, managers
     assert len(tracebacks) == 1 and "ValueError: bad scorer" in tracebacks[0].getMessage()
 
 
+HOSTILE_SCORES_FILE = '''
+import math
+import time
+time.sleep(3.0)  # a slow import (a reward file importing torch on a loaded machine): it is not a call's time
+def score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "nan":
+        return float("nan")
+    if solution_str == "inf":
+        return {"score": math.inf}
+    if solution_str == "slow":
+        while True:
+            pass
+    return 1.0
+'''
+
+
+def test_a_slow_import_is_not_a_timeout_and_non_finite_scores_are_errors(tmp_path: Path, managers: list) -> None:
+    """The user's file is imported when the scorer processes start, not inside the first calls' 1 s timeouts
+    (which made every call of the run time out, silently scoring 0); NaN and inf score 0 as errors (one NaN made
+    every advantage and gradient of the batch NaN, and each optimizer step was skipped)."""
+    path = tmp_path / "reward.py"
+    path.write_text(HOSTILE_SCORES_FILE)
+    # forkserver, as in a run's driver (connected to Ray, never forked): the workers import the file themselves
+    scoring = dataclasses.replace(FAST, mp_context="forkserver")
+    manager = NaiveRewardManager(CharTokenizer(), compute_score=load_custom_reward_fn(path, "score"), scoring=scoring)
+    managers.append(manager)
+    result = manager(make_batch([("q", "ok", "any", "x"), ("q", "nan", "any", "x"), ("q", "inf", "any", "x"),
+                                 ("q", "ok", "any", "x")]))
+    assert result.reward_tensor.sum(-1).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert result.metrics == {"reward/errors": 2.0, "reward/timeouts": 0.0}
+    # a batch whose calls nearly all time out is a scorer too slow for its timeout: the run stops, saying so
+    with pytest.raises(RuntimeError, match=r"4 of 4 reward scorer calls failed in this batch \(any: 4/4: 0 raised "
+                                           r"or returned no finite score, 4 ran past reward_model.scoring.timeout_s\)"):
+        manager(make_batch([("q", "slow", "any", "x")] * 4))
+
+
 def test_unknown_data_source_fails_in_the_driver(managers: list) -> None:
     manager = NaiveRewardManager(CharTokenizer(), scoring=FAST)
     managers.append(manager)

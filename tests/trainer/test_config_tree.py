@@ -317,6 +317,28 @@ def test_paths_expand_home_like_the_loader(files, tmp_path, monkeypatch):
     validate_config(cfg)  # both exist only once ~ is expanded
 
 
+@pytest.mark.parametrize(("source", "extra", "error"), [
+    ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
+     ["custom_reward_function.name=compute_scor"], r"custom_reward_function.name='compute_scor' is not defined in "),
+    ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
+     ["+custom_reward_function.reward_kwargs.scale=2"], r"does not take custom_reward_function.reward_kwargs \['scale'\]"),
+    ("def compute_score(response, answer):\n    return 0.0\n", [],
+     r"'compute_score' in .* cannot be called as reward_model.reward_manager='naive' calls it, with keywords "
+     r"\['data_source', 'solution_str', 'ground_truth', 'extra_info'\]"),
+    ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
+     ["reward_model.reward_manager=batch"], r"reward_manager='batch' calls it, with keywords \['data_sources'"),
+    ("import no_such_module\n", [], r"custom_reward_function.path=.* raised ModuleNotFoundError when it was imported"),
+])
+def test_a_custom_reward_function_that_cannot_be_called_is_refused_in_the_dry_run(files, tmp_path, source, extra,
+                                                                                    error):
+    """The function is loaded and its call checked before Ray (and by --dry-run, which passed all of these)."""
+    custom = tmp_path / "reward.py"
+    custom.write_text(source)
+    with nothing_started(), pytest.raises(ValueError, match=error):
+        validate_config(load_config([f"data.train_files={files['train']}", f"custom_reward_function.path={custom}",
+                                     *extra]))
+
+
 def test_data_source_without_scorer_and_unknown_agent_name_fail(files, tmp_path):
     base = ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]

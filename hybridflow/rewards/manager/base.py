@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -140,8 +141,8 @@ def bind_scorers(compute_score: Callable[..., Any] | None, data_sources: Sequenc
 
 
 def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
-    """Scores from outcomes: errors and timeouts score 0; a value that is neither a number nor a dict
-    with a numeric 'score' counts as an error."""
+    """Scores from outcomes: errors and timeouts score 0; a value that is neither a finite number nor a dict
+    with a finite numeric 'score' counts as an error (one NaN would make every advantage and gradient NaN)."""
     scores, details, errored = [], [], []
     for outcome in outcomes:
         value = outcome.value
@@ -157,6 +158,9 @@ def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
         else:
             logger.warning("reward function returned %r; expected a number or a dict with 'score'", value)
             error = True
+        if not math.isfinite(score):
+            logger.warning("reward function returned the score %s; it scores 0 (counted in reward/errors)", score)
+            score, detail, error = 0.0, {}, True
         scores.append(score)
         details.append(detail)
         errored.append(error)
@@ -164,20 +168,24 @@ def unpack_outcomes(outcomes: Sequence[ScoreOutcome]) -> ScoredBatch:
 
 
 def check_error_fraction(decoded: DecodedBatch, scored: ScoredBatch, max_error_fraction: float) -> None:
-    """Stop when more than `max_error_fraction` of a batch's scorer calls failed: that is a wrong scorer or
-    ground-truth format, not a bad sample, and training on the zeros would teach nothing. Names the data sources."""
-    if not scored.errored or scored.num_errors <= max_error_fraction * len(scored.errored):
+    """Stop when more than `max_error_fraction` of a batch's scorer calls failed (raised, returned no finite score,
+    or ran past the timeout): that is a wrong or too slow scorer or ground-truth format, not a bad sample, and
+    training on the zeros would teach nothing. Names the data sources."""
+    failed_calls = [error or timed_out for error, timed_out in zip(scored.errored, scored.timed_out)]
+    if not failed_calls or sum(failed_calls) <= max_error_fraction * len(failed_calls):
         return
     failed: dict[str, list[int]] = {}
-    for source, error in zip(decoded.data_sources, scored.errored):
+    for source, failure in zip(decoded.data_sources, failed_calls):
         counts = failed.setdefault(source, [0, 0])
-        counts[0] += int(error)
+        counts[0] += int(failure)
         counts[1] += 1
     summary = ", ".join(f"{source}: {errors}/{total}" for source, (errors, total) in sorted(failed.items()) if errors)
     raise RuntimeError(
-        f"{scored.num_errors} of {len(scored.errored)} reward scorer calls failed in this batch ({summary}), more "
-        f"than reward_model.scoring.max_error_fraction={max_error_fraction}; the first traceback is in the log. "
-        "Check the scorer and the ground-truth format of these data sources"
+        f"{sum(failed_calls)} of {len(failed_calls)} reward scorer calls failed in this batch ({summary}: "
+        f"{scored.num_errors} raised or returned no finite score, {scored.num_timeouts} ran past "
+        f"reward_model.scoring.timeout_s), more than reward_model.scoring.max_error_fraction={max_error_fraction}; "
+        "the first traceback or timeout is in the log. Check the scorer and the ground-truth format of these data "
+        "sources, or raise the timeout for a slow scorer"
     )
 
 

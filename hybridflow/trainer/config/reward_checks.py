@@ -5,7 +5,48 @@ from __future__ import annotations
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.workers.reward_config import REWARD_SERVING_ENGINES
 
-__all__ = ["check_generative_reward_model"]
+__all__ = ["check_custom_reward_function", "check_generative_reward_model"]
+
+CALL_KEYWORDS = {
+    "naive": ("data_source", "solution_str", "ground_truth", "extra_info"),
+    "prime": ("data_source", "solution_str", "ground_truth", "extra_info"),
+    "dapo": ("data_source", "solution_str", "ground_truth", "extra_info"),
+    "batch": ("data_sources", "solution_strs", "ground_truths", "extra_infos"),
+}
+"""The keywords each built-in reward manager calls `custom_reward_function` with (custom managers: their own)."""
+
+
+def check_custom_reward_function(cfg: PPOConfig) -> None:
+    """Before Ray (and in --dry-run): the file loads, defines `custom_reward_function.name`, takes its
+    `reward_kwargs` and the keywords the reward manager calls it with; each failure names the key and the fix."""
+    from hybridflow.rewards.custom import load_custom_reward_fn
+
+    custom = cfg.custom_reward_function
+    try:
+        function = load_custom_reward_fn(custom.path, custom.name, dict(custom.reward_kwargs)).function()
+    except (FileNotFoundError, AttributeError, TypeError) as err:
+        raise ValueError(str(err)) from err
+    except Exception as err:  # the user's file raised while it was imported
+        raise ValueError(f"custom_reward_function.path={custom.path!r} raised {type(err).__name__} when it was "
+                         f"imported: {err}") from err
+    manager = cfg.reward_model.reward_manager
+    keywords = CALL_KEYWORDS.get(manager)
+    if keywords is None or (cfg.reward_model.enable and cfg.reward_model.use_reward_loop):
+        return  # a custom manager's call, or the generative judge's (check_generative_reward_model)
+    import inspect
+
+    try:
+        inspect.signature(function).bind(**dict.fromkeys(keywords), **dict(custom.reward_kwargs))
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ValueError) and "no signature" in str(err):
+            return  # a builtin: nothing to check
+        raise ValueError(
+            f"custom_reward_function.name={custom.name!r} in {custom.path} cannot be called as reward_model."
+            f"reward_manager={manager!r} calls it, with keywords {list(keywords)}"
+            f"{' and reward_kwargs ' + str(sorted(custom.reward_kwargs)) if custom.reward_kwargs else ''}: {err}; "
+            "give it those parameters (others need defaults)"
+        ) from err
+
 
 def check_generative_reward_model(cfg: PPOConfig) -> None:
     """The served judge's engine and layout, the rule weight it replaces, and the function that must query it."""

@@ -30,7 +30,7 @@ from hybridflow.trainer.config.model_checks import (
 from hybridflow.trainer.config.parallel_checks import check_parallelism, check_rollout_parallelism, check_token_budgets
 from hybridflow.trainer.config.profiler_checks import check_profiling
 from hybridflow.trainer.config.resume_checks import check_resume_contents
-from hybridflow.trainer.config.reward_checks import check_generative_reward_model
+from hybridflow.trainer.config.reward_checks import check_custom_reward_function, check_generative_reward_model
 from hybridflow.trainer.config.verl_copies import check_verl_copies
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.trainer.config.vision import check_vision_language
@@ -264,6 +264,8 @@ def _check_files(cfg: PPOConfig) -> None:
     custom = cfg.custom_reward_function
     if custom.path is not None and not expand_path(custom.path).is_file():
         raise ValueError(f"custom_reward_function.path={custom.path!r} does not exist")
+    if custom.path is not None:
+        check_custom_reward_function(cfg)
     if cfg.data.custom_cls.path is not None:  # imports the user's file (and torch) only when one is named
         from hybridflow.data.dataset_class import rl_dataset_class
 
