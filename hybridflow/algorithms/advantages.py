@@ -110,7 +110,22 @@ def compute_advantage_by_name(
     ]
     if missing:
         raise TypeError(f"advantage estimator {estimator_name(adv_estimator)!r} needs {missing}, which were not given")
-    return fn(**kwargs)
+    return check_estimator_result(estimator_name(adv_estimator), fn(**kwargs), tuple(token_level_rewards.shape))
+
+
+def check_estimator_result(name: str, result: Any, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An estimator's `(advantages, returns)`, each a tensor of the rewards' (bs, response_len) shape, or an error
+    naming the estimator and its contract (a (bs,) result would broadcast along the tokens in the loss)."""
+    contract = f"advantage estimator {name!r} must return (advantages, returns), each a tensor of shape {shape}"
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"{contract}; it returned {type(result).__name__}")
+    for what, value in zip(("advantages", "returns"), result):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{contract}; its {what} are {type(value).__name__}")
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{contract}; its {what} have shape {tuple(value.shape)} (a per-sequence value goes on "
+                             "every response token: value.unsqueeze(-1) * response_mask)")
+    return result
 
 
 # --------------------------------------------------------------------------------------------------

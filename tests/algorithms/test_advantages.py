@@ -210,6 +210,22 @@ def test_custom_estimator_written_for_verl_registers_unchanged(scratch_registry)
     assert adv[5].tolist() == [10.0, 10.0, 0.0]
 
 
+@pytest.mark.parametrize(("returned", "error"), [
+    (lambda r, m: r * m, r"; it returned Tensor"),
+    (lambda r, m: None, r"; it returned NoneType"),
+    (lambda r, m: (r.sum(-1), r.sum(-1)), r"; its advantages have shape \(6,\) \(a per-sequence value goes on every"),
+    (lambda r, m: (r * m, [0.0]), r"; its returns are list"),
+])
+def test_a_custom_estimator_that_breaks_the_contract_is_named(scratch_registry, returned, error):
+    """A (bs,) result broadcast along the tokens in the loss (or failed there as a torch error); now the driver
+    names the estimator and the shape it must return."""
+    name = f"my_est_{uuid.uuid4().hex[:6]}"
+    register_adv_est(name)(lambda token_level_rewards, response_mask: returned(token_level_rewards, response_mask))
+    with pytest.raises((TypeError, ValueError), match=rf"advantage estimator '{name}' must return \(advantages, "
+                                                      rf"returns\), each a tensor of shape \(6, 3\){error}"):
+        compute_advantage_by_name(name, token_level_rewards=REWARDS, response_mask=MASK, index=INDEX)
+
+
 def test_registry_errors(scratch_registry):
     with pytest.raises(ValueError, match="already registered"):
         register_adv_est("grpo")(lambda **_: None)

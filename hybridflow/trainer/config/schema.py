@@ -330,7 +330,7 @@ class RewardManagerModuleConfig:
     """verl's `reward_manager.module.*`: a reward manager class loaded from a file."""
 
     path: Optional[str] = unsupported(
-        None, "reward managers are registered in code (register_reward_manager) and named by reward_model.reward_manager"
+        None, "reward managers are registered in code (hybridflow.rewards.REWARD_MANAGERS.register) and named by reward_model.reward_manager"
     )
     """verl: the file defining it."""
     name: str = "custom_reward_manager"

@@ -127,6 +127,8 @@ def arm_within_step_watch(pools: Sequence[Any], config: MemoryWatchConfig, timeo
     by_node: dict[str, list[int]] = {}
     for _, info in members:
         by_node.setdefault(info.node_id, []).append(info.pid)
+    if not members:  # local mode (no Ray actors): ray.get([]) would start a Ray instance of its own
+        return 0
     handles = [
         actor.arm_memory_watchdog.remote(config.host_memory_budget_gb, by_node[info.node_id], config.poll_interval_s)
         for actor, info in members

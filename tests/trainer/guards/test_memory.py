@@ -154,6 +154,22 @@ def test_a_call_that_grows_past_the_budget_is_stopped_inside_the_step_and_the_wo
         pool.release()
 
 
+def test_local_mode_arms_nothing_and_starts_no_ray(monkeypatch):
+    """Local mode has no Ray actors to watch; `ray.get([])` there started a Ray instance of its own, in a mode
+    documented as running without Ray."""
+    import ray
+
+    from hybridflow.single_controller.local import LocalWorkerGroup
+    from hybridflow.trainer.guards.memory import arm_within_step_watch
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("local mode called into Ray")
+
+    monkeypatch.setattr(ray, "get", no_ray)
+    local = SimpleNamespace(group=object.__new__(LocalWorkerGroup))
+    assert arm_within_step_watch([local], MemoryWatchConfig(host_memory_budget_gb=1.0)) == 0
+
+
 def test_a_watch_armed_off_the_main_thread_ends_the_process_instead_of_raising():
     """Threaded actors (the agent loops' servers) run calls off the main thread, where no signal handler can be
     installed: the watch then stops by ending the process."""
