@@ -480,6 +480,13 @@ class DataProtoFuture:
         from functools import partial
 
         def take(output: DataProto, index: int) -> DataProto:
+            if len(output) % chunks:
+                raise ValueError(
+                    f"a blocking=False result of {len(output)} rows cannot be split over the {chunks} ranks of the "
+                    "call it was passed to: a blocking call pads its batch to split it, but a future's length is "
+                    "known only where it resolves. Call the producing method with blocking=True, or give it a batch "
+                    f"whose length divides by {chunks}"
+                )
             return output.chunk(chunks)[index]
 
         return [

@@ -73,3 +73,35 @@ def test_unknown_dispatch_or_execute_mode_fails_at_decoration():
         register(dispatch_mode="bogus")
     with pytest.raises(ValueError, match="execute_mode"):
         register(execute_mode="some")
+
+
+def test_a_padded_batch_must_come_back_one_row_per_row():
+    """With 3 rows over 2 ranks the last row is padding; a method that returns one summary row per rank made the
+    unpad drop rank 1's real row. Unpadded batches may return any number of rows."""
+    mode = get_dispatch_mode(Dispatch.DP_COMPUTE_PROTO)
+    summary = lambda rank: DataProto.from_dict({"s": torch.tensor([float(rank)])})  # noqa: E731
+    padded = mode.dispatch_fn(FakeGroup(2), (DataProto.from_dict({"x": torch.arange(3)}),), {})
+    with pytest.raises(ValueError, match=r"returned \[1, 1\] rows from ranks given \[2, 2\]: the batch was padded "
+                                         r"by 1 rows to split over 2 ranks"):
+        mode.collect_fn(FakeGroup(2), [summary(0), summary(1)], padded)
+    even = mode.dispatch_fn(FakeGroup(2), (DataProto.from_dict({"x": torch.arange(4)}),), {})
+    assert mode.collect_fn(FakeGroup(2), [summary(0), summary(1)], even).batch["s"].tolist() == [0.0, 1.0]
+
+
+def test_rank_zero_execution_takes_only_replicated_arguments():
+    """RANK_ZERO with a splitting mode ran rank 0's share alone and returned it as the whole result."""
+    with pytest.raises(ValueError, match=r"execute_mode=Execute.RANK_ZERO runs rank 0 alone, but dispatch_mode="
+                                         r"'dp_compute_proto' gives each rank its own share"):
+        register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, execute_mode="rank_zero")
+    assert get_method_spec(register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode="rank_zero")(lambda self: 0))
+
+
+def test_a_future_that_does_not_split_over_the_next_call_says_what_to_do():
+    from hybridflow.protocol import DataProtoFuture
+
+    future = DataProtoFuture(collect_fn=DataProto.concat, futures=[])
+    take = future.chunk(2)[0].dispatch_fn
+    assert take(DataProto.from_dict({"x": torch.arange(4)})).batch["x"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match=r"a blocking=False result of 3 rows cannot be split over the 2 ranks .* "
+                                         r"Call the producing method with blocking=True"):
+        take(DataProto.from_dict({"x": torch.arange(3)}))

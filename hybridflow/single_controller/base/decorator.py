@@ -156,7 +156,28 @@ def _concat_protos(outputs: list) -> DataProto:
 
 
 def _collect_proto(group: GroupInfo, outputs: list, dispatched: Dispatched) -> DataProto:
-    return unpad_dataproto(_concat_protos(outputs), dispatched.pad_size)
+    return _unpad(_concat_protos(outputs), outputs, dispatched)
+
+
+def _unpad(collected: DataProto, outputs: list, dispatched: Dispatched) -> DataProto:
+    """`collected` without the rows the dispatch padded: the padding is the batch's last rows, so each rank must
+    return one row per row it was given, or a real row would be removed in place of a padding row."""
+    if dispatched.pad_size:
+        given = []
+        for rank, rank_args in enumerate(dispatched.args):
+            rank_kwargs = dispatched.kwargs[rank] if rank < len(dispatched.kwargs) else {}
+            protos = [value for value in (*rank_args, *rank_kwargs.values()) if isinstance(value, DataProto)]
+            if protos:
+                given.append(len(protos[0]))
+        returned = [len(output) for output in outputs]
+        if len(given) == len(returned) and returned != given:
+            raise ValueError(
+                f"a DataProto-collecting method returned {returned} rows from ranks given {given}: the batch was "
+                f"padded by {dispatched.pad_size} rows to split over {len(given)} ranks, and the padding can be "
+                "removed only when each rank returns one row per input row. Return one row per row, or pass a "
+                f"batch whose length divides by {len(given)}"
+            )
+    return unpad_dataproto(collected, dispatched.pad_size)
 
 
 register_dispatch_mode(Dispatch.ONE_TO_ALL, _replicate, _collect_list)
@@ -206,7 +227,10 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> str:
     def collect(group: GroupInfo, outputs: list, dispatched: Dispatched) -> DataProto:
         assert dispatched.collect_ranks is not None
         kept = [outputs[rank] for rank in dispatched.collect_ranks]
-        return unpad_dataproto(_concat_protos(kept), dispatched.pad_size)
+        shards = Dispatched(args=[dispatched.args[rank] for rank in dispatched.collect_ranks],
+                            kwargs=[dispatched.kwargs[rank] for rank in dispatched.collect_ranks],
+                            pad_size=dispatched.pad_size)
+        return _unpad(_concat_protos(kept), kept, shards)
 
     return register_dispatch_mode(name, dispatch, collect, returns_proto=True)
 
@@ -239,6 +263,12 @@ def register(
     get_dispatch_mode(dispatch_mode)  # fail at import time on unknown names
     if execute_mode not in (Execute.ALL, Execute.RANK_ZERO):
         raise ValueError(f"execute_mode must be Execute.ALL or Execute.RANK_ZERO, got {execute_mode!r}")
+    if execute_mode == Execute.RANK_ZERO and dispatch_mode != Dispatch.ONE_TO_ALL:
+        raise ValueError(
+            f"execute_mode=Execute.RANK_ZERO runs rank 0 alone, but dispatch_mode={dispatch_mode!r} gives each rank "
+            "its own share of the arguments (rank 0 would see only its share, and the rest would be dropped "
+            "silently); use dispatch_mode=Dispatch.ONE_TO_ALL with it"
+        )
     spec = MethodSpec(dispatch_mode, execute_mode, blocking, materialize_futures)
 
     def decorator(func: Callable) -> Callable:
