@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.data import RLHFDataset, collate_fn
 from hybridflow.data.config import RLHFDataConfig
-from hybridflow.data.dataset_class import rl_dataset_class
+from hybridflow.data.dataset_class import build_custom_dataset, rl_dataset_class
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.trainer.config import BatchSizes, PPOConfig
@@ -42,8 +42,12 @@ def build_dataloaders(
     dataset_cls = rl_dataset_class(data)  # RLHFDataset, or data.custom_cls
     if dataset_cls is not RLHFDataset:
         logger.info("prompts are read by %s (data.custom_cls)", dataset_cls.__name__)
-    train_set = dataset_cls(data_files=data.train_files, tokenizer=tokenizer, config=data,
-                            max_samples=data.train_max_samples, processor=processor)
+    if dataset_cls is RLHFDataset:
+        train_set = dataset_cls(data_files=data.train_files, tokenizer=tokenizer, config=data,
+                                max_samples=data.train_max_samples, processor=processor)
+    else:
+        train_set = build_custom_dataset(dataset_cls, data.train_files, tokenizer, data, data.train_max_samples,
+                                         processor, "data.train_files")
     batch_size = data.gen_batch_size or data.train_batch_size
     sampler = None
     if data.sampler.class_path is not None:
@@ -54,8 +58,12 @@ def build_dataloaders(
     train_loader = build_train_loader(train_set, batch_size, data.shuffle, data.seed, collate_fn, sampler)
     if not data.val_files:
         return train_loader, None
-    val_set = dataset_cls(data_files=data.val_files, tokenizer=tokenizer, config=data,
-                          max_samples=data.val_max_samples, processor=processor)
+    if dataset_cls is RLHFDataset:
+        val_set = dataset_cls(data_files=data.val_files, tokenizer=tokenizer, config=data,
+                              max_samples=data.val_max_samples, processor=processor)
+    else:
+        val_set = build_custom_dataset(dataset_cls, data.val_files, tokenizer, data, data.val_max_samples, processor,
+                                       "data.val_files")
     shuffle_seed = train_loader.sampler.seed if data.validation_shuffle else None  # data.seed, or the drawn one
     return train_loader, build_val_loader(val_set, data.val_batch_size, collate_fn, shuffle_seed)
 

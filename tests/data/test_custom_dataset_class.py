@@ -31,6 +31,31 @@ class ShoutingDataset(RLHFDataset):
 
 class NotADataset:
     pass
+
+
+class DropsTheRewardColumns(RLHFDataset):
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        del item["reward_model"]
+        return item
+
+
+class Unpadded(RLHFDataset):
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        keep = item["attention_mask"].bool()
+        return {**item, **{key: item[key][keep] for key in ("input_ids", "attention_mask", "position_ids")}}
+
+
+class FloatIds(RLHFDataset):
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        return {**item, "input_ids": item["input_ids"].float()}
+
+
+class OwnSignature(RLHFDataset):
+    def __init__(self, path):
+        pass
 '''
 
 
@@ -68,3 +93,22 @@ def test_a_wrong_custom_dataset_class_is_refused_before_ray(tmp_path, extra, wor
 def test_half_a_custom_class_setting_is_refused():
     with pytest.raises(ValueError, match=r"data.custom_cls.name.*a custom dataset class needs both"):
         load_config(["data.custom_cls.path=/tmp/x.py"])
+
+
+@pytest.mark.parametrize(("name", "error"), [
+    ("DropsTheRewardColumns", r"item 0 of data.train_files has no 'reward_model', which the reward managers read"),
+    ("Unpadded", r"'input_ids' has \d+ positions, but every prompt is left-padded to data.max_prompt_length=64"),
+    ("FloatIds", r"'input_ids' is torch.float32; token ids and masks are integer tensors"),
+    ("OwnSignature", r"could not be built as RLHFDataset is, with keywords data_files, tokenizer, config"),
+])
+def test_a_custom_dataset_whose_items_the_trainer_cannot_read_is_refused_when_built(tmp_path, smollm2_tokenizer,
+                                                                                   name, error):
+    """The loaders check the class's first and last items, before Ray: these failed after generation (a missing
+    column in the reward stage) or as torch's stack error in the batch's collation."""
+    module = tmp_path / "my_data.py"
+    module.write_text(CUSTOM)
+    train = write_parquet(tmp_path / "train.parquet", [make_row(f"what is {i} + 1?", index=i) for i in range(4)])
+    cfg = load_config([f"data.train_files={train}", "data.train_batch_size=2", "data.max_prompt_length=64",
+                       f"data.custom_cls.path={module}", f"data.custom_cls.name={name}"])
+    with pytest.raises((TypeError, ValueError), match=rf"data.custom_cls.name='{name}'.*{error}"):
+        build_dataloaders(cfg.data, smollm2_tokenizer)
