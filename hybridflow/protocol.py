@@ -80,8 +80,24 @@ def _objects_equal(a: Any, b: Any) -> bool:
     return bool(result)
 
 
+def _check_concatenable(batches: Sequence[TensorDict]) -> None:
+    """The same tensor keys with the same trailing shapes in every part (e.g. ranks that padded their responses
+    to different lengths), or an error naming the key and the parts, instead of tensordict's bare one."""
+    keys = set(batches[0].keys())
+    for position, part in enumerate(batches[1:], start=1):
+        if set(part.keys()) != keys:
+            raise ValueError(f"concat: part {position} has tensor keys {sorted(part.keys())}, part 0 has "
+                             f"{sorted(keys)}")
+    for key in sorted(keys):
+        shapes = [tuple(part[key].shape[1:]) for part in batches]
+        if len(set(shapes)) > 1:
+            raise ValueError(f"concat: tensor {key!r} has per-row shapes {shapes} across the parts; they must match "
+                             "(pad every part to the same length first)")
+
+
 def _merge_meta(metas: Sequence[dict]) -> dict:
-    """Merge meta_info dicts for `concat`: `metrics` are merged key by key into lists, other keys must agree."""
+    """Merge meta_info dicts for `concat`: `metrics` are merged key by key into lists; for any other key the
+    first DataProto's value is kept (as verl's concat keeps the first's meta_info)."""
     merged: dict[str, Any] = {}
     metrics: dict[str, list] = {}
     for meta in metas:
@@ -276,13 +292,13 @@ class DataProto:
         """Add `other`'s keys to self (in place; returns self). Shared keys must hold equal values."""
         if len(self) and len(other) and len(self) != len(other):
             raise ValueError(f"union of DataProtos of lengths {len(self)} and {len(other)}")
+        for key, value in other.meta_info.items():  # checked first: a refused union leaves self as it was
+            if key in self.meta_info and not _objects_equal(self.meta_info[key], value):
+                raise ValueError(f"union: meta_info key {key!r} differs: {self.meta_info[key]!r} vs {value!r}")
         if other.batch is not None:
             self.batch = other.batch.clone(False) if self.batch is None else union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        for key, value in other.meta_info.items():
-            if key in self.meta_info and not _objects_equal(self.meta_info[key], value):
-                raise ValueError(f"union: meta_info key {key!r} differs: {self.meta_info[key]!r} vs {value!r}")
-            self.meta_info[key] = value
+        self.meta_info.update(other.meta_info)
         self.check_consistency()
         return self
 
@@ -318,6 +334,7 @@ class DataProto:
         batches = [item.batch for item in data]
         batch = None
         if all(part is not None for part in batches):
+            _check_concatenable(batches)
             batch = torch.cat(batches, dim=0)
         elif any(part is not None for part in batches):
             raise ValueError("concat: some DataProtos have tensors and some do not")

@@ -191,3 +191,16 @@ def test_pickle_round_trip_keeps_tensors_as_storage():
     assert len(blob) < 4_200_000
     restored = pickle.loads(blob)
     assert torch.equal(restored.batch["big"], data.batch["big"]) and len(restored) == 1000
+
+
+def test_a_refused_union_leaves_self_unchanged_and_concat_names_the_mismatch():
+    left = DataProto.from_dict({"a": torch.zeros(2, 3)}, meta_info={"step": 1})
+    right = DataProto.from_dict({"b": torch.ones(2, 3)}, meta_info={"step": 2})
+    with pytest.raises(ValueError, match="meta_info key 'step' differs"):
+        left.union(right)
+    assert list(left.batch.keys()) == ["a"] and left.meta_info == {"step": 1}  # it had merged 'b' already
+    ragged = DataProto.from_dict({"a": torch.zeros(2, 5)})
+    with pytest.raises(ValueError, match=r"concat: tensor 'a' has per-row shapes \[\(3,\), \(5,\)\]"):
+        DataProto.concat([left, ragged])
+    with pytest.raises(ValueError, match=r"concat: part 1 has tensor keys \['b'\], part 0 has \['a'\]"):
+        DataProto.concat([left, right])
