@@ -19,6 +19,7 @@ _EXPORTS = {
     "DAPORewardManager": "manager",
     "NaiveRewardManager": "manager",
     "OverlongBufferConfig": "manager",
+    "RewardManager": "manager",
     "RewardResult": "manager",
     "compute_overlong_penalty": "manager",
     "get_reward_manager_cls": "manager",

@@ -16,7 +16,7 @@ import torch
 from hybridflow.algorithms.prime import implicit_token_rewards, prime_dpo_accuracy, prime_normalize
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.combine import combine_rewards
-from hybridflow.rewards.manager.base import RewardResult
+from hybridflow.rewards.manager.base import RewardResult, checked_reward_result
 from hybridflow.trainer.config import PPOConfig
 from hybridflow.trainer.scaffold import timer, worker_metrics
 
@@ -34,7 +34,7 @@ class RewardStage:
         both weighted by `reward_model.rule_reward_coef`."""
         if self.reward_model is None:
             with timer("reward", timing):
-                reward = self.reward_fn(batch)
+                reward = checked_reward_result(self.reward_fn, self.reward_fn(batch), len(batch))
             metrics.update(reward.metrics)
             return reward
         with timer("rm", timing):
@@ -42,7 +42,7 @@ class RewardStage:
         rule = None
         if self.rule_reward_coef != 0:
             with timer("reward", timing):
-                rule = self.reward_fn(batch)
+                rule = checked_reward_result(self.reward_fn, self.reward_fn(batch), len(batch))
         reward = combine_rewards(rm_scores, rule, self.rule_reward_coef)
         metrics.update(reward.metrics)
         return reward

@@ -17,6 +17,7 @@ from hybridflow.algorithms.validation_metrics import (
     validation_intervals,
 )
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.manager.base import checked_reward_result
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.generation_dump import dump_generations, generation_rows
 
@@ -40,7 +41,7 @@ def run_validation(
     dumped: dict[str, list[Any]] = defaultdict(list)
     for batch_dict in val_batches:
         batch, _ = generate_batch(generator, batch_dict, n, pass_rows=pass_rows, validate=True)
-        result = reward_fn(batch)
+        result = checked_reward_result(reward_fn, reward_fn(batch), len(batch))
         scores = result.reward_tensor.sum(-1).tolist()
         infos["reward"].extend(scores)
         for key, values in result.extra_info.items():

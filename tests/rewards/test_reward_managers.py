@@ -275,3 +275,18 @@ def test_an_agent_loop_s_tool_extra_fields_reach_the_reward_function_s_extra_inf
     batch.non_tensor_batch["tool_extra_fields"] = fields
     decoded = decode_batch(batch, CharTokenizer(), "data_source")
     assert decoded.extra_infos == [{"index": 0, "tool_rewards": [0.0, -0.05], "turn_scores": [1.0]}, {"index": 1}]
+
+
+def test_a_custom_manager_that_breaks_the_contract_is_named(managers: list) -> None:
+    """A verl-style manager returning a bare tensor failed later as "'Tensor' object has no attribute 'metrics'"."""
+    from hybridflow.rewards.manager.base import checked_reward_result
+
+    manager = NaiveRewardManager(CharTokenizer(), scoring=FAST)
+    managers.append(manager)
+    batch = make_batch(SAMPLES)
+    assert checked_reward_result(manager, manager(batch), len(batch)).reward_tensor.shape == (4, RESPONSE_LEN)
+    with pytest.raises(TypeError, match=r"reward manager NaiveRewardManager must return a hybridflow.rewards."
+                                        r"RewardResult .*; it returned Tensor; wrap a token-level reward tensor"):
+        checked_reward_result(manager, torch.zeros(4, RESPONSE_LEN), len(batch))
+    with pytest.raises(ValueError, match=r"its reward_tensor has shape \(4,\) for a batch of 4"):
+        checked_reward_result(manager, RewardResult(reward_tensor=torch.zeros(4)), len(batch))

@@ -775,3 +775,16 @@ def test_an_interaction_config_needs_rows_that_name_their_interaction(files, tmp
     named = write_rows(tmp_path / "named.parquet", ["gsm8k"] * 1024,
                        extra_info=[{"interaction_kwargs": {"name": "answer_feedback", "ground_truth": "4"}}] * 1024)
     validate_config(load_config([*line, f"data.train_files={named}"]))
+
+
+def test_a_registered_reward_manager_without_from_config_is_refused_before_ray(files, monkeypatch):
+    from hybridflow.rewards.manager_registry import REWARD_MANAGERS
+
+    class Plain:
+        def __call__(self, data):
+            return data
+
+    monkeypatch.setitem(REWARD_MANAGERS._entries, "plain_for_test", Plain)
+    with nothing_started(), pytest.raises(ValueError, match=r"reward_model.reward_manager='plain_for_test' names .* "
+                                                            r"which has no from_config\(tokenizer, compute_score"):
+        validate_config(load_config([f"data.train_files={files['train']}", "reward_model.reward_manager=plain_for_test"]))

@@ -91,6 +91,21 @@ class ScoredBatch:
         return sum(self.timed_out)
 
 
+def checked_reward_result(manager: Any, result: Any, batch_size: int) -> RewardResult:
+    """A reward manager's result, or an error naming the manager and its contract (a verl-style manager that
+    returns a bare tensor failed later as "'Tensor' object has no attribute 'metrics'")."""
+    contract = (f"reward manager {type(manager).__name__} must return a hybridflow.rewards.RewardResult "
+                f"(reward_tensor (bs, response_len), extra_info, metrics)")
+    if not isinstance(result, RewardResult):
+        hint = ("; wrap a token-level reward tensor as RewardResult(reward_tensor=...)"
+                if isinstance(result, torch.Tensor) else "")
+        raise TypeError(f"{contract}; it returned {type(result).__name__}{hint}")
+    if result.reward_tensor.dim() != 2 or result.reward_tensor.shape[0] != batch_size:
+        raise ValueError(f"{contract}; its reward_tensor has shape {tuple(result.reward_tensor.shape)} for a batch "
+                         f"of {batch_size}")
+    return result
+
+
 def decode_batch(data: DataProto, tokenizer: Any, reward_fn_key: str) -> DecodedBatch:
     """Decode each sample's valid prompt and response tokens.
 
