@@ -57,13 +57,15 @@ _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, 
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 # A seccomp filter in U, the program's process (machine -> audit arch, clone's number, syscalls refused with
-# EPERM: memfd_create, then shmget and msgget (memory outside RLIMIT_AS), unshare, setns). `clone` with a
+# EPERM: memfd_create, then shmget and msgget (memory outside RLIMIT_AS), unshare, setns, then mknod(at) (a FIFO
+# or file where the trainer will open one; the audit hook sees no event for it), pidfd_open, pidfd_send_signal
+# and pidfd_getfd (signals and file descriptors of other processes past the hook's os.kill check)). `clone` with a
 # namespace flag is refused too, `clone3` answers ENOSYS (its flags sit behind a pointer; glibc then falls back
 # to clone), and other architectures' syscalls (x32, i386 on x86_64) are refused. So memory the program holds
 # is its address space, its files (the working directory's tmpfs, /dev/shm) and kernel buffers; see
 # SandboxLimits.
-_SECCOMP = {"x86_64": (0xC000003E, 56, (319, 29, 68, 272, 308)),
-            "aarch64": (0xC00000B7, 220, (279, 194, 186, 97, 268))}
+_SECCOMP = {"x86_64": (0xC000003E, 56, (319, 29, 68, 272, 308, 133, 259, 434, 424, 438)),
+            "aarch64": (0xC00000B7, 220, (279, 194, 186, 97, 268, 33, 434, 424, 438))}
 _NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 

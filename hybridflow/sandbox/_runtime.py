@@ -29,7 +29,8 @@ The hook sees the events CPython raises for sensitive operations and ends the pr
   sys.settrace / sys.setprofile.
 
 This is not a security boundary. Audit hooks see only what CPython reports: operations without an event
-(`os.mkfifo`, `os.mknod`, `os.setsid`, `sem_open` in C, ...), crafted bytecode (`CodeType.replace` or
+(`os.setsid`, `sem_open` in C, ...; `os.mkfifo`, `os.mknod` and the pidfd calls have none either, and the seccomp
+filter of `_child.py` refuses them), crafted bytecode (`CodeType.replace` or
 `marshal`; asyncio itself needs `code.__new__`, so it stays allowed), interpreter memory bugs, signal
 handlers that run while the hook runs (they can see its frame), path objects whose `__fspath__` changes
 between the hook and the call, and races between threads get past it. The kernel layers in `_child.py`

@@ -314,8 +314,10 @@ def test_the_program_gets_exactly_max_processes(namespaces, sandbox_root, monkey
 
 
 def test_seccomp_filter_refuses_namespaces_and_memfd_but_not_threads_or_fork():
-    """The filter itself, in a forked copy of this process: unshare, clone with CLONE_NEWUSER and memfd_create
-    fail with EPERM (a program could reach them with a hook bypass), threads (clone3 -> clone) and fork work."""
+    """The filter itself, in a forked copy of this process: unshare, clone with CLONE_NEWUSER, memfd_create,
+    mkfifo/mknod and the pidfd calls fail with EPERM (a program could reach them with a hook bypass; mknod and
+    pidfd_send_signal needed none: with isolation='none' they made files anywhere and killed the trainer's other
+    processes), threads (clone3 -> clone) and fork work."""
     spec = importlib.util.spec_from_file_location("sandbox_child", Path(runner.__file__).with_name("_child.py"))
     child = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(child)
@@ -331,8 +333,13 @@ def test_seccomp_filter_refuses_namespaces_and_memfd_but_not_threads_or_fork():
             libc.install_seccomp(machine)
             lib = ctypes.CDLL(None, use_errno=True)
             clone = child._SECCOMP[machine][1]  # raw clone(CLONE_NEWUSER | SIGCHLD), as a program could call it
+            fifo = f"/tmp/hybridflow-seccomp-fifo-{os.getpid()}".encode()
             calls = (lambda: lib.unshare(0x10000000), lambda: lib.syscall(clone, 0x10000000 | 17, 0, 0, 0, 0),
-                     lambda: lib.memfd_create(b"m", 0), lambda: lib.unshare(0))
+                     lambda: lib.memfd_create(b"m", 0), lambda: lib.unshare(0),
+                     lambda: lib.mkfifo(fifo, 0o600), lambda: lib.mknod(fifo, 0o100600, 0),
+                     lambda: lib.syscall(434, os.getppid(), 0),  # pidfd_open
+                     lambda: lib.syscall(424, 0, 15, 0, 0),  # pidfd_send_signal
+                     lambda: lib.syscall(438, 0, 0, 0))  # pidfd_getfd
             refused = [(call(), ctypes.get_errno()) for call in calls]
             thread = threading.Thread(target=lambda: None)
             thread.start()
@@ -347,4 +354,4 @@ def test_seccomp_filter_refuses_namespaces_and_memfd_but_not_threads_or_fork():
     with os.fdopen(read_end) as answer:
         refused = answer.read()
     os.waitpid(pid, 0)
-    assert json.loads(refused) == [[-1, errno.EPERM]] * 4, refused
+    assert json.loads(refused) == [[-1, errno.EPERM]] * 9, refused
