@@ -197,7 +197,7 @@ def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_
     out = asyncio.run(both())
     assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == [0.0] * len(out.extra_fields["turn_scores"])
     assert out.metrics["interaction_score_errors"] == out.metrics["user_turns"] >= 1
-    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.25  # the event loop never waited on the scorer
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 1.5  # never the hung scorer's 3 s: the loop did not wait
 
 
 def test_a_loop_that_raises_stops_the_step_naming_its_row_and_cancels_the_others(chat_tokenizer, monkeypatch):
