@@ -129,12 +129,13 @@ def _start_worker(die_with_parent: bool, scorers: list[Any], prepared: Any) -> N
 
 
 def _preparable(calls: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> dict[Any, Any]:
-    """The calls' scorers with a `prepare()`, by identity of what they load."""
+    """The calls' scorers with a `prepare()`, keyed by what they load: a reward file's (path, function name), so
+    equal callers built per step count once; any other scorer by its identity."""
     found = {}
     for fn, _ in calls:
         if callable(getattr(fn, "prepare", None)):
-            found[(type(fn).__qualname__, getattr(fn, "path", None), getattr(fn, "name", None), id(fn) if
-                   getattr(fn, "path", None) is None else None)] = fn
+            path = getattr(fn, "path", None)
+            found[(path, getattr(fn, "name", None)) if path is not None else id(fn)] = fn
     return found
 
 
