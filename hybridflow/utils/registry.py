@@ -58,6 +58,11 @@ class Registry(Generic[T]):
             return obj
         raise KeyError(f"unknown {self.kind} {name!r}; known: {sorted(self.names())}")
 
+    def loaded(self) -> dict[str, T]:
+        """The entries that hold their object now: registered with one, or lazy ones already requested (what a
+        user registered in code, without importing a lazy backend)."""
+        return dict(self._entries)
+
     def names(self) -> list[str]:
         """All registered names (eager and lazy), sorted."""
         return sorted([*self._entries, *self._lazy])

@@ -55,7 +55,7 @@ def driver_registrations() -> dict[str, dict[str, bytes]]:
     shipped: dict[str, dict[str, bytes]] = {}
     for kind in WORKER_REGISTRIES:
         registry = _registry(kind)
-        entries = {name: obj for name, obj in registry._entries.items() if _registered_outside_hybridflow(obj)}
+        entries = {name: obj for name, obj in registry.loaded().items() if _registered_outside_hybridflow(obj)}
         if entries:
             shipped[kind] = {name: _pickle_by_value(obj) for name, obj in entries.items()}
     return shipped

@@ -107,7 +107,7 @@ def _check_names(cfg: PPOConfig) -> None:
     for key, value, known in named:
         if value not in known:
             raise ValueError(f"{key}={value!r} is unknown; known: {sorted(known)}")
-    manager = REWARD_MANAGERS._entries.get(cfg.reward_model.reward_manager)  # a user's (built-ins load lazily)
+    manager = REWARD_MANAGERS.loaded().get(cfg.reward_model.reward_manager)  # a user's (built-ins load lazily)
     if manager is not None and not callable(getattr(manager, "from_config", None)):
         raise ValueError(
             f"reward_model.reward_manager={cfg.reward_model.reward_manager!r} names {manager!r}, which has no "
