@@ -71,9 +71,12 @@ def test_an_existing_output_is_never_written_over(prompts, tmp_path, capsys):
     assert output.read_text() == "keep me"
 
 
-def test_a_run_writes_each_row_with_n_different_responses(prompts, tmp_path):
+def test_a_run_writes_each_row_with_n_different_responses(prompts, tmp_path, ray_cluster):
+    """On a Ray worker, the command's default (the local mode is the generation server test's): a run directory
+    check broke it once while every local-mode test passed."""
     output = tmp_path / "nested" / "out.parquet"
-    args = line(prompts, output, "trainer.local_mode=true", "data.n_samples=3", "data.batch_size=2")
+    args = line(prompts, output, "trainer.device=cpu", "data.n_samples=3", "data.batch_size=2",
+                f"trainer.default_local_dir={tmp_path / 'hung_stacks'}")
     assert cli_main(["generate", *args]) == 0
     frame = pd.read_parquet(output)
     assert len(frame) == 5 and list(frame.columns) == ["data_source", "prompt", "extra_info", "responses"]

@@ -4,8 +4,10 @@ sample responses for every prompt of a parquet file and write them beside the ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
+from hybridflow.data.config import expand_path
 from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.models.config import ModelConfig
 from hybridflow.trainer.config.schema import RayKwargsConfig, WorkerPlacement
@@ -22,6 +24,10 @@ class GenerationRunConfig(WorkerPlacement):
 
     default_local_dir: str = "outputs/generation"
     """Where the stacks of hung workers are written when a call times out."""
+
+    def local_dir(self) -> Path:
+        """`default_local_dir` as a path (`~` expanded), as `RunConfig.local_dir` gives a trainer's."""
+        return expand_path(self.default_local_dir)
 
 
 @dataclass(frozen=True, kw_only=True)
