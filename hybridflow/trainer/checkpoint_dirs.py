@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+DRIVER_STATE = "driver_state.json"
+LEGACY_DRIVER_STATE = "driver_state.pt"  # earlier versions; read with torch.load(weights_only=True)
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
@@ -50,10 +52,17 @@ def commit_step(root: str | os.PathLike, step: int, staging: Path, max_to_keep: 
     os.replace(tmp_pointer, pointer)
     fsync_path(Path(root))
     if max_to_keep is not None and max_to_keep > 0:
-        for old in list_steps(root)[:-max_to_keep]:
+        for old in list_checkpoints(root)[:-max_to_keep]:
             shutil.rmtree(step_dir(root, old))
             logger.info("removed old checkpoint %s (max_actor_ckpt_to_keep=%d)", step_dir(root, old), max_to_keep)
     return final
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[int]:
+    """Steps under `root` whose directory is a checkpoint hybridflow committed (it holds the driver state):
+    the only ones pruning may delete, never a user's folder that happens to be named `global_step_N`."""
+    return [step for step in list_steps(root)
+            if any((step_dir(root, step) / name).is_file() for name in (DRIVER_STATE, LEGACY_DRIVER_STATE))]
 
 
 def list_steps(root: str | os.PathLike) -> list[int]:

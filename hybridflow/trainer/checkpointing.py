@@ -33,8 +33,8 @@ from hybridflow.utils.shared_path import PathView
 
 logger = logging.getLogger(__name__)
 
-DRIVER_STATE = "driver_state.json"
-LEGACY_DRIVER_STATE = "driver_state.pt"  # earlier versions; read with torch.load(weights_only=True)
+DRIVER_STATE = checkpoint_dirs.DRIVER_STATE
+LEGACY_DRIVER_STATE = checkpoint_dirs.LEGACY_DRIVER_STATE
 
 
 def save_checkpoint(

@@ -10,6 +10,7 @@ from hybridflow.trainer import checkpoint_dirs as cd
 def write_step(root, step, keep=None):
     staging = cd.staging_dir(root, step)
     (staging / "weights.pt").write_text(f"step {step}")
+    (staging / cd.DRIVER_STATE).write_text("{}")  # every save writes it last (checkpointing.save_checkpoint)
     return cd.commit_step(root, step, staging, keep)
 
 
@@ -39,6 +40,16 @@ def test_pruning_keeps_the_newest(tmp_path):
     for step in (1, 2, 3, 4):
         write_step(tmp_path, step, keep=2)
     assert cd.list_steps(tmp_path) == [3, 4] and cd.latest_step(tmp_path) == 4
+
+
+def test_pruning_deletes_only_committed_checkpoints(tmp_path):
+    """A user's folder that happens to be named global_step_0 was deleted by max_actor_ckpt_to_keep."""
+    (tmp_path / "global_step_0").mkdir()
+    (tmp_path / "global_step_0" / "notes.txt").write_text("mine")
+    for step in (1, 2, 3):
+        write_step(tmp_path, step, keep=1)
+    assert (tmp_path / "global_step_0" / "notes.txt").read_text() == "mine"
+    assert cd.list_checkpoints(tmp_path) == [3] and cd.list_steps(tmp_path) == [0, 3]
 
 
 def test_the_newest_directory_wins_over_a_lagging_or_bad_pointer(tmp_path, caplog):

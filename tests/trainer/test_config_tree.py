@@ -515,6 +515,26 @@ def test_a_run_config_built_in_python_fills_its_own_run_directory(tmp_path, monk
         RunConfig(default_local_dir="${oc.env:NOPE}/x").local_dir()
 
 
+def test_resume_path_into_a_directory_with_checkpoints_only_from_its_latest(files, tmp_path):
+    """Resuming another directory's checkpoint into one with checkpoints mixed two runs' saves (and pruning
+    deleted the other run's); going back to an older step failed only at its first save, after Ray."""
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    for root, step in ((run_dir, 2), (run_dir, 4), (other, 6)):
+        (root / f"global_step_{step}" / "actor").mkdir(parents=True)
+        (root / f"global_step_{step}" / "driver_state.json").write_text("{}")
+    base = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=resume_path"]
+    with nothing_started(), pytest.raises(ValueError, match=r"is a checkpoint of another directory, but "
+                                                            r"trainer.default_local_dir=.* \(steps \[2, 4\]\)"):
+        load_config([*base, f"trainer.resume_from_path={other / 'global_step_6'}"]).trainer.check_paths()
+    with nothing_started(), pytest.raises(ValueError, match=r"goes back to step 2, but .* \[4\] after it: its next "
+                                                            r"saves would collide"):
+        load_config([*base, f"trainer.resume_from_path={run_dir / 'global_step_2'}"]).trainer.check_paths()
+    load_config([*base, f"trainer.resume_from_path={run_dir / 'global_step_4'}"]).trainer.check_paths()
+    fresh = [f"data.train_files={files['train']}", f"trainer.default_local_dir={tmp_path / 'new'}",
+             "trainer.resume_mode=resume_path", f"trainer.resume_from_path={other / 'global_step_6'}"]
+    load_config(fresh).trainer.check_paths()  # into an empty directory: a resumed run of its own
+
+
 def test_a_resume_from_a_checkpoint_without_the_parts_it_reads_is_refused_before_ray(files, tmp_path):
     """save_contents=['hf_model'] keeps exports only: resuming from one would claim its step with the initial
     weights. A model-only checkpoint resumes when load_contents reads the model alone."""

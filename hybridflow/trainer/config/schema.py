@@ -194,6 +194,27 @@ class RunConfig(WorkerPlacement):
                 f"already holds checkpoints (steps {steps}); give the new run its own directory, or resume "
                 "(trainer.resume_mode=auto)"
             )
+        if self.resume_mode == "resume_path" and self.resume_from_path is not None and steps:
+            self._check_resume_target(expand_path(self.resume_from_path).resolve(), steps)
+
+    def _check_resume_target(self, source: Path, steps: list[int]) -> None:
+        """resume_path into a directory that holds checkpoints: only from its own latest one. Another directory's
+        checkpoint would mix this run's saves with that run's (and max_*_ckpt_to_keep would delete them); an older
+        step of its own would collide with the later ones on the next save, after Ray and a training step."""
+        resumed = checkpoint_dirs.step_of(source)
+        where = f"trainer.default_local_dir={self.default_local_dir!r} already holds checkpoints (steps {steps})"
+        if source.parent != self.local_dir().resolve():
+            raise ValueError(
+                f"trainer.resume_from_path={self.resume_from_path!r} is a checkpoint of another directory, but "
+                f"{where}: this run's saves would mix with them; give the resumed run its own default_local_dir"
+            )
+        later = [step for step in steps if step > resumed]
+        if later:
+            raise ValueError(
+                f"trainer.resume_from_path={self.resume_from_path!r} goes back to step {resumed}, but {where}, "
+                f"{later} after it: its next saves would collide with them (nothing is overwritten). To go back, "
+                f"copy global_step_{resumed} into a new directory and resume from that copy there"
+            )
 
     def check_environment(self, ray_address: str | None) -> None:
         """Each tracking backend's package is installed; `device=cuda` has a GPU where the workers run: in the
