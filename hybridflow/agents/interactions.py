@@ -59,8 +59,10 @@ class AnswerFeedbackInteraction(BaseInteraction):
     """Scores the last assistant message with the reward scorer of `data_source`; wrong -> retry message.
 
     start_interaction kwargs: `data_source`, `ground_truth`, optional `extra_info`.
-    config: `incorrect_message`, `correct_message`.
+    config: `incorrect_message`, `correct_message`, `score_timeout_s`.
     """
+
+    CONFIG_KEYS = ("correct_message", "incorrect_message", "name", "score_timeout_s")
 
     async def generate_response(
         self, instance_id: str, messages: list[dict], **kwargs: Any
@@ -104,6 +106,8 @@ class Gsm8kInteraction(BaseInteraction):
     `interaction_kwargs`) with strict GSM8K extraction (`#### <answer>`); right ends the trajectory, wrong asks for
     another try, in verl's words."""
 
+    CONFIG_KEYS = ("name",)  # verl's interaction files repeat the entry's name in its config
+
     async def start_interaction(self, instance_id: str | None = None, **kwargs: Any) -> str:
         if kwargs.get("ground_truth") is None:
             raise ValueError("the gsm8k interaction needs the problem's answer: give each row "
@@ -127,10 +131,19 @@ VERL_INTERACTION_CLASSES = {"verl.interactions.gsm8k_interaction.Gsm8kInteractio
 builds it."""
 
 
+ENTRY_KEYS = ("name", "type", "class_name", "config")
+"""The keys of one `interaction:` entry."""
+
+
 def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction]:
-    """Read `interaction: [{name, type | class_name, config}]` from a YAML file; name -> instance."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    entries = data.get("interaction")
+    """Read `interaction: [{name, type | class_name, config}]` from a YAML file; name -> instance. Every mistake
+    is a ValueError naming the file and the entry: broken YAML, an unknown entry key or type, and, for the
+    built-in interactions (`CONFIG_KEYS`), a config key they do not read (a misspelt one was ignored)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {err}") from err
+    entries = data.get("interaction") if isinstance(data, Mapping) else None
     if not isinstance(entries, Sequence) or isinstance(entries, str):
         raise ValueError(f"{path}: expected a list under 'interaction', got {type(entries).__name__}")
     interactions: dict[str, BaseInteraction] = {}
@@ -138,18 +151,35 @@ def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction
         where = f"{path}: interaction[{index}]"
         if not isinstance(entry, Mapping) or "name" not in entry:
             raise ValueError(f"{where} needs a 'name' (and 'type' or 'class_name')")
-        if entry.get("class_name") in VERL_INTERACTION_CLASSES:
-            cls = INTERACTIONS.get(VERL_INTERACTION_CLASSES[entry["class_name"]])
-        elif "class_name" in entry:
-            cls = import_dotted(
-                str(entry["class_name"]), where, "package.module.InteractionClass",
-                verl_hint=f"of verl's interaction classes hybridflow builds only {sorted(VERL_INTERACTION_CLASSES)}: "
-                          f"name a registered one with `type:` ({INTERACTIONS.names()})",
-            )
-        else:
-            cls = INTERACTIONS.get(entry.get("type", entry["name"]))
+        unknown = sorted(set(entry) - set(ENTRY_KEYS))
+        if unknown:
+            raise ValueError(f"{where} has unknown keys {unknown}; an entry has {list(ENTRY_KEYS)}")
+        cls = _interaction_class(entry, where)
+        config = entry.get("config") or {}
+        if not isinstance(config, Mapping):
+            raise ValueError(f"{where}: 'config' must be a mapping, got {type(config).__name__}")
+        known = getattr(cls, "CONFIG_KEYS", None)
+        if known is not None and set(config) - set(known):
+            raise ValueError(f"{where}: config keys {sorted(set(config) - set(known))} are not read by "
+                             f"{cls.__name__}; it reads {sorted(known)}")
         if entry["name"] in interactions:
             raise ValueError(f"{where}: name {entry['name']!r} is used twice")
-        interactions[entry["name"]] = cls(entry.get("config"))
+        interactions[entry["name"]] = cls(config)
     return interactions
+
+
+def _interaction_class(entry: Mapping[str, Any], where: str) -> type[BaseInteraction]:
+    if entry.get("class_name") in VERL_INTERACTION_CLASSES:
+        return INTERACTIONS.get(VERL_INTERACTION_CLASSES[entry["class_name"]])
+    if "class_name" in entry:
+        return import_dotted(
+            str(entry["class_name"]), where, "package.module.InteractionClass",
+            verl_hint=f"of verl's interaction classes hybridflow builds only {sorted(VERL_INTERACTION_CLASSES)}: "
+                      f"name a registered one with `type:` ({INTERACTIONS.names()})",
+        )
+    name = str(entry.get("type", entry["name"]))
+    if name not in INTERACTIONS:
+        raise ValueError(f"{where}: interaction type {name!r} is unknown; known: {INTERACTIONS.names()} (or give a "
+                         "class_name)")
+    return INTERACTIONS.get(name)
 

@@ -381,3 +381,19 @@ def test_verl_s_gsm8k_interaction_file_builds_its_interaction(chat_tokenizer, tm
     other.write_text("interaction:\n  - name: x\n    class_name: verl.interactions.other.Other\n")
     with pytest.raises(ValueError, match=r"builds only \['verl.interactions.gsm8k_interaction.Gsm8kInteraction'\]"):
         load_interactions(other)
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("interaction:\n  - name: f\n    type: answer_feedbak\n", r"interaction\[0\]: interaction type 'answer_feedbak' is "
+                                                             r"unknown; known: \["),
+    ("interaction:\n  - name: f\n    typ: answer_feedback\n", r"interaction\[0\] has unknown keys \['typ'\]"),
+    ("interaction:\n  - name: f\n    type: answer_feedback\n    config: {incorect_message: x}\n",
+     r"config keys \['incorect_message'\] are not read by AnswerFeedbackInteraction"),
+    ("interaction: [\n", r"is not valid YAML"),
+])
+def test_an_interaction_file_s_mistakes_are_named(tmp_path, text, error):
+    """A misspelt type failed after Ray with a bare KeyError; misspelt keys were accepted and never read."""
+    path = tmp_path / "interaction.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        load_interactions(path)
