@@ -92,6 +92,8 @@ def build_tool(entry: Mapping[str, Any], where: str = "tool") -> BaseTool:
         return cls(dict(config), schema)
     except ValueError as err:
         raise ValueError(f"{where}.config: {err}") from err
+    except Exception as err:  # the tool's own constructor failed: name the entry and the class
+        raise ValueError(f"{where}: {cls.__name__}(config, tool_schema) raised {type(err).__name__}: {err}") from err
 
 
 def load_tools(config: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Mapping[str, Any]

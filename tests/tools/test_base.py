@@ -166,8 +166,32 @@ def test_a_timeout_error_raised_by_the_tool_is_not_a_call_timeout():
     async def call():
         return await tool.execute(await tool.create(), {"word": "own_timeout"})
 
-    with pytest.raises(TimeoutError, match="the tool's own timeout"):
-        run(call())
+    response, reward, metrics = run(call())  # the tool's own error: the model is told; not our call timeout
+    assert "the tool failed: TimeoutError: the tool's own timeout" in response.text
+    assert (reward, metrics["error"], metrics["timeout"]) == (0.0, True, False)
+
+
+class RaisingTool(BaseTool):
+    async def invoke(self, instance, parameters, **kwargs):
+        if parameters["word"] == "zero":
+            return 1 / 0
+        return 42
+
+
+def test_a_tool_that_raises_tells_the_model_and_one_that_breaks_its_contract_is_named(caplog):
+    """verl's loop turns a tool's exception into a reply (the model's arguments may have caused it); it used to end
+    the agent loop, and with it the step. A wrong return value is the tool's bug: named, with the contract."""
+    tool = RaisingTool({}, ECHO_SCHEMA)
+
+    async def call(word):
+        return await tool.execute(await tool.create(), {"word": word})
+
+    response, _, metrics = run(call("zero"))
+    assert "the tool failed: ZeroDivisionError: division by zero" in response.text and metrics["error"]
+    assert "first traceback" in caplog.text
+    with pytest.raises(TypeError, match=r"tool 'echo' \(RaisingTool.invoke\) must return \(ToolResponse, reward as a "
+                                        r"number, metrics dict\); it returned 42"):
+        run(call("other"))
 
 
 @pytest.mark.parametrize("bad", [0, -1, "10", float("nan"), True])

@@ -373,7 +373,7 @@ def _check_agent_loops(cfg: PPOConfig) -> None:
 
         try:
             load_tools(multi_turn.tool_config_path)  # a malformed entry fails now, naming it
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {err}") from err
     if multi_turn.interaction_config_path is not None:
         from hybridflow.agents.interactions import load_interactions
