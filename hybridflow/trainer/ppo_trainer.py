@@ -30,6 +30,7 @@ from hybridflow.rewards.manager.base import RewardResult
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.advantage import apply_kl_in_reward, apply_pf_ppo, compute_advantage, variance_proxies
 from hybridflow.trainer.config import PPOConfig
+from hybridflow.trainer.config.resume_checks import resumed_settings
 from hybridflow.trainer.dynamic_sampling import GroupFilter, merge_generation_metrics
 from hybridflow.trainer.generation import generate_batch
 from hybridflow.trainer.rollout_replay import RolloutReplay, replay_name
@@ -359,7 +360,8 @@ class RayPPOTrainer:
                 self.workers.critic.save_checkpoint(str(staging / "critic"))
             self.rewards.save_checkpoint(staging)
 
-        state = {"sampler": self.data_position(), "kl_coef": float(self.kl_ctrl.value)}
+        state = {"sampler": self.data_position(), "kl_coef": float(self.kl_ctrl.value),
+                 "settings": resumed_settings(self.config)}
         return checkpointing.save_checkpoint(
             run_dir(self.config.trainer), self.global_steps, save_workers, state,
             self.config.trainer.max_actor_ckpt_to_keep,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -533,6 +534,29 @@ def test_resume_path_into_a_directory_with_checkpoints_only_from_its_latest(file
     fresh = [f"data.train_files={files['train']}", f"trainer.default_local_dir={tmp_path / 'new'}",
              "trainer.resume_mode=resume_path", f"trainer.resume_from_path={other / 'global_step_6'}"]
     load_config(fresh).trainer.check_paths()  # into an empty directory: a resumed run of its own
+
+
+def test_a_resume_that_would_ignore_a_changed_lr_or_model_is_refused_before_ray(files, tmp_path):
+    """The optimizer and scheduler state restore the saved lr, and the actor the saved weights: a changed lr was
+    logged as the old one, and a changed model.path reached only the reference model, with no word."""
+    run_dir = tmp_path / "run"
+    actor = run_dir / "global_step_3" / "actor"
+    actor.mkdir(parents=True)
+    for kind in ("model", "optim", "extra_state"):
+        (actor / f"{kind}_world_size_1_rank_0.pt").touch()
+    settings = {"actor_rollout_ref.model.path": files["model"], "actor_rollout_ref.actor.optim.lr": 1e-6}
+    (run_dir / "global_step_3" / "driver_state.json").write_text(json.dumps({"global_steps": 3, "settings": settings}))
+    base = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}",
+            f"actor_rollout_ref.model.path={files['model']}", "algorithm.adv_estimator=grpo"]
+    validate_config(load_config(base))
+    with nothing_started(), pytest.raises(ValueError, match=r"would ignore what the config changed "
+                                                            r"\(actor_rollout_ref.actor.optim.lr: saved 1e-06, now 0.01\)"):
+        validate_config(load_config([*base, "actor_rollout_ref.actor.optim.lr=1e-2"]))
+    other = tmp_path / "other_model"
+    shutil.copytree(files["model"], other)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path: saved .*, now '.*other_model'"):
+        validate_config(load_config([*base[:2], f"actor_rollout_ref.model.path={other}", base[3]]))
+    validate_config(load_config([*base, "trainer.resume_mode=disable", f"trainer.default_local_dir={tmp_path / 'new'}"]))
 
 
 def test_a_resume_from_a_checkpoint_without_the_parts_it_reads_is_refused_before_ray(files, tmp_path):

@@ -1,12 +1,20 @@
-"""Before Ray: the checkpoint a run would resume from holds what each role's `checkpoint.load_contents` reads."""
+"""Before Ray: the checkpoint a run would resume from holds what each role's `checkpoint.load_contents` reads, and
+was saved with the settings that a resume restores rather than reads (`resumed_settings`)."""
 
 from __future__ import annotations
 
-from hybridflow.trainer.checkpoint_dirs import resume_candidate
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hybridflow.trainer.checkpoint_dirs import DRIVER_STATE, resume_candidate
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig
 
-__all__ = ["check_resume_contents"]
+__all__ = ["check_resume_contents", "check_resumed_settings", "resumed_settings"]
+
+logger = logging.getLogger(__name__)
 
 
 def check_resume_contents(cfg: PPOConfig) -> None:
@@ -16,6 +24,7 @@ def check_resume_contents(cfg: PPOConfig) -> None:
     path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
     if path is None:
         return
+    check_resumed_settings(path, resumed_settings(cfg))
     from hybridflow.engines.training.engine_state import saved_parts  # torch: only when there is one to resume
 
     roles: list[tuple[str, str, CheckpointConfig]] = [
@@ -36,3 +45,41 @@ def check_resume_contents(cfg: PPOConfig) -> None:
                 f"what it holds, or trainer.resume_mode=disable with another trainer.default_local_dir to start a "
                 f"new run{start_from}"
             )
+
+
+def resumed_settings(cfg: PPOConfig) -> dict[str, Any]:
+    """The settings a resume takes from the checkpoint, not from the config: the actor's (and critic's) weights
+    come from it whatever `model.path` says (while the reference model reads `model.path`), and the optimizer's and
+    scheduler's state restore the saved learning rate. Saved in each checkpoint's driver state."""
+    settings: dict[str, Any] = {
+        "actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
+        "actor_rollout_ref.actor.optim.lr": cfg.actor_rollout_ref.actor.optim.lr,
+    }
+    if cfg.critic_enabled:
+        settings["critic.model.path"] = cfg.critic.model.path
+        settings["critic.optim.lr"] = cfg.critic.optim.lr
+    return settings
+
+
+def check_resumed_settings(path: Path, now: dict[str, Any]) -> None:
+    """Refuse a resume whose config changes a setting the checkpoint restores (it would be accepted and then
+    ignored); a model path that no longer exists is taken as the same model moved, with a warning."""
+    state_file = path / DRIVER_STATE
+    saved = json.loads(state_file.read_text()).get("settings", {}) if state_file.is_file() else {}
+    changed = []
+    for key, value in now.items():
+        if key not in saved or saved[key] == value:
+            continue
+        was = str(saved[key])
+        if key.endswith("model.path") and ("/" in was or was.startswith("~")) and not Path(was).expanduser().exists():
+            logger.warning("%s was %r when %s was saved; that path is gone, so %r is taken as the same model moved",
+                           key, saved[key], path, value)
+            continue
+        changed.append(f"{key}: saved {saved[key]!r}, now {value!r}")
+    if changed:
+        raise ValueError(
+            f"resuming from {path} would ignore what the config changed ({'; '.join(changed)}): the checkpoint "
+            "restores the trained weights and the optimizer and scheduler state (its learning rate), while the "
+            "reference model would read the new model path. Set them back to resume, or start a new run from this "
+            "checkpoint's exported weights (trainer.resume_mode=disable, model.path=<its huggingface/ dir>)"
+        )

@@ -25,6 +25,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.ray import RayClassWithInitArgs
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.config.schema import SFTConfig
+from hybridflow.trainer.sft.validate import sft_resumed_settings
 from hybridflow.trainer.scaffold import (
     WorkerProcesses,
     build_tokenizer,
@@ -150,7 +151,7 @@ class SFTTrainer:
             run_dir(self.config.trainer),
             self.global_steps,
             lambda staging: self.workers.save_checkpoint(str(staging)),
-            {"sampler": self.train_loader.sampler.state_dict()},
+            {"sampler": self.train_loader.sampler.state_dict(), "settings": sft_resumed_settings(self.config)},
             self.config.trainer.max_ckpt_to_keep,
         )
 

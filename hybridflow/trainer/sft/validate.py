@@ -40,6 +40,7 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     check_model_location("model.path", cfg.model.path)
     check_model_location("model.tokenizer_path", cfg.model.tokenizer_path, weights=False)
     cfg.trainer.check_paths()
+    check_sft_resume(cfg)
     context = model_context_length(cfg.model.path, cfg.model.hf_config_overrides)
     if context is not None and data.max_length > context:
         raise ValueError(
@@ -90,6 +91,22 @@ MEDIA_COLUMNS = ("images", "videos")
 """verl's SFT datasets read images and videos from these columns (image_key / video_key defaults)."""
 
 
+def sft_resumed_settings(cfg: SFTConfig) -> dict:
+    """What an SFT resume restores rather than reads (see `resume_checks.resumed_settings`)."""
+    return {"model.path": cfg.model.path, "optim.lr": cfg.optim.lr}
+
+
+def check_sft_resume(cfg: SFTConfig) -> None:
+    """A resume that would ignore a changed model path or learning rate is refused before Ray."""
+    from hybridflow.trainer.checkpoint_dirs import resume_candidate
+    from hybridflow.trainer.config.resume_checks import check_resumed_settings
+
+    run = cfg.trainer
+    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+    if path is not None:
+        check_resumed_settings(path, sft_resumed_settings(cfg))
+
+
 def check_sft_rows(data) -> None:
     """Every data file has the columns the samples are read from (data.prompt_key / response_key, or
     data.multiturn.messages_key), and carries no images or videos: SFT trains on text, and would drop them and train
@@ -103,6 +120,8 @@ def check_sft_rows(data) -> None:
               {"data.prompt_key": data.prompt_key, "data.response_key": data.response_key})
     for name, path in data.named_files():
         parquet = pq.ParquetFile(expand_path(path))
+        if parquet.metadata.num_rows == 0:
+            raise ValueError(f"{name} entry {path!r} holds no rows; give a file with samples")
         missing = {key: column for key, column in needed.items() if column not in parquet.schema_arrow.names}
         if missing:
             key, column = next(iter(missing.items()))

@@ -83,3 +83,25 @@ def test_verl_s_global_micro_batch_size_becomes_the_per_gpu_one(sft_workspace, t
         load_config([*base, "data.micro_batch_size=4", "data.micro_batch_size_per_gpu=2"], SFT_TREE)
     with pytest.raises(ValueError, match="data.micro_batch_size=1 over 2 data-parallel ranks leaves less than one"):
         load_config([*base, "data.micro_batch_size=1", "trainer.n_gpus_per_node=2"], SFT_TREE)
+
+
+def test_an_empty_file_and_a_resume_that_would_ignore_a_changed_lr_are_refused(sft_workspace, tmp_path, capsys):
+    """A 0-row file passed --dry-run and failed in the run; a changed lr on resume was logged as the old one."""
+    import json
+
+    import pandas as pd
+
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(sft_workspace / "train.parquet").iloc[:0].to_parquet(empty)
+    args = sft_overrides(sft_workspace, tmp_path / "run", f"data.val_files=[{empty}]")
+    args.remove(f"data.val_files=[{sft_workspace / 'val.parquet'}]")
+    assert cli_main(["sft", "--dry-run", *args]) == 2
+    assert f"data.val_files entry '{empty}' holds no rows" in capsys.readouterr().err
+    step = tmp_path / "run" / "global_step_1"
+    step.mkdir(parents=True)
+    settings = {"model.path": str(sft_workspace / "tiny"), "optim.lr": 1e-2}
+    (step / "driver_state.json").write_text(json.dumps({"global_steps": 1, "settings": settings}))
+    assert cli_main(["sft", "--dry-run", *sft_overrides(sft_workspace, tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert cli_main(["sft", "--dry-run", *sft_overrides(sft_workspace, tmp_path / "run", "optim.lr=0.5")]) == 2
+    assert "would ignore what the config changed (optim.lr: saved 0.01, now 0.5)" in capsys.readouterr().err
