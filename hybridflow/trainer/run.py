@@ -118,8 +118,12 @@ def run_ppo(
             judge.close()
         tracking.finish()
         if "file" in config.trainer.logger:
-            for path in plot_run(run_dir(config.trainer)):
-                logger.info("wrote %s", path)
+            try:  # after a crash too: it must never hide the run's own exception
+                for path in plot_run(run_dir(config.trainer)):
+                    logger.info("wrote %s", path)
+            except Exception as err:  # noqa: BLE001 - the plots are derived from metrics.jsonl, which stays
+                logger.warning("could not plot the run from %s: %s: %s", run_dir(config.trainer),
+                               type(err).__name__, err)
 
 
 def summarize_validation(before: dict[str, float], after: dict[str, float]) -> str:

@@ -22,17 +22,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from hybridflow import env
 from hybridflow.data import build_sampler
 from hybridflow.data.config import expand_path
-from hybridflow.workers.registrations import driver_registrations
 from hybridflow.models import MODEL_CATALOGUE, catalogue_tokenizer_path, load_tokenizer, resolve_model_path
 from hybridflow.models.config import ModelConfig
 from hybridflow.models.loader import with_chat_template
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.local import LocalWorkerGroup
 from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, describe_cluster
+from hybridflow.trainer.checkpoint_dirs import resume_candidate
 from hybridflow.trainer.config.schema import RayInitConfig, RunConfig
-from hybridflow.trainer.tracking import Tracking
+from hybridflow.trainer.tracking import METRICS_FILE, Tracking
 from hybridflow.utils.device import device_count
 from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.registrations import driver_registrations
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +205,17 @@ def write_ray_timeline(path: str | None) -> None:
 
 
 def build_tracking(run: RunConfig, config: Any, backends: Sequence[str] | None = None) -> Tracking:
-    """Tracking of the run into `trainer.default_local_dir` with the whole config recorded."""
+    """Tracking of the run into `trainer.default_local_dir` with the whole config recorded. A run that starts at
+    step 0 moves an earlier run's metrics file aside first (a run without checkpoints, or a different one): they
+    were appended to, and their steps mixed with this run's in the plots."""
+    root = run_dir(run)
+    if resume_candidate(run.resume_mode, run.resume_from_path, root) is None:
+        earlier = root / METRICS_FILE
+        if earlier.is_file() and earlier.stat().st_size:
+            kept = earlier.with_name(f"{METRICS_FILE}.before-{time.strftime('%Y%m%dT%H%M%S')}")
+            earlier.rename(kept)
+            logger.warning("%s held an earlier run's metrics; this run starts at step 0, so they were moved to %s",
+                           earlier, kept.name)
     return Tracking(
         list(run.logger if backends is None else backends),
         run_dir(run),

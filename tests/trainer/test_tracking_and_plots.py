@@ -166,3 +166,25 @@ def test_validation_plot_draws_the_interval_band(tmp_path):
     finally:
         plt.Axes.fill_between = original
     assert bands == [([0, 1], [0.1, 0.3], [0.3, 0.5])]
+
+
+def test_a_run_from_step_0_moves_an_earlier_run_s_metrics_aside_and_a_resume_appends(tmp_path):
+    """Running a line twice without checkpoints (verl's default save_freq=-1) appended the second run's steps to
+    the first's metrics.jsonl, and the plots mixed them step by step."""
+    from hybridflow.trainer.config.schema import RunConfig
+    from hybridflow.trainer.scaffold import build_tracking
+
+    run = RunConfig(default_local_dir=str(tmp_path), logger=["file"])
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    tracking = build_tracking(run, run)
+    tracking.log({"loss": 1.0}, step=1)
+    tracking.finish()
+    earlier = sorted(tmp_path.glob("metrics.jsonl.before-*"))
+    assert len(earlier) == 1 and earlier[0].read_text() == '{"step": 1, "loss": 9.0}\n'
+    assert [record["loss"] for record in read_metrics(tmp_path)] == [1.0]
+    (tmp_path / "global_step_1").mkdir()
+    (tmp_path / "global_step_1" / "driver_state.json").write_text("{}")
+    tracking = build_tracking(run, run)  # resumes from global_step_1: the same run goes on
+    tracking.log({"loss": 0.5}, step=2)
+    tracking.finish()
+    assert [record["loss"] for record in read_metrics(tmp_path)] == [1.0, 0.5]
