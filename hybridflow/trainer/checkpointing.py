@@ -76,7 +76,11 @@ def find_resume_dir(run: RunConfig, root: Path) -> Path | None:
 def load_driver_state(path: Path) -> dict[str, Any]:
     """The driver state saved in checkpoint `path` (`global_steps` and whatever the trainer added)."""
     if (path / DRIVER_STATE).is_file():
-        state = json.loads((path / DRIVER_STATE).read_text())
+        try:
+            state = json.loads((path / DRIVER_STATE).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path / DRIVER_STATE} is not valid JSON ({err}); the checkpoint is damaged: resume "
+                             "from an earlier global_step_N (trainer.resume_mode=resume_path)") from err
     else:  # plain numbers only: the safe loader refuses anything else
         state = torch.load(path / LEGACY_DRIVER_STATE, weights_only=True)
     logger.info("resuming from %s at step %d", path, state["global_steps"])

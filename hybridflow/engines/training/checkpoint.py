@@ -39,7 +39,13 @@ def load_shard(path: Path) -> Any:
             f"({path.name.split('_rank_')[0]})?"
         )
     with torch.serialization.safe_globals(_dtensor_placement_globals()):
-        return torch.load(path, weights_only=True, map_location="cpu")
+        try:
+            return torch.load(path, weights_only=True, map_location="cpu")
+        except (RuntimeError, EOFError, OSError) as err:  # truncated or corrupted on disk
+            raise RuntimeError(
+                f"checkpoint file {path} cannot be read ({type(err).__name__}: {str(err)[:200]}); it is truncated or "
+                f"corrupted: resume from an earlier global_step_N (trainer.resume_mode=resume_path) or another copy"
+            ) from err
 
 
 def _dtensor_placement_globals() -> list[type]:

@@ -65,7 +65,11 @@ def check_resumed_settings(path: Path, now: dict[str, Any]) -> None:
     """Refuse a resume whose config changes a setting the checkpoint restores (it would be accepted and then
     ignored); a model path that no longer exists is taken as the same model moved, with a warning."""
     state_file = path / DRIVER_STATE
-    saved = json.loads(state_file.read_text()).get("settings", {}) if state_file.is_file() else {}
+    try:
+        saved = json.loads(state_file.read_text()).get("settings", {}) if state_file.is_file() else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{state_file} is not valid JSON ({err}); the checkpoint is damaged: resume from an earlier "
+                         "global_step_N (trainer.resume_mode=resume_path)") from err
     changed = []
     for key, value in now.items():
         if key not in saved or saved[key] == value:
