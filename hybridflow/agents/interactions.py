@@ -22,6 +22,7 @@ import yaml
 
 from hybridflow.rewards.score import resolve_scorer
 from hybridflow.rewards.score.gsm8k import compute_score as compute_gsm8k_score
+from hybridflow.utils.config import check_mapping_keys
 from hybridflow.utils.file_module import import_dotted
 from hybridflow.utils.registry import Registry
 
@@ -151,9 +152,7 @@ def load_interactions(path: str | os.PathLike[str]) -> dict[str, BaseInteraction
         where = f"{path}: interaction[{index}]"
         if not isinstance(entry, Mapping) or "name" not in entry:
             raise ValueError(f"{where} needs a 'name' (and 'type' or 'class_name')")
-        unknown = sorted(set(entry) - set(ENTRY_KEYS))
-        if unknown:
-            raise ValueError(f"{where} has unknown keys {unknown}; an entry has {list(ENTRY_KEYS)}")
+        check_mapping_keys(entry, where, set(ENTRY_KEYS))
         cls = _interaction_class(entry, where)
         config = entry.get("config") or {}
         if not isinstance(config, Mapping):

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridflow.tools.base import TOOLS, BaseTool
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema
+from hybridflow.utils.config import check_mapping_keys
 from hybridflow.utils.file_module import import_dotted
 
 __all__ = ["build_tool", "load_tools"]
@@ -74,9 +75,7 @@ def build_tool(entry: Mapping[str, Any], where: str = "tool") -> BaseTool:
     entry = _to_plain(entry)
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where} must be a mapping with 'name' or 'class_name', got {entry!r}")
-    unknown = sorted(set(entry) - _ENTRY_KEYS)
-    if unknown:
-        raise ValueError(f"{where} has unknown keys {unknown}; allowed keys are {sorted(_ENTRY_KEYS)}")
+    check_mapping_keys(entry, where, _ENTRY_KEYS)
     cls = _resolve_class(entry, where)
     config = entry.get("config") or {}
     if not isinstance(config, Mapping):

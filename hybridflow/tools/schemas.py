@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.utils.config import check_mapping_keys
+
 __all__ = [
     "EXTRA_PROPERTY_KEYWORDS",
     "FunctionCall",
@@ -31,18 +33,6 @@ EXTRA_PROPERTY_KEYWORDS = (
     "minLength", "maxLength", "minItems", "maxItems", "properties", "required", "additionalProperties",
 )
 """JSON Schema keywords a property may carry besides type/description/enum/items (shown to the model only)."""
-
-
-def _check_keys(data: Any, where: str, allowed: set[str], required: set[str]) -> None:
-    """Raise ValueError unless `data` is a mapping with all `required` and only `allowed` keys."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ValueError(f"{where} has unknown keys {unknown}; allowed keys are {sorted(allowed)}")
-    missing = sorted(required - set(data))
-    if missing:
-        raise ValueError(f"{where} is missing keys {missing}; add them")
 
 
 def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +73,7 @@ class OpenAIFunctionPropertySchema:
     def from_dict(cls, data: Mapping[str, Any], where: str = "property") -> OpenAIFunctionPropertySchema:
         """Build from `{"type": ..., "description": ..., "enum": [...], "items": {...}}`."""
         named = {"type", "description", "enum", "items"}
-        _check_keys(data, where, named | set(EXTRA_PROPERTY_KEYWORDS), {"type"})
+        check_mapping_keys(data, where, named | set(EXTRA_PROPERTY_KEYWORDS), {"type"})
         try:
             return cls(**{key: value for key, value in data.items() if key in named},
                        extra={key: value for key, value in data.items() if key not in named})
@@ -123,7 +113,7 @@ class OpenAIFunctionParametersSchema:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "parameters") -> OpenAIFunctionParametersSchema:
         """Build from `{"type": "object", "properties": {...}, "required": [...]}`."""
-        _check_keys(data, where, {"type", "properties", "required"}, set())
+        check_mapping_keys(data, where, {"type", "properties", "required"}, set())
         properties = data.get("properties") or {}
         if not isinstance(properties, Mapping):
             raise ValueError(f"{where}.properties must be a mapping of name -> schema, got {properties!r}")
@@ -165,7 +155,7 @@ class OpenAIFunctionSchema:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "function") -> OpenAIFunctionSchema:
         """Build from `{"name": ..., "description": ..., "parameters": {...}}`."""
-        _check_keys(data, where, {"name", "description", "parameters", "strict"}, {"name"})
+        check_mapping_keys(data, where, {"name", "description", "parameters", "strict"}, {"name"})
         parameters = OpenAIFunctionParametersSchema.from_dict(data.get("parameters") or {}, f"{where}.parameters")
         try:
             return cls(name=data["name"], description=data.get("description") or "", parameters=parameters)
@@ -215,7 +205,7 @@ class OpenAIFunctionToolSchema:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "tool_schema") -> OpenAIFunctionToolSchema:
         """Build from the OpenAI dict; a ValueError names the offending key under `where`."""
-        _check_keys(data, where, {"type", "function"}, {"function"})
+        check_mapping_keys(data, where, {"type", "function"}, {"function"})
         function = OpenAIFunctionSchema.from_dict(data["function"], f"{where}.function")
         try:
             return cls(type=data.get("type", "function"), function=function)

@@ -33,6 +33,7 @@ __all__ = [
     "check_at_least",
     "check_choice",
     "check_literal_fields",
+    "check_mapping_keys",
     "check_positive",
     "check_range",
     "defaults_tree",
@@ -107,6 +108,19 @@ def check_range(field: str, value: float, low: float, high: float, *, low_open: 
     if not (above and below):
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ConfigFieldError(field, f"{field}={value!r} must be in {interval}")
+
+
+def check_mapping_keys(data: Any, where: str, allowed: set[str], required: set[str] = frozenset()) -> None:
+    """Raise ValueError unless `data` is a mapping with all `required` and only `allowed` keys (a YAML entry or
+    schema: `where` names it)."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; allowed keys are {sorted(allowed)}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise ValueError(f"{where} is missing keys {missing}; add them")
 
 
 def check_literal_fields(instance: Any) -> None:
