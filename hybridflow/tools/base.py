@@ -57,10 +57,6 @@ _ABANDONED: set[asyncio.Future] = set()  # timed-out calls finishing their clean
 logger = logging.getLogger(__name__)
 
 
-class _ToolContractError(TypeError):
-    """A tool's `invoke` returned something other than `(ToolResponse, reward, metrics)`."""
-
-
 def _forget(task: asyncio.Future) -> None:
     """Done callback of a timed-out call: drop it, logging an error its clean-up raised (else unretrieved)."""
     _ABANDONED.discard(task)
@@ -211,18 +207,18 @@ class BaseTool:
             metrics["error"] = True
         else:
             try:
-                response, reward, metrics = self._checked(await self._invoke_bounded(instance, parameters, **kwargs))
+                result = await self._invoke_bounded(instance, parameters, **kwargs)
             except ToolError as err:
-                response, reward, metrics = self._error_response(str(err)), 0.0, {"error": True}
-            except _ToolContractError:
-                raise
+                result = self._error_response(str(err)), 0.0, {"error": True}
             except Exception as err:  # raised on the model's arguments: the model is told, as verl's loop does
                 if not getattr(self, "_logged_failure", False):
                     self._logged_failure = True
                     logger.warning("tool %r raised on a call (it scores as a tool error; the model gets the "
                                    "message); first traceback:", self.name, exc_info=True)
-                response = self._error_response(f"the tool failed: {type(err).__name__}: {err}")
-                reward, metrics = 0.0, {"error": True}
+                result = self._error_response(f"the tool failed: {type(err).__name__}: {err}"), 0.0, {"error": True}
+            else:  # outside the handlers: a wrong return value is the tool's bug and stops the run
+                self._check_result(result)
+            response, reward, metrics = result
         metrics = {**metrics, "latency_s": time.perf_counter() - start, "error": bool(metrics.get("error", False)),
                    "timeout": bool(metrics.get("timeout", False))}
         instance.num_errors += int(metrics["error"])
@@ -268,13 +264,12 @@ class BaseTool:
     def _error_response(self, message: str) -> ToolResponse:
         return ToolResponse(text=f"Error from tool '{self.name}': {message}")
 
-    def _checked(self, result: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
-        """`invoke`'s `(ToolResponse, reward, metrics)`, or an error naming the tool and the contract (a bug in the
-        tool's code, not the model's doing: it stops the run)."""
+    def _check_result(self, result: Any) -> None:
+        """Raise unless `invoke` returned `(ToolResponse, reward, metrics)`, naming the tool and the contract (a bug in
+        the tool's code, not the model's doing: it stops the run)."""
         if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)
                 and isinstance(result[1], numbers.Real) and isinstance(result[2], dict)):
-            raise _ToolContractError(
+            raise TypeError(
                 f"tool {self.name!r} ({type(self).__name__}.invoke) must return (ToolResponse, reward as a number, "
                 f"metrics dict); it returned {result!r:.200}"
             )
-        return result
