@@ -87,14 +87,21 @@ def takes_keywords(function: Callable[..., Any], names: tuple[str, ...]) -> bool
     return _keyword_error(function, names) is None
 
 
-def _keyword_error(function: Callable[..., Any], names: Iterable[str]) -> TypeError | None:
-    """Why `function` cannot take `names` as keywords, or None (also for a builtin, whose signature is unknown)."""
+def call_error(function: Callable[..., Any], names: Iterable[str]) -> TypeError | None:
+    """Why `function` cannot be called with exactly the keywords `names` (one it lacks, or a parameter without a
+    default they leave out), or None (also for a builtin, whose signature is unknown)."""
+    return _keyword_error(function, names, complete=True)
+
+
+def _keyword_error(function: Callable[..., Any], names: Iterable[str], complete: bool = False) -> TypeError | None:
+    """Why `function` cannot take `names` as keywords (with `complete`, as its whole call), or None (also for a
+    builtin, whose signature is unknown)."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # a builtin or C function: nothing to check
         return None
     try:
-        signature.bind_partial(**dict.fromkeys(names))
+        (signature.bind if complete else signature.bind_partial)(**dict.fromkeys(names))
     except TypeError as err:
         return err
     return None

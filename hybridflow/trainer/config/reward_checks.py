@@ -19,7 +19,7 @@ CALL_KEYWORDS = {
 def check_custom_reward_function(cfg: PPOConfig) -> None:
     """Before Ray (and in --dry-run): the file loads, defines `custom_reward_function.name`, takes its
     `reward_kwargs` and the keywords the reward manager calls it with; each failure names the key and the fix."""
-    from hybridflow.rewards.custom import load_custom_reward_fn
+    from hybridflow.rewards.custom import call_error, load_custom_reward_fn
 
     custom = cfg.custom_reward_function
     try:
@@ -33,13 +33,8 @@ def check_custom_reward_function(cfg: PPOConfig) -> None:
     keywords = CALL_KEYWORDS.get(manager)
     if keywords is None or (cfg.reward_model.enable and cfg.reward_model.use_reward_loop):
         return  # a custom manager's call, or the generative judge's (check_generative_reward_model)
-    import inspect
-
-    try:
-        inspect.signature(function).bind(**dict.fromkeys(keywords), **dict(custom.reward_kwargs))
-    except (TypeError, ValueError) as err:
-        if isinstance(err, ValueError) and "no signature" in str(err):
-            return  # a builtin: nothing to check
+    err = call_error(function, [*keywords, *custom.reward_kwargs])
+    if err is not None:
         raise ValueError(
             f"custom_reward_function.name={custom.name!r} in {custom.path} cannot be called as reward_model."
             f"reward_manager={manager!r} calls it, with keywords {list(keywords)}"
