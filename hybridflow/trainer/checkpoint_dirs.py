@@ -9,6 +9,7 @@ the next run (`remove_stale_staging`). Nothing is overwritten: saving a step tha
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -58,11 +59,28 @@ def commit_step(root: str | os.PathLike, step: int, staging: Path, max_to_keep: 
     return final
 
 
+def read_driver_state(path: str | os.PathLike) -> dict | None:
+    """Checkpoint `path`'s `driver_state.json`, or None where it has none (a legacy `.pt` one, or none at all); a
+    damaged file names itself and the way on."""
+    state_file = Path(path) / DRIVER_STATE
+    if not state_file.is_file():
+        return None
+    try:
+        return json.loads(state_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{state_file} is not valid JSON ({err}); the checkpoint is damaged: resume from an earlier "
+                         "global_step_N (trainer.resume_mode=resume_path)") from err
+
+
 def list_checkpoints(root: str | os.PathLike) -> list[int]:
     """Steps under `root` whose directory is a checkpoint hybridflow committed (it holds the driver state):
     the only ones pruning may delete, never a user's folder that happens to be named `global_step_N`."""
-    return [step for step in list_steps(root)
-            if any((step_dir(root, step) / name).is_file() for name in (DRIVER_STATE, LEGACY_DRIVER_STATE))]
+    return [step for step in list_steps(root) if is_committed(step_dir(root, step))]
+
+
+def is_committed(path: str | os.PathLike) -> bool:
+    """Whether `path` is a complete checkpoint: the driver state is written last, just before the commit."""
+    return any((Path(path) / name).is_file() for name in (DRIVER_STATE, LEGACY_DRIVER_STATE))
 
 
 def list_steps(root: str | os.PathLike) -> list[int]:

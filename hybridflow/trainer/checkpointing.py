@@ -68,20 +68,15 @@ def find_resume_dir(run: RunConfig, root: Path) -> Path | None:
     directories of killed saves are removed first."""
     checkpoint_dirs.remove_stale_staging(root)
     path = checkpoint_dirs.resume_candidate(run.resume_mode, run.resume_from_path, root)
-    if path is not None and not (path / DRIVER_STATE).is_file() and not (path / LEGACY_DRIVER_STATE).is_file():
+    if path is not None and not checkpoint_dirs.is_committed(path):
         raise FileNotFoundError(f"{path} holds no {DRIVER_STATE}: not a complete checkpoint")
     return path
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:
     """The driver state saved in checkpoint `path` (`global_steps` and whatever the trainer added)."""
-    if (path / DRIVER_STATE).is_file():
-        try:
-            state = json.loads((path / DRIVER_STATE).read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path / DRIVER_STATE} is not valid JSON ({err}); the checkpoint is damaged: resume "
-                             "from an earlier global_step_N (trainer.resume_mode=resume_path)") from err
-    else:  # plain numbers only: the safe loader refuses anything else
+    state = checkpoint_dirs.read_driver_state(path)
+    if state is None:  # plain numbers only: the safe loader refuses anything else
         state = torch.load(path / LEGACY_DRIVER_STATE, weights_only=True)
     logger.info("resuming from %s at step %d", path, state["global_steps"])
     return state

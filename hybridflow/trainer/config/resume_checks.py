@@ -3,12 +3,11 @@ was saved with the settings that a resume restores rather than reads (`resumed_s
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from hybridflow.trainer.checkpoint_dirs import DRIVER_STATE, resume_candidate
+from hybridflow.trainer.checkpoint_dirs import read_driver_state, resume_candidate
 from hybridflow.trainer.config.schema import PPOConfig
 from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig
 
@@ -64,12 +63,7 @@ def resumed_settings(cfg: PPOConfig) -> dict[str, Any]:
 def check_resumed_settings(path: Path, now: dict[str, Any]) -> None:
     """Refuse a resume whose config changes a setting the checkpoint restores (it would be accepted and then
     ignored); a model path that no longer exists is taken as the same model moved, with a warning."""
-    state_file = path / DRIVER_STATE
-    try:
-        saved = json.loads(state_file.read_text()).get("settings", {}) if state_file.is_file() else {}
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{state_file} is not valid JSON ({err}); the checkpoint is damaged: resume from an earlier "
-                         "global_step_N (trainer.resume_mode=resume_path)") from err
+    saved = (read_driver_state(path) or {}).get("settings", {})
     changed = []
     for key, value in now.items():
         if key not in saved or saved[key] == value:
