@@ -60,7 +60,7 @@ class FileRewardFunction:
 
     def prepare(self) -> None:
         """Import the file in this process (the scorer pool does it before a call's timeout starts)."""
-        _load_function(self.path, self.name)
+        self.function()
 
 
 @dataclass(frozen=True)
