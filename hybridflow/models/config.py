@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from hybridflow.utils.config import ConfigFieldError, check_at_least, unsupported
 
-__all__ = ["ATTN_IMPLEMENTATIONS", "FusedKernelOptions", "ModelConfig", "check_lora_adapter_path", "check_override_config"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "CUDA_ONLY_ATTN", "cuda_only_attn_error", "FusedKernelOptions", "ModelConfig", "check_lora_adapter_path", "check_override_config"]
 
 
 def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -> None:
@@ -38,6 +38,25 @@ def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2")
 """Attention kernels a training or log-prob forward may use (transformers' names)."""
+
+CUDA_ONLY_ATTN = {
+    "flash_attention_2": "flash-attn's kernels are CUDA ones",
+    "flex_attention": (
+        "torch has no CPU backward for it, and inductor's CPU kernel for the block masks of shared prompts and packed "
+        "rows fails to compile (CppCompileError, torch 2.13)"
+    ),
+}
+"""Attention kernels that run on CUDA ranks only, each with the reason."""
+
+
+def cuda_only_attn_error(attn: str, device_type: str) -> str | None:
+    """Why attention kernel `attn` cannot run on a `device_type` rank (None where it can)."""
+    if device_type == "cuda" or attn not in CUDA_ONLY_ATTN:
+        return None
+    return (
+        f"override_config.attn_implementation={attn!r} runs on CUDA ranks only ({CUDA_ONLY_ATTN[attn]}); "
+        f"these ranks run on {device_type}: use sdpa there"
+    )
 
 
 MEGATRON_ONLY_OVERRIDES = ("model_config", "transformer_config")
@@ -167,7 +186,7 @@ class ModelConfig:
     override_config: dict[str, Any] = field(default_factory=dict)
     """Values to override in the model's HF config (verl's key, set as +...override_config.KEY=VALUE), e.g.
     max_position_embeddings or rope_scaling; a dict value updates a sub-config (text_config). attn_implementation
-    picks the attention kernel: sdpa (default), eager, flex_attention, or flash_attention_2 (CUDA with the
+    picks the attention kernel: sdpa (default), eager, flex_attention (CUDA ranks only), or flash_attention_2 (CUDA with the
     flash-attn package; packed rows run as variable-length batches). Applied to the training engines, the hf/native
     rollout's copy and the vllm engine (hf_overrides); refused with rollout tensor parallelism."""
     external_lib: Optional[str] = unsupported(None, "models are loaded from transformers' own classes only")

@@ -318,3 +318,16 @@ def test_hybrid_sharding_groups_are_checked_against_the_ranks(tmp_path, train_fi
         with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.fsdp_config.fsdp_size=3, .* over 4 ranks: "
                                              r"fsdp_size=3 does not divide the 4 ranks"):
             check([*line, "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"])
+
+
+def test_cuda_only_attention_kernels_are_refused_before_ray_where_the_workers_run_on_cpu(train_file):
+    """flex_attention on CPU workers would fail in the first log-prob pass (inductor's CPU kernel does not compile
+    for block masks) or update (no CPU backward): refused by the config for each model that would run it."""
+    base = grpo_overrides(train_file) + ["trainer.device=cpu"]
+    with nothing_started():
+        for key in ("actor_rollout_ref.model", "critic.model"):
+            extra = ["algorithm.adv_estimator=gae"] if key == "critic.model" else []
+            with pytest.raises(ValueError, match=rf"{key}\.override_config\.attn_implementation='flex_attention' "
+                                                 r"runs on CUDA ranks only \(.*CppCompileError.*use sdpa there"):
+                check(base + extra + [f"+{key}.override_config.attn_implementation=flex_attention"])
+        check(base + ["+actor_rollout_ref.model.override_config.attn_implementation=eager"])

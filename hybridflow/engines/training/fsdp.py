@@ -60,6 +60,7 @@ from hybridflow.engines.training.rank0_init import Rank0Weights, materialize_fro
 from hybridflow.engines.training.tensor_parallel import apply_tensor_parallel
 from hybridflow.engines.training.vocab_parallel import VocabShard
 from hybridflow.env import dist_local_rank
+from hybridflow.models.config import cuda_only_attn_error
 from hybridflow.models.loader import resolve_dtype
 from hybridflow.models.lora import expert_adapters_of, is_lora_model, lora_scaling_of
 from hybridflow.models.lora import merge_lora_named_tensors
@@ -138,11 +139,9 @@ class FSDPEngine:
         self.param_dtype = resolve_dtype(config.fsdp.compute_dtype, self.device)
         self.weight_dtype = resolve_dtype(config.fsdp.weight_dtype, self.device)  # master weights (model_dtype)
         self.shards_on_host = self.is_sharded and config.fsdp.param_offload  # FSDP2 CPU offload: params, grads, step
-        if config.attn_implementation == "flash_attention_2" and self.device.type != "cuda":
-            raise ValueError(
-                f"model.override_config.attn_implementation='flash_attention_2' runs on CUDA only; this rank's device "
-                f"is {self.device.type}: use sdpa"
-            )
+        attn_error = cuda_only_attn_error(config.attn_implementation, self.device.type)
+        if attn_error is not None:
+            raise ValueError(f"model.{attn_error}")
         self.lora_scaling = lora_scaling_of(module) if is_lora_model(module) else None
         self.lora_experts = {} if self.lora_scaling is None else expert_adapters_of(module, self.lora_scaling)
         check_one_rank_lora(
@@ -315,11 +314,6 @@ class FSDPEngine:
             `num_skipped_steps` (1 when the grad norm was NaN/inf and the step was skipped), and the mean over
             micro-batches of each metric returned by `loss_fn`.
         """
-        if self.forward_model.attn_kernel == "flex_attention" and self.device.type == "cpu":
-            raise NotImplementedError(
-                "model.override_config.attn_implementation='flex_attention': torch runs its backward on CUDA only, "
-                "and this rank is a CPU one; train with sdpa (log-prob passes may use flex_attention)"
-            )
         if isinstance(batch, (list, tuple)):
             micro_batches = [as_data_proto(micro_batch) for micro_batch in batch]
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from hybridflow.data.config import expand_path
+from hybridflow.models.config import cuda_only_attn_error
 from hybridflow.models.forward_support import packing_unsupported_reason
 from hybridflow.models.moe_shape import is_moe_config, moe_routing_unsupported_reason
 from hybridflow.trainer.config.parallel_checks import engine_configs, hf_model_config
@@ -253,6 +254,18 @@ def check_forward_support(cfg: PPOConfig) -> None:
                 f"{section}: {engine.model.path!r} ({config.get('model_type')!r}) has no sdpa attention in "
                 f"transformers (the default kernel); set +{model_key}.override_config.attn_implementation=eager"
             )
+
+
+def check_attention_kernels_on_cpu(cfg: PPOConfig) -> None:
+    """CUDA-only attention kernels (`models.config.CUDA_ONLY_ATTN`) refused for trained and scoring models whose
+    workers certainly run on CPU (`WorkerPlacement.workers_on_cpu`); on a cluster joined by address the engine
+    refuses them once its device is known."""
+    if not cfg.trainer.workers_on_cpu(cfg.ray_kwargs.ray_init.address):
+        return
+    for role, (section, engine) in engine_configs(cfg).items():
+        error = cuda_only_attn_error(engine.attn_implementation, "cpu")
+        if error is not None:
+            raise ValueError(f"{MODEL_SECTIONS[role]}.{error}")
 
 
 def _has_sdpa(model) -> bool:

@@ -17,6 +17,7 @@ from hybridflow.trainer.config.model_checks import (
     check_config_overrides_reach_the_rollout,
     check_lengths,
     check_model_location,
+    check_attention_kernels_on_cpu,
     check_forward_support,
     check_lora_on_experts,
     check_lora_with_lone_param_offload,
@@ -80,6 +81,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
             critic.update_token_budget, layouts["critic"].group_size,
         )
     check_forward_support(cfg)  # may import transformers (a family's attention kernels)
+    check_attention_kernels_on_cpu(cfg)  # may import torch (the device count)
     cfg.trainer.check_environment(cfg.ray_kwargs.ray_init.address)
     check_rollout_backend(cfg)
     return sizes
