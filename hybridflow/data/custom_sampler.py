@@ -92,11 +92,18 @@ class UserSampler(Sampler[int]):
         own = self.sampler.state_dict() if callable(getattr(self.sampler, "state_dict", None)) else None
         return {"epoch": self.epoch, "position": self.position, "finished": self._finished, "sampler": own}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` (see the module doc); refuses hybridflow's own sampler's state."""
+    def state_error(self, state: dict[str, Any]) -> str | None:
+        """Why `state` cannot be continued (None where it can): one saved by hybridflow's own sampler."""
         if "sampler" not in state:
-            raise ValueError("the checkpoint's sampler state was saved without data.sampler.class_path; resume with "
-                             "the data.sampler settings the run was saved with")
+            return ("the checkpoint's sampler state was saved without data.sampler.class_path; resume with the "
+                    "data.sampler settings the run was saved with")
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (see the module doc); refuses one `state_error` names."""
+        error = self.state_error(state)
+        if error is not None:
+            raise ValueError(error)
         self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), bool(state["finished"])
         if state["sampler"] is not None and callable(getattr(self.sampler, "load_state_dict", None)):
             self.sampler.load_state_dict(state["sampler"])

@@ -68,20 +68,32 @@ class StatefulSampler(Sampler[int]):
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
                 "shuffle": self.shuffle, "num_samples": self.num_samples}
 
+    def state_error(self, state: dict[str, Any]) -> str | None:
+        """Why `state` cannot be continued by this sampler (None where it can): a state saved by `data.sampler`'s
+        class, or for another dataset size, seed or shuffle setting (a drawn seed takes the saved one)."""
+        if "num_samples" not in state:
+            return ("the checkpoint's data order was saved by data.sampler.class_path's sampler; resume with the "
+                    "data.sampler settings the run was saved with")
+        for key in ("num_samples", "seed", "shuffle"):
+            if key == "seed" and self.seed_drawn:
+                continue
+            if state[key] != getattr(self, key):
+                held = " (the training rows after filtering)" if key == "num_samples" else ""
+                return (f"the checkpoint's data order was saved with {key}={state[key]!r}{held}, and this run has "
+                        f"{key}={getattr(self, key)!r}; resume with the same data.train_files, data.filter_overlong_"
+                        "prompts, data.seed and data.shuffle, or start a new run")
+        if not 0 <= state["position"] <= state["num_samples"]:
+            return f"the checkpoint's data order is at position {state['position']}, outside 0..{state['num_samples']}"
+        return None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state`; refuses a state saved for another dataset size, seed or shuffle setting (a drawn
-        seed takes the saved one)."""
+        """Continue from `state`; refuses one `state_error` names (a drawn seed takes the saved one)."""
+        error = self.state_error(state)
+        if error is not None:
+            raise ValueError(error)
         if self.seed_drawn and state["seed"] != self.seed:
             logger.info("data.seed=null: resuming with the saved data order's seed %d", state["seed"])
             self.seed = int(state["seed"])
-        for key in ("num_samples", "seed", "shuffle"):
-            if state[key] != getattr(self, key):
-                raise ValueError(
-                    f"sampler state was saved with {key}={state[key]!r} but this sampler has "
-                    f"{key}={getattr(self, key)!r}; resume with the same data files and data.seed/data.shuffle"
-                )
-        if not 0 <= state["position"] <= self.num_samples:
-            raise ValueError(f"sampler state position={state['position']} is outside 0..{self.num_samples}")
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
 

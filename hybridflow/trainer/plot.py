@@ -3,18 +3,25 @@
 `hybridflow plot RUN_DIR` reads `RUN_DIR/metrics.jsonl` (the `file` tracking backend) and writes
 `RUN_DIR/plots/*.png`; the trainer calls the same function at the end of a run. Per-step training metrics are
 noisy at RL batch sizes, so each is drawn as its raw points with an exponential moving average over them; a
-validation mean is drawn with its 95% interval (`val-aux/.../ci95_low|high`) as a band.
+validation mean is drawn with its 95% interval (`val-aux/.../ci95_low|high`) as a band. Each PNG is tagged as
+this module's (`PLOT_SOFTWARE`); a file of the same name that is not is never written over.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.algorithms.validation_metrics import interval_keys
 from hybridflow.trainer.tracking import METRICS_FILE
+
+logger = logging.getLogger(__name__)
+
+PLOT_SOFTWARE = "hybridflow plot_run"
+"""The PNG `Software` text of every plot written here: a file without it is someone else's."""
 
 SMOOTHING = 0.6  # weight of the running average: each point moves it by 40% of the gap
 
@@ -100,10 +107,29 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         axis.legend(fontsize=7)
         figure.tight_layout()
         path = out_dir / f"{panel}.png"
-        figure.savefig(path, dpi=100)
+        if is_ours_to_write(path):
+            figure.savefig(path, dpi=100, metadata={"Software": PLOT_SOFTWARE})
+            written.append(path)
+        else:
+            logger.warning("%s was not written by hybridflow's plots, so it is left as it is; move it and run "
+                           "`hybridflow plot %s` for the %s plot", path, run_dir, panel)
         plt.close(figure)
-        written.append(path)
     return written
+
+
+def is_ours_to_write(path: Path) -> bool:
+    """Whether `path` is free or a plot this module wrote (its PNG `Software` text is `PLOT_SOFTWARE`)."""
+    if not path.exists() and not path.is_symlink():
+        return True
+    if not path.is_file() or path.is_symlink():
+        return False
+    from PIL import Image  # matplotlib's own dependency
+
+    try:
+        with Image.open(path) as image:
+            return getattr(image, "text", {}).get("Software") == PLOT_SOFTWARE
+    except Exception:  # noqa: BLE001 - anything unreadable as a PNG is not ours
+        return False
 
 
 def _plot_with_interval(axis, records: list[dict], key: str, steps: Sequence[int], values: Sequence[float]) -> None:

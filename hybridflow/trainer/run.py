@@ -15,6 +15,7 @@ from hybridflow.data.dataset_class import build_custom_dataset, rl_dataset_class
 from hybridflow.rewards import get_reward_manager_cls, load_custom_reward_fn
 from hybridflow.rewards.config import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.trainer.config import BatchSizes, PPOConfig
+from hybridflow.trainer.config.resume_checks import check_resumed_data_order
 from hybridflow.trainer.generative_judge import GenerativeJudge, JudgedRewardManager
 from hybridflow.trainer.placement import num_worker_processes
 from hybridflow.trainer.plot import plot_run
@@ -94,6 +95,7 @@ def run_ppo(
         data = dataclasses.replace(data, return_raw_chat=True)
     processor = build_processor(config.actor_rollout_ref.model, tokenizer, data.trust_remote_code)
     train_loader, val_loader = build_dataloaders(data, tokenizer, processor)
+    check_resumed_data_order(config.trainer, train_loader.sampler)
     judge = GenerativeJudge(config) if config.generative_reward_model else None
     reward_fn = build_reward_manager(config.reward_model, config.custom_reward_function, config.data, tokenizer, judge)
     val_reward_fn = build_reward_manager(

@@ -76,3 +76,19 @@ def test_data_seed_null_loads_as_verl_writes_it() -> None:
 
     assert load_config(["data.seed=null"]).data.seed is None
     assert load_config([]).data.seed == 1
+
+
+def test_state_error_names_what_changed_without_touching_the_sampler() -> None:
+    """The pre-Ray resume check asks `state_error` of the driver's sampler; it must not move it."""
+    saved = build_sampler(DATASET, shuffle=True, seed=1)
+    take(saved, 3)
+    state = saved.state_dict()
+    fewer = build_sampler(DATASET[:7], shuffle=True, seed=1)
+    error = fewer.state_error(state)
+    assert "num_samples=10 (the training rows after filtering)" in error and "num_samples=7" in error
+    assert fewer.state_dict()["position"] == 0
+    assert build_sampler(DATASET, shuffle=True, seed=1).state_error(state) is None
+    assert "data.sampler.class_path" in build_sampler(DATASET, shuffle=True, seed=1).state_error(
+        {"epoch": 0, "position": 1, "finished": False, "sampler": None})
+    with pytest.raises(ValueError, match="num_samples=10"):
+        fewer.load_state_dict(state)

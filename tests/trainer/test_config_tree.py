@@ -832,3 +832,27 @@ def test_a_registered_reward_manager_without_from_config_is_refused_before_ray(f
     with nothing_started(), pytest.raises(ValueError, match=r"reward_model.reward_manager='plain_for_test' names .* "
                                                             r"which has no from_config\(tokenizer, compute_score"):
         validate_config(load_config([f"data.train_files={files['train']}", "reward_model.reward_manager=plain_for_test"]))
+
+
+def test_a_resume_whose_shards_were_cut_for_other_ranks_is_refused_before_ray(files, tmp_path):
+    """The actor's layout.json records the ranks its shards were cut for; another n_gpus_per_node or fsdp_size
+    failed in the workers, after Ray started and the models loaded."""
+    run_dir = tmp_path / "run"
+    actor = run_dir / "global_step_3" / "actor"
+    actor.mkdir(parents=True)
+    for kind in ("model", "optim", "extra_state"):
+        (actor / f"{kind}_world_size_2_rank_0.pt").touch()
+    (run_dir / "global_step_3" / "driver_state.json").write_text(json.dumps({"global_steps": 3}))
+    layout = {"tensor_parallel_size": 1, "ulysses_sequence_parallel_size": 1, "expert_parallel_size": 1,
+              "fsdp_size": 2, "world_size": 2}
+    (actor / "layout.json").write_text(json.dumps(layout))
+    base = [f"data.train_files={files['train']}", f"trainer.default_local_dir={run_dir}",
+            f"actor_rollout_ref.model.path={files['model']}", "algorithm.adv_estimator=grpo"]
+    validate_config(load_config([*base, "trainer.n_gpus_per_node=2"]))
+    with nothing_started(), pytest.raises(ValueError, match=r"resumes from .*global_step_3, whose actor was written "
+                                                            r"with world_size=2, this run uses 4: resume with the same "
+                                                            r"layout .*or export it \(hybridflow merge\)"):
+        validate_config(load_config([*base, "trainer.n_gpus_per_node=4"]))
+    (actor / "layout.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"layout.json cannot be read .*the checkpoint is damaged"):
+        validate_config(load_config([*base, "trainer.n_gpus_per_node=2"]))

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from hybridflow.trainer.checkpoint_dirs import LATEST_FILE, list_steps
+from tests.helpers import nothing_started
 from tests.tiny_runs import start_from_checkpoint
 from tests.trainer.e2e_runs import GRPO, by_step, overrides, run, workspace  # noqa: F401  (fixtures)
 
@@ -48,6 +50,20 @@ def test_grpo_trains_validates_checkpoints_and_resumes_exactly(workspace):
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/kl_loss",
                 "actor/grad_norm", "val-core/reasoning_gym/basic_arithmetic/acc/mean@1"):
         assert resumed[3][key] == full[3][key], f"{key}: resumed {resumed[3][key]} vs uninterrupted {full[3][key]}"
+
+    # What a resume restores rather than reads, changed, is refused before Ray starts: the shards' ranks (read from
+    # the config) and the data order's rows (once the driver has built its data loader).
+    shorter = workspace / "data" / "shorter.parquet"
+    pq.write_table(pq.read_table(workspace / "data" / "train.parquet").slice(0, 12), shorter)
+    refused = {
+        "trainer.n_gpus_per_node=1": r"whose actor was written with world_size=2, this run uses 1: resume with the "
+                                     r"same layout \(trainer.nnodes, trainer.n_gpus_per_node",
+        f"data.train_files=[{shorter}]": r"data order was saved with num_samples=16 .*this run has num_samples=12; "
+                                         r"resume with the same data.train_files",
+    }
+    for change, message in refused.items():
+        with nothing_started(), pytest.raises(ValueError, match=message):
+            run(overrides(workspace, resumed_dir, *GRPO, change))
 
 
 def check_grpo_dumps(run_dir: Path, steps: int, prompts: int, n: int, val_rows: int) -> None:

@@ -116,6 +116,39 @@ def test_plots_are_written_for_panels_with_data(tmp_path):
         plot_run(tmp_path / "empty")
 
 
+def test_a_file_the_plots_did_not_write_is_never_written_over(tmp_path, caplog):
+    """A user's own reward.png (a PNG from elsewhere, or any file) in the run's plots/ stays as it was; the
+    plots' own files are rewritten on the next call."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tracking = Tracking(["file"], tmp_path, "p", "e", {})
+    for step in range(1, 3):
+        tracking.log({"critic/score/mean": step / 10, "actor/entropy": 1.0 / step}, step)
+    tracking.finish()
+    (tmp_path / "plots").mkdir()
+    figure = plt.figure()
+    figure.savefig(tmp_path / "plots" / "reward.png")  # a PNG, but not one of the run's
+    plt.close(figure)
+    (tmp_path / "plots" / "entropy.png").write_text("my notes")
+    users = {name: (tmp_path / "plots" / name).read_bytes() for name in ("reward.png", "entropy.png")}
+    with caplog.at_level("WARNING", logger="hybridflow.trainer.plot"):
+        assert plot_run(tmp_path) == []
+    assert {name: (tmp_path / "plots" / name).read_bytes() for name in users} == users
+    assert "reward.png was not written by hybridflow's plots" in caplog.text and "hybridflow plot" in caplog.text
+    for name in users:
+        (tmp_path / "plots" / name).unlink()
+    assert sorted(path.name for path in plot_run(tmp_path)) == ["entropy.png", "reward.png"]
+    first = (tmp_path / "plots" / "reward.png").stat().st_mtime_ns
+    tracking = Tracking(["file"], tmp_path, "p", "e", {})
+    tracking.log({"critic/score/mean": 0.9}, 3)
+    tracking.finish()
+    assert sorted(path.name for path in plot_run(tmp_path)) == ["entropy.png", "reward.png"]  # its own: rewritten
+    assert (tmp_path / "plots" / "reward.png").stat().st_mtime_ns >= first
+
+
 def test_an_agent_run_plots_its_tool_use_and_validation_tool_share(tmp_path):
     tracking = Tracking(["file"], tmp_path, "p", "e", {})
     for step in range(1, 4):

@@ -419,6 +419,28 @@ class ParallelLayout:
         """Whether rank `rank`'s output is kept (one per data-parallel group)."""
         return rank % self.group_size == 0
 
+    @property
+    def sharding_group_size(self) -> int:
+        """Ranks one FSDP2 sharding group spans: fsdp_size under hybrid sharding, else all of them."""
+        return self.fsdp_size if self.hybrid_shards else self.world_size
+
+    def record(self) -> dict[str, int]:
+        """What a checkpoint's `layout.json` records of the layout its shards were cut for."""
+        return {
+            "tensor_parallel_size": self.tp, "ulysses_sequence_parallel_size": self.sp,
+            "expert_parallel_size": self.ep, "fsdp_size": self.sharding_group_size, "world_size": self.world_size,
+        }
+
+    def shard_mismatch(self, saved: dict[str, int]) -> str | None:
+        """The first setting whose saved value (a `record()`) cuts other shards than this layout's, as
+        'key=saved, this run uses N'; None where the shards fit (sequence parallelism does not cut them)."""
+        for key in ("world_size", "tensor_parallel_size", "expert_parallel_size", "fsdp_size"):
+            used = self.record()[key]
+            was = saved.get(key, self.world_size if key == "world_size" else 1)
+            if was != used:
+                return f"{key}={was}, this run uses {used}"
+        return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class RouterReplayConfig:

@@ -25,20 +25,16 @@ __all__ = ["ENGINE_PARTS", "LAYOUT_FILE", "load_engine_state", "save_engine_stat
 ENGINE_PARTS = ("model", "optimizer", "extra")
 LAYOUT_FILE = "layout.json"
 _SHARD_KIND = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
+RESUME_OTHER_LAYOUT = (
+    "resume with the same layout (trainer.nnodes, trainer.n_gpus_per_node and the fsdp_config's sizes), or export it "
+    "(hybridflow merge) and start a new run from the exported model"
+)
 
 
 def saved_parts(path: str | os.PathLike) -> set[str]:
     """The parts (of `ENGINE_PARTS`) whose rank-0 shard a checkpoint directory holds, at any world size."""
     directory = Path(path)
     return {part for part, kind in _SHARD_KIND.items() if any(directory.glob(f"{kind}_world_size_*_rank_0.pt"))}
-
-
-def _layout(engine: FSDPEngine) -> dict[str, int]:
-    return {
-        "tensor_parallel_size": engine.layout.tp, "ulysses_sequence_parallel_size": engine.layout.sp,
-        "expert_parallel_size": engine.layout.ep, "fsdp_size": engine.sharding_group_size,
-        "world_size": engine.world_size,
-    }
 
 
 def save_engine_state(engine: FSDPEngine, path: str | os.PathLike, contents: Collection[str] = ENGINE_PARTS) -> None:
@@ -59,7 +55,7 @@ def save_engine_state(engine: FSDPEngine, path: str | os.PathLike, contents: Col
                  "layout": _layout(engine)}
         checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
     if rank == 0:
-        (path / LAYOUT_FILE).write_text(json.dumps(_layout(engine)))
+        (path / LAYOUT_FILE).write_text(json.dumps(engine.layout.record()))
         engine.module.config.save_pretrained(path / "huggingface")
         if engine.tokenizer is not None:
             engine.tokenizer.save_pretrained(path / "huggingface")
@@ -90,15 +86,9 @@ def load_engine_state(engine: FSDPEngine, path: str | os.PathLike, contents: Col
             f"checkpoint {path} holds no {missing} (it holds {sorted(saved_parts(path))}: see its "
             "checkpoint.save_contents); load only what it holds with checkpoint.load_contents"
         )
-    saved = _saved_layout(engine, path)
-    for key, used in (("world_size", world), ("tensor_parallel_size", engine.layout.tp),
-                      ("expert_parallel_size", engine.layout.ep), ("fsdp_size", engine.sharding_group_size)):
-        default = world if key == "world_size" else 1
-        if saved.get(key, default) != used:  # shards of another split do not fit this one's
-            raise ValueError(
-                f"checkpoint {path} was written with {key}={saved.get(key, default)}, this engine uses {used}: "
-                "resume with the same layout, or export it (hybridflow merge) and start from the exported model"
-            )
+    mismatch = engine.layout.shard_mismatch(_saved_layout(engine, path))
+    if mismatch is not None:  # shards of another split do not fit this one's
+        raise ValueError(f"checkpoint {path} was written with {mismatch}: {RESUME_OTHER_LAYOUT}")
     if "model" in contents:
         engine.module.load_state_dict(checkpoint.load_shard(checkpoint.shard_file(path, "model", rank, world)))
     if "optimizer" in contents:

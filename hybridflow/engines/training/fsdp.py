@@ -557,7 +557,7 @@ class FSDPEngine:
     @property
     def sharding_group_size(self) -> int:
         """Ranks one FSDP2 sharding group spans: fsdp_size under hybrid sharding, else the whole mesh."""
-        return self.layout.fsdp_size if self.layout.hybrid_shards else self.world_size
+        return self.layout.sharding_group_size
 
     def offload_to_cpu(self, *, model: bool = True, optimizer: bool = True) -> None:
         """Move parameters/gradients and/or optimizer state to CPU (no-op on CPU hosts)."""

@@ -1,17 +1,25 @@
-"""Before Ray: the checkpoint a run would resume from holds what each role's `checkpoint.load_contents` reads, and
-was saved with the settings that a resume restores rather than reads (`resumed_settings`)."""
+"""Before Ray: the checkpoint a run would resume from holds what each role's `checkpoint.load_contents` reads, was
+saved with the settings that a resume restores rather than reads (`resumed_settings`), cut its shards for this run's
+parallel layouts (`check_resumed_layouts`), and saved a data order this run's training rows can continue
+(`check_resumed_data_order`, once the driver has built its data loader)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridflow.trainer.checkpoint_dirs import read_driver_state, resume_candidate
-from hybridflow.trainer.config.schema import PPOConfig
+from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig
 
-__all__ = ["check_resume_contents", "check_resumed_settings", "resumed_settings"]
+__all__ = [
+    "check_resume_contents", "check_resumed_data_order", "check_resumed_layouts", "check_resumed_settings",
+    "resumed_settings",
+]
+
+if TYPE_CHECKING:
+    from hybridflow.engines.training.config import ParallelLayout
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +89,45 @@ def check_resumed_settings(path: Path, now: dict[str, Any]) -> None:
             "reference model would read the new model path. Set them back to resume, or start a new run from this "
             "checkpoint's exported weights (trainer.resume_mode=disable, model.path=<its huggingface/ dir>)"
         )
+
+
+def check_resumed_layouts(cfg: PPOConfig, layouts: dict[str, ParallelLayout]) -> None:
+    """The actor's (and critic's) shards in the checkpoint a run would resume from were cut for the layout this run
+    builds (`layouts`, by role, from `check_parallelism`): a changed number of ranks or sharding size is refused
+    here, before Ray starts and the models load, with the engine's own rule (`ParallelLayout.shard_mismatch`)."""
+    run = cfg.trainer
+    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+    if path is None:
+        return
+    import json
+
+    from hybridflow.engines.training.engine_state import LAYOUT_FILE, RESUME_OTHER_LAYOUT  # torch: only here
+
+    for role in ("actor", "critic"):
+        record = path / role / LAYOUT_FILE
+        if role not in layouts or not record.is_file():  # older checkpoints: the engine reads their shards' record
+            continue
+        try:
+            saved = json.loads(record.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{record} cannot be read ({type(err).__name__}: {err}): the checkpoint is damaged; "
+                             "resume from an earlier one with trainer.resume_from_path") from err
+        mismatch = layouts[role].shard_mismatch(saved)
+        if mismatch is not None:
+            raise ValueError(
+                f"trainer.resume_mode={run.resume_mode!r} resumes from {path}, whose {role} was written with "
+                f"{mismatch}: {RESUME_OTHER_LAYOUT}"
+            )
+
+
+def check_resumed_data_order(run: RunConfig, sampler: Any) -> None:
+    """The data order saved in the checkpoint a run would resume from continues on this run's sampler (the same
+    number of training rows, seed and shuffle: `state_error`), checked once the driver has built its data loader
+    and before Ray starts."""
+    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+    state = None if path is None else read_driver_state(path)
+    if state is None or "sampler" not in state:
+        return
+    error = sampler.state_error(state["sampler"])
+    if error is not None:
+        raise ValueError(f"trainer.resume_mode={run.resume_mode!r} resumes from {path}: {error}")

@@ -30,7 +30,7 @@ from hybridflow.trainer.config.model_checks import (
 )
 from hybridflow.trainer.config.parallel_checks import check_parallelism, check_rollout_parallelism, check_token_budgets
 from hybridflow.trainer.config.profiler_checks import check_profiling
-from hybridflow.trainer.config.resume_checks import check_resume_contents
+from hybridflow.trainer.config.resume_checks import check_resume_contents, check_resumed_layouts
 from hybridflow.trainer.config.reward_checks import check_custom_reward_function, check_generative_reward_model
 from hybridflow.trainer.config.verl_copies import check_verl_copies
 from hybridflow.trainer.config.schema import PPOConfig
@@ -66,6 +66,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     _check_optimizers(cfg)
     check_token_budgets(cfg)
     layouts = check_parallelism(cfg)
+    check_resumed_layouts(cfg, layouts)
     check_rollout_parallelism(cfg)
     actor = cfg.actor_rollout_ref.actor
     sizes = {
