@@ -52,7 +52,7 @@ def save_engine_state(engine: FSDPEngine, path: str | os.PathLike, contents: Col
         checkpoint.save_atomic(engine.optimizer.state_dict(), checkpoint.shard_file(path, "optim", rank, world))
     if "extra" in contents:
         extra = {"lr_scheduler": engine.lr_scheduler.state_dict(), "rng": checkpoint.get_rng_state(),
-                 "layout": _layout(engine)}
+                 "layout": engine.layout.record()}
         checkpoint.save_atomic(extra, checkpoint.shard_file(path, "extra_state", rank, world))
     if rank == 0:
         (path / LAYOUT_FILE).write_text(json.dumps(engine.layout.record()))

@@ -67,7 +67,7 @@ def test_hybrid_sharding_steps_like_fsdp_over_all_ranks(tiny_llama_dir, tmp_path
         torch.testing.assert_close(hsdp["params"][name], param, atol=1e-6, rtol=0, msg=f"parameter {name}")
         assert torch.equal(results["merged"][name], hsdp["params"][name]), f"merged {name}"
     assert results["resumed_exact"]
-    assert f"fsdp_size={fsdp_size}, this engine uses {world_size}" in results["other_layout_error"]
+    assert f"fsdp_size={fsdp_size}, this run uses {world_size}" in results["other_layout_error"]
 
 
 def test_sharding_groups_must_divide_the_ranks_and_stay_off_tp_and_ep():
