@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -14,10 +15,12 @@ from hybridflow.utils.config import ConfigFieldError, check_at_least, unsupporte
 __all__ = ["ATTN_IMPLEMENTATIONS", "CUDA_ONLY_ATTN", "cuda_only_attn_error", "FusedKernelOptions", "ModelConfig", "check_lora_adapter_path", "check_override_config"]
 
 
-def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -> None:
+def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int,
+                            adapter_settings: dict[str, Any] | None = None) -> None:
     """Raise unless `path` is None or a peft adapter directory (`~` expanded as the loader does). The adapter's own
-    config sets the rank, alpha and targets (as in verl, the path alone turns LoRA on): a lora_rank given beside it
-    must be the adapter's."""
+    config sets the rank, alpha and targets (as in verl, the path alone turns LoRA on): a lora_rank, and any of
+    `adapter_settings` (lora_alpha, target_modules, target_parameters, exclude_modules set off their defaults),
+    given beside it must be the adapter's."""
     if path is None:
         return
     config_file = Path(path).expanduser() / "adapter_config.json"
@@ -27,13 +30,33 @@ def check_lora_adapter_path(field_name: str, path: str | None, lora_rank: int) -
             f"{field_name}={path!r} is not a peft adapter directory (no adapter_config.json); point it at an SFT "
             "checkpoint's lora_adapter/ folder",
         )
-    adapter_rank = json.loads(config_file.read_text()).get("r")
-    if lora_rank > 0 and adapter_rank is not None and lora_rank != adapter_rank:
-        raise ConfigFieldError(
-            "lora_rank",
-            f"lora_rank={lora_rank} differs from the rank {adapter_rank} of the adapter at {field_name}={path!r}, "
-            "whose config rules the adapters; leave lora_rank at 0 or set it to the adapter's",
-        )
+    adapter = json.loads(config_file.read_text())
+    given = {"lora_rank": lora_rank, **(adapter_settings or {})} if lora_rank > 0 else dict(adapter_settings or {})
+    for key, value in given.items():
+        if _ADAPTER_KEYS[key] not in adapter:  # an older peft's config without it
+            continue
+        saved = adapter[_ADAPTER_KEYS[key]]
+        if _adapter_value(key, value) != _adapter_value(key, saved):
+            raise ConfigFieldError(
+                key,
+                f"{key}={value!r} differs from the adapter's {saved!r} at {field_name}={path!r}, whose config rules "
+                f"the adapters; leave {key} unset or set it to the adapter's",
+            )
+
+
+_ADAPTER_KEYS = {"lora_rank": "r", "lora_alpha": "lora_alpha", "target_modules": "target_modules",
+                 "target_parameters": "target_parameters", "exclude_modules": "exclude_modules"}
+"""Model keys and the peft adapter_config.json entries they set."""
+
+
+def _adapter_value(key: str, value: Any) -> Any:
+    """A setting as peft compares it: names as a set (target modules by their last part, as peft matches them
+    and as a saved adapter lists them in full), a number as a float."""
+    if isinstance(value, (list, tuple, set)):
+        return frozenset(name.rsplit(".", 1)[-1] if key == "target_modules" else name for name in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2")
@@ -118,11 +141,13 @@ class TiledMLPConfig:
         False, "the MLP runs over the whole sequence; enable_gradient_checkpointing saves activation memory"
     )
     """verl: tile the MLP."""
-    num_shards: int = 4
-    """verl: the tiles (read only with enabled=True, which is not built)."""
+    num_shards: int = unsupported(4, "read only with tiled_mlp.enabled=True, which is not built")
+    """verl: the tiles."""
 
 
 _MTP = "multi-token prediction (MTP) training and speculative decoding are not built"
+_MTP_ONLY = {flag: f"read only with mtp.{flag}=True, which is not built ({_MTP})"
+             for flag in ("enable", "enable_train", "enable_rollout")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,22 +160,22 @@ class MTPConfig:
     """verl: train them."""
     enable_rollout: bool = unsupported(False, _MTP)
     """verl: decode speculatively with them."""
-    detach_encoder: bool = False
-    """verl: (read only with enable=True, which is not built)."""
-    method: str = "mtp"
-    """verl: (read only with enable=True, which is not built)."""
-    mtp_loss_scaling_factor: float = 0.1
-    """verl: (read only with enable_train=True, which is not built)."""
-    num_speculative_tokens: int = 1
-    """verl: (read only with enable_rollout=True, which is not built)."""
-    speculative_algorithm: str = "EAGLE"
-    """verl: (read only with enable_rollout=True, which is not built)."""
-    speculative_eagle_topk: int = 2
-    """verl: (read only with enable_rollout=True, which is not built)."""
-    speculative_num_draft_tokens: int = 4
-    """verl: (read only with enable_rollout=True, which is not built)."""
-    speculative_num_steps: int = 2
-    """verl: (read only with enable_rollout=True, which is not built)."""
+    detach_encoder: bool = unsupported(False, _MTP_ONLY["enable"])
+    """verl: read only with mtp.enable=True."""
+    method: str = unsupported("mtp", _MTP_ONLY["enable"])
+    """verl: read only with mtp.enable=True."""
+    mtp_loss_scaling_factor: float = unsupported(0.1, _MTP_ONLY["enable_train"])
+    """verl: read only with mtp.enable_train=True."""
+    num_speculative_tokens: int = unsupported(1, _MTP_ONLY["enable_rollout"])
+    """verl: read only with mtp.enable_rollout=True."""
+    speculative_algorithm: str = unsupported("EAGLE", _MTP_ONLY["enable_rollout"])
+    """verl: read only with mtp.enable_rollout=True."""
+    speculative_eagle_topk: int = unsupported(2, _MTP_ONLY["enable_rollout"])
+    """verl: read only with mtp.enable_rollout=True."""
+    speculative_num_draft_tokens: int = unsupported(4, _MTP_ONLY["enable_rollout"])
+    """verl: read only with mtp.enable_rollout=True."""
+    speculative_num_steps: int = unsupported(2, _MTP_ONLY["enable_rollout"])
+    """verl: read only with mtp.enable_rollout=True."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +250,7 @@ class ModelConfig:
             raise ConfigFieldError("path", "path is empty; set a catalogue name, HF directory or .gguf file")
         if self.lora_rank < 0:
             raise ConfigFieldError("lora_rank", f"lora_rank={self.lora_rank} must be >= 0 (0 trains all weights)")
-        check_lora_adapter_path("lora_adapter_path", self.lora_adapter_path, self.lora_rank)
+        check_lora_adapter_path("lora_adapter_path", self.lora_adapter_path, self.lora_rank, self.adapter_settings())
         if self.target_parameters and self.lora_rank <= 0:
             raise ConfigFieldError(
                 "target_parameters", f"target_parameters={list(self.target_parameters)} adds LoRA adapters to expert "
@@ -266,6 +291,15 @@ class ModelConfig:
     def lora_target_parameters(self) -> tuple[str, ...]:
         """`target_parameters` as a tuple of weight names (a comma-separated string also works)."""
         return _name_tuple(self.target_parameters or ())
+
+    def adapter_settings(self) -> dict[str, Any]:
+        """The adapter-shaping keys set off their defaults, as peft takes them (what a `lora_adapter_path`'s own
+        config must agree with)."""
+        values = {"lora_alpha": self.lora_alpha, "target_modules": self.lora_target_modules,
+                  "target_parameters": self.lora_target_parameters or None,
+                  "exclude_modules": self.lora_exclude_modules}
+        defaults = {item.name: item.default for item in dataclasses.fields(self) if item.name in values}
+        return {key: value for key, value in values.items() if getattr(self, key) != defaults[key]}
 
     @property
     def tokenizer_location(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from hybridflow.rewards.pool import ScoringConfig
 from hybridflow.sandbox.remote import SandboxFusionEndpoint, check_endpoint_url
-from hybridflow.utils.config import ConfigFieldError, unsupported
+from hybridflow.utils.config import ConfigFieldError, changed_leaves, unsupported
 
 __all__ = ["CustomRewardFunctionConfig", "OverlongBufferConfig", "RewardModelConfig"]
 
@@ -126,9 +126,39 @@ class CustomRewardFunctionConfig:
             raise ConfigFieldError(
                 "name", f"name={self.name!r} with path={self.path!r}: name the scoring function in that file"
             )
+        if self.path is None and self.name not in (None, "compute_score"):
+            raise ConfigFieldError(
+                "name", f"name={self.name!r} names a function in custom_reward_function.path's file, and no path is "
+                "set: set custom_reward_function.path, or drop the name"
+            )
         if self.reward_kwargs and self.path is None:
             raise ConfigFieldError(
                 "reward_kwargs",
                 f"reward_kwargs={dict(self.reward_kwargs)} are passed to custom_reward_function.path's function, and "
                 "no path is set: set custom_reward_function.path, or drop the reward_kwargs",
             )
+
+
+def built_in_scorer_settings(section: Any) -> dict[str, Any]:
+    """The settings of the built-in scorers that a reward section (`reward_model.*` of train or score) sets off
+    their defaults, by full key: the local sandbox's limits and the remote sandbox's url."""
+    changed: dict[str, Any] = {}
+    if section.sandbox_fusion.url is not None:
+        changed["reward_model.sandbox_fusion.url"] = section.sandbox_fusion.url
+    for key, value, _ in changed_leaves("reward_model.scoring.sandbox", section.scoring.sandbox, ScoringConfig().sandbox):
+        changed[key] = value
+    return changed
+
+
+def built_in_scorer_settings_error(custom: CustomRewardFunctionConfig, changed: dict[str, Any]) -> str | None:
+    """Why settings of the built-in scorers (`changed`: key -> value, those set off their defaults, e.g. the local
+    sandbox's limits, sandbox_fusion.url, format_score) cannot apply: custom_reward_function.path replaces those
+    scorers, and, as in verl, its function is not given them. None where nothing is set or no path replaces them."""
+    if custom.path is None or not changed:
+        return None
+    settings = ", ".join(f"{key}={value!r}" for key, value in changed.items())
+    return (
+        f"{settings} configure the built-in scorers, but custom_reward_function.path={custom.path!r} replaces them "
+        "and its function is not given them: drop them, or pass what the function needs as "
+        "+custom_reward_function.reward_kwargs.NAME=VALUE"
+    )

@@ -63,6 +63,17 @@ def unsupported(default: Any, reason: str) -> Any:
     return dataclasses.field(default=default, metadata={UNSUPPORTED: reason})
 
 
+def changed_leaves(key: str, value: Any, default: Any) -> list[tuple[str, Any, Any]]:
+    """(key, value, default) of each leaf under the dotted `key` whose value differs from its default; a section (a
+    dataclass) is walked field by field, so the keys named are the ones a command line sets."""
+    if value == default:
+        return []
+    if dataclasses.is_dataclass(value) and type(value) is type(default):
+        return [leaf for item in dataclasses.fields(value)
+                for leaf in changed_leaves(f"{key}.{item.name}", getattr(value, item.name), getattr(default, item.name))]
+    return [(key, value, default)]
+
+
 # ----------------------------------------------------------------------------- value checks for __post_init__
 def check_choice(field: str, value: Any, choices: tuple[Any, ...]) -> None:
     """Raise unless `value` is one of `choices`."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields
+from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, unsupported
 
 PROFILED_SECTIONS = {
     "actor": "actor_rollout_ref.actor",
@@ -32,6 +32,7 @@ ProfilerTool = Literal["torch", "torch_memory", "nsys", "npu"]
 TorchContent = Literal["cuda", "cpu", "memory", "shapes", "stack"]
 RUNNABLE_TOOLS = ("torch", "torch_memory")
 """The tools hybridflow runs; the others are refused when a step would be profiled with them."""
+_WHOLE_STACKS = "torch.cuda.memory._record_memory_history records whole stacks; it has no depth setting"
 UNAVAILABLE_TOOLS = {
     "nsys": "NVIDIA Nsight Systems needs the worker processes launched under nsys, which hybridflow's Ray workers "
             "are not",
@@ -90,12 +91,11 @@ class TorchMemoryToolConfig:
 
     trace_alloc_max_entries: int = 100_000
     """Allocation events kept."""
-    stack_depth: int = 32
-    """Frames recorded per allocation."""
+    stack_depth: int = unsupported(32, _WHOLE_STACKS)
+    """verl: frames recorded per allocation."""
 
     def __post_init__(self) -> None:
         check_at_least("trace_alloc_max_entries", self.trace_alloc_max_entries, 1)
-        check_at_least("stack_depth", self.stack_depth, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +158,8 @@ class TorchMemoryGlobalConfig:
 
     trace_alloc_max_entries: int = 100_000
     """Allocation events kept."""
-    stack_depth: int = 32
-    """Frames recorded per allocation (verl's key; torch records the whole stack, this is kept for verl's lines)."""
+    stack_depth: int = unsupported(32, _WHOLE_STACKS)
+    """verl: frames recorded per allocation."""
     context: Literal["alloc", "state", "all"] = "all"
     """Events recorded: alloc, state or all."""
     stacks: Literal["python", "all"] = "all"

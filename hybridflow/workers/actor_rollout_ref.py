@@ -33,6 +33,7 @@ from hybridflow.single_controller.base.worker import find_free_port, get_node_ip
 from hybridflow.utils.device import get_torch_device
 from hybridflow.workers.config import HF_MODEL_DIR, ActorRolloutRefConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
+from hybridflow.workers.offload import optimizer_on_device
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import BYPASS_CORRECTION_KEY, OnPolicyRecord, make_actor_loss_fn, mean_metrics
 from hybridflow.workers.ppo_update import run_update, update_computes_entropy
@@ -471,30 +472,26 @@ class ActorRolloutRefWorker(Worker):
         """PPO epochs over this rank's shard; returns `actor/*` metrics in meta_info['metrics']."""
         actor = self.config.actor
         start = time.perf_counter()
-        offload = actor.fsdp_config.optimizer_offload  # optimizer state stays off the accelerator between updates
-        if offload:
-            self.actor_engine.load_to_device(model=False, optimizer=True)
         mini_per_rank = actor.ppo_mini_batch_size * self.config.rollout.n // self.train_layout.dp
         on_policy = self._check_on_policy(data, mini_per_rank)
         bypass = data.meta_info.get(BYPASS_CORRECTION_KEY)
         bypass = RolloutCorrectionConfig(**bypass) if bypass is not None else None
-        metrics = run_update(
-            self.actor_engine,
-            data,
-            mini_batch_size_per_rank=mini_per_rank,
-            micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
-            max_token_len=actor.update_token_budget,
-            epochs=actor.ppo_epochs,
-            shuffle=actor.shuffle,
-            seed=self.runtime.seed + self._update_count,
-            make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts, on_policy, bypass),
-            temperature=self.config.rollout.log_prob_temperature,
-            calculate_entropy=update_computes_entropy(actor, on_policy is not None),
-            metric_prefix="actor",
-        )
+        with optimizer_on_device(self.actor_engine, actor.fsdp_config.optimizer_offload):
+            metrics = run_update(
+                self.actor_engine,
+                data,
+                mini_batch_size_per_rank=mini_per_rank,
+                micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
+                max_token_len=actor.update_token_budget,
+                epochs=actor.ppo_epochs,
+                shuffle=actor.shuffle,
+                seed=self.runtime.seed + self._update_count,
+                make_loss_fn=lambda counts: make_actor_loss_fn(actor, counts, on_policy, bypass),
+                temperature=self.config.rollout.log_prob_temperature,
+                calculate_entropy=update_computes_entropy(actor, on_policy is not None),
+                metric_prefix="actor",
+            )
         self._update_count += 1
-        if offload:
-            self.actor_engine.offload_to_cpu(model=False, optimizer=True)
         lr = self.actor_engine.lr_scheduler_step()
         self._rollout_weights_stale = self.rollout is not None and not self._rollout_shares_module
         result = mean_metrics(metrics)

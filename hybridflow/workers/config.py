@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointConfig",
     "CriticConfig",
     "RefConfig",
+    "RefFSDPConfig",
     "RefModelConfig",
     "WorkerRuntimeConfig",
 ]
@@ -211,6 +212,16 @@ class ActorConfig(PPOLossConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RefFSDPConfig(FSDPConfig):
+    """The reference's sharding (`actor_rollout_ref.ref.fsdp_config.*`): the actor's keys, less what needs an
+    optimizer."""
+
+    optimizer_offload: bool = unsupported(False, "the reference is frozen and has no optimizer to offload (the "
+                                          "actor's is actor_rollout_ref.actor.fsdp_config.optimizer_offload)")
+    """verl: move the optimizer state to the CPU between updates; the reference has none."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RefModelConfig(ModelConfig):
     """The reference's weights (`actor_rollout_ref.ref.model.*`); `path=None` means the actor's model as it is."""
 
@@ -254,7 +265,7 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = 1
     """Ranks that split one packed sequence (Ulysses all-to-all around attention); needs
     model.use_remove_padding=True. Sequence-parallel peers take the same data."""
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     """Sharding of the reference model."""
     model: RefModelConfig = field(default_factory=lambda: RefModelConfig())
     """Reference weights: the actor's model unless set. Another checkpoint with the policy's tokenizer is a

@@ -11,6 +11,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import HF_MODEL_DIR, CriticConfig, WorkerRuntimeConfig
 from hybridflow.workers.efficiency import EfficiencyMeter
+from hybridflow.workers.offload import optimizer_on_device
 from hybridflow.workers.process import prepare_worker_process
 from hybridflow.workers.ppo_update import make_critic_loss_fn, mean_metrics, run_update
 
@@ -56,20 +57,22 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(CRITIC_MESH))
     def update_critic(self, data: DataProto) -> DataProto:
-        """PPO epochs of clipped value regression onto `returns`; `critic/*` metrics in meta_info."""
+        """PPO epochs of clipped value regression onto `returns`; `critic/*` metrics in meta_info. With
+        model.fsdp_config.optimizer_offload the optimizer state is on the device only during the update."""
         start = time.perf_counter()
-        metrics = run_update(
-            self.engine,
-            data,
-            mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.layout.dp,
-            micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
-            max_token_len=self.config.update_token_budget,
-            epochs=self.config.ppo_epochs,
-            shuffle=self.config.shuffle,
-            seed=self.runtime.seed + self._update_count,
-            make_loss_fn=lambda counts: make_critic_loss_fn(self.config, counts),
-            metric_prefix="critic",
-        )
+        with optimizer_on_device(self.engine, self.config.model.fsdp_config.optimizer_offload):
+            metrics = run_update(
+                self.engine,
+                data,
+                mini_batch_size_per_rank=self.config.ppo_mini_batch_size * self.rollout_n // self.layout.dp,
+                micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
+                max_token_len=self.config.update_token_budget,
+                epochs=self.config.ppo_epochs,
+                shuffle=self.config.shuffle,
+                seed=self.runtime.seed + self._update_count,
+                make_loss_fn=lambda counts: make_critic_loss_fn(self.config, counts),
+                metric_prefix="critic",
+            )
         self._update_count += 1
         result = mean_metrics(metrics)
         result["critic/lr"] = self.engine.lr_scheduler_step()

@@ -18,6 +18,7 @@ from hybridflow.models import resolve_model_path
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import WorkerRuntimeConfig
+from hybridflow.workers.offload import optimizer_on_device
 from hybridflow.workers.reward_config import RewardModelWorkerConfig
 from hybridflow.workers.process import prepare_worker_process
 
@@ -78,7 +79,8 @@ class PrimeRewardModelWorker(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(PRIME_MESH))
     def update_rm(self, data: DataProto) -> DataProto:
-        """One optimizer step of the implicit PRM on this batch's outcomes (`acc`, (bs,) in [0, 1])."""
+        """One optimizer step of the implicit PRM on this batch's outcomes (`acc`, (bs,) in [0, 1]). With
+        reward_model.model.fsdp_config.optimizer_offload its optimizer state is on the device only during the step."""
         start = time.perf_counter()
         ref_log_probs = self._ref_log_probs(data)
         data = DataProto.from_dict(
@@ -99,7 +101,8 @@ class PrimeRewardModelWorker(Worker):
         micro_batches, _ = self.prm.split_micro_batches(
             data, self.config.micro_batch_size_per_gpu or len(data), self.config.forward_token_budget
         )
-        result = self.prm.train_batch(micro_batches, loss_fn)  # the loss is a mean over rows: weighted by rows
+        with optimizer_on_device(self.prm, self.config.model.fsdp_config.optimizer_offload):
+            result = self.prm.train_batch(micro_batches, loss_fn)  # the loss is a mean over rows: weighted by rows
         lr = self.prm.lr_scheduler_step()
         self._update_count += 1
         metrics = {

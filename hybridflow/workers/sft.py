@@ -18,6 +18,7 @@ from hybridflow.engines.training import FSDPEngineConfig, build_fsdp_engine
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig, WorkerRuntimeConfig
+from hybridflow.workers.offload import optimizer_on_device
 from hybridflow.workers.ppo_update import compute_global_counts
 from hybridflow.workers.process import prepare_worker_process
 
@@ -65,13 +66,15 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(SFT_MESH))
     def train_step(self, data: DataProto) -> DataProto:
-        """One optimizer step on this rank's share; metrics `train/loss`, `train/grad_norm`, `train/lr`."""
+        """One optimizer step on this rank's share; metrics `train/loss`, `train/grad_norm`, `train/lr`. With
+        model.fsdp_config.optimizer_offload the optimizer state is on the device only during the step."""
         start = time.perf_counter()
         data = with_targets(data)
         counts = compute_global_counts(data.batch["loss_mask"][:, 1:], self.engine.device)
         batch = data if self.token_budget is None else self.engine.split_micro_batches(
             data, max_token_len=self.token_budget)[0]
-        result = self.engine.train_batch(batch, sft_loss_fn(counts.num_tokens, counts.dp_size), scale_by_rows=False)
+        with optimizer_on_device(self.engine, self.engine_config.fsdp.optimizer_offload):
+            result = self.engine.train_batch(batch, sft_loss_fn(counts.num_tokens, counts.dp_size), scale_by_rows=False)
         self.engine.lr_scheduler_step()
         metrics = {
             "train/loss": result["loss"],

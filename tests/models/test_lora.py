@@ -4,6 +4,7 @@ merged weight hand-over), and the adapter directory a checkpoint writes."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -132,8 +133,17 @@ def test_checkpoint_writes_a_peft_adapter_that_training_can_continue_from(model_
     alone = build_fsdp_engine(model_dir, FSDPEngineConfig(model=ModelConfig(lora_adapter_path="~/lora_adapter")))
     assert alone.lora_scaling == engine.lora_scaling
     assert all(torch.equal(param, trained[name]) for name, param in alone.module.named_parameters())
-    with pytest.raises(ValueError, match=r"^lora_rank=4 differs from the rank 8 of the adapter at lora_adapter_path="):
+    with pytest.raises(ValueError, match=r"^lora_rank=4 differs from the adapter's 8 at lora_adapter_path="):
         ModelConfig(lora_rank=4, lora_adapter_path="~/lora_adapter")
+    # So do other alpha or targets: the adapter's own config rules them, and they were ignored.
+    saved = json.loads((adapter_dir / "adapter_config.json").read_text())
+    ModelConfig(lora_alpha=saved["lora_alpha"], target_modules=sorted(saved["target_modules"]),
+                lora_adapter_path="~/lora_adapter")
+    for key, other in (("lora_alpha", saved["lora_alpha"] * 2), ("target_modules", ["q_proj"]),
+                       ("target_modules", "q_proj"), ("exclude_modules", ["o_proj"])):
+        with pytest.raises(ValueError, match=rf"^{key}=.* differs from the adapter's .* at lora_adapter_path=.*"
+                                             rf"leave {key} unset or set it to the adapter's"):
+            ModelConfig(lora_adapter_path="~/lora_adapter", **{key: other})
     engine.save_hf_model(tmp_path / "hf")
     exported = build_causal_lm(tmp_path / "hf").state_dict()
     for name, tensor in engine.named_full_params():

@@ -331,3 +331,61 @@ def test_cuda_only_attention_kernels_are_refused_before_ray_where_the_workers_ru
                                                  r"runs on CUDA ranks only \(.*CppCompileError.*use sdpa there"):
                 check(base + extra + [f"+{key}.override_config.attn_implementation=flex_attention"])
         check(base + ["+actor_rollout_ref.model.override_config.attn_implementation=eager"])
+
+
+def test_sandbox_limits_with_a_custom_reward_function_and_a_name_without_one_are_refused(train_file, tmp_path):
+    """The local sandbox's limits configure the built-in code scorers, which custom_reward_function.path replaces;
+    a function name without a file names nothing."""
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    base = grpo_overrides(train_file) + [f"custom_reward_function.path={scorer}"]
+    with nothing_started():
+        with pytest.raises(ValueError, match=r"reward_model.scoring.sandbox.memory_mb=64 configure the built-in "
+                                             r"scorers, but custom_reward_function.path=.* replaces them"):
+            check(base + ["reward_model.scoring.sandbox.memory_mb=64"])
+        check(base)
+        with pytest.raises(ValueError, match=r"custom_reward_function.name='my_score' names a function in "
+                                             r"custom_reward_function.path's file, and no path is set"):
+            check(grpo_overrides(train_file) + ["custom_reward_function.name=my_score"])
+        check(grpo_overrides(train_file) + ["custom_reward_function.name=null"])
+
+
+def test_an_alarm_that_stops_the_run_on_a_metric_it_never_gets_is_refused(train_file):
+    """Bypass mode computes no trainer log-probs (logprob_mismatch's gap) and, without an entropy term, no entropy:
+    those alarms in stop_on slept through the run."""
+    from hybridflow.trainer.guards.config import unwatchable_alarms
+
+    bypass = grpo_overrides(train_file) + ["algorithm.rollout_correction.bypass_mode=True"]
+    with nothing_started():
+        for alarm, fix in (("logprob_mismatch", "bypass_mode=False does"), ("entropy_collapse", "calculate_entropy=True")):
+            with pytest.raises(ValueError, match=rf"stop_on lists '{alarm}', whose metric this run never produces.*{fix}"):
+                check(bypass + [f"trainer.guards.alarms.stop_on=[{alarm}]"])
+        check(bypass + ["trainer.guards.alarms.stop_on=[entropy_collapse,length_saturation]",
+                        "actor_rollout_ref.actor.calculate_entropy=True"])
+        check(grpo_overrides(train_file) + ["trainer.guards.alarms.stop_on=[logprob_mismatch,entropy_collapse]"])
+    assert set(unwatchable_alarms(bypass_mode=False, rollout_log_probs=False, entropy_in_update=False)) == {
+        "logprob_mismatch"}
+
+
+def test_agent_loop_limits_without_agent_loops_are_refused(train_file):
+    """Turn limits and agent concurrency are read only by agent loops; with the batch rollout they did nothing."""
+    base = grpo_overrides(train_file) + ["actor_rollout_ref.rollout.mode=sync"]
+    with nothing_started():
+        for key, value in (("multi_turn.max_assistant_turns", "2"), ("agent.max_concurrent_loops", "3"),
+                           ("agent.server_batch_wait_s", "1.0")):
+            with pytest.raises(ValueError, match=rf"rollout.{key}={value} with .*mode=sync: it is read only by agent loops"):
+                check(base + [f"actor_rollout_ref.rollout.{key}={value}"])
+        check(base + ["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=null",
+                      "actor_rollout_ref.rollout.multi_turn.format=hermes"])
+
+
+@pytest.mark.parametrize("override", [
+    "algorithm.reward_dpo_coef=2.0", "reward_model.model.beta_train=0.1", "reward_model.model.optim.lr=1e-3",
+    "reward_model.model.fsdp_config.optimizer_offload=True",
+])
+def test_prime_settings_outside_prime_are_refused(train_file, override):
+    """Only PRIME's implicit reward model trains: its optimizer's settings configured nothing in other runs."""
+    key = override.split("=")[0]
+    with nothing_started(), pytest.raises(ValueError, match=rf"{key}=.* configures PRIME's implicit process reward "
+                                                            r"model, but algorithm.adv_estimator='grpo'"):
+        check(grpo_overrides(train_file) + [override])

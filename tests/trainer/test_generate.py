@@ -9,7 +9,7 @@ import torch
 
 from hybridflow.cli import main as cli_main
 from hybridflow.trainer.config import load_config
-from hybridflow.trainer.config.generation_checks import validate_generation_config
+from hybridflow.trainer.config.generation_checks import IGNORED_BY_GENERATION, validate_generation_config
 from hybridflow.trainer.config.loader import GENERATION_TREE
 from hybridflow.trainer.main_generation import main as generate_main
 from hybridflow.workers.actor_rollout_ref import sampling_seed
@@ -61,6 +61,89 @@ def test_verl_s_generation_line_passes_dry_run(prompts, tmp_path, capsys):
 def test_bad_settings_are_refused_before_ray(prompts, tmp_path, extra, message):
     with nothing_started(), pytest.raises(ValueError, match=message):
         validate_generation_config(load_config(line(prompts, tmp_path / "out.parquet", *extra), GENERATION_TREE))
+
+
+_NO_ENGINE = "generation builds no training engine"
+_MERGE_FIRST = ("generation loads the plain weights of model.path and applies no LoRA adapter: merge the adapter into "
+                "them first (a hybridflow checkpoint: `hybridflow merge --local_dir")
+IGNORED_KEYS = [  # (overrides, the key named, its reason): one case at least for every IGNORED_BY_GENERATION entry
+    (("model.lora_adapter_path={adapter}",), "model.lora_adapter_path='{adapter}'", _MERGE_FIRST),
+    (("model.lora_rank=8",), "model.lora_rank=8", _MERGE_FIRST),
+    (("model.lora_alpha=32",), "model.lora_alpha=32.0", _NO_ENGINE),
+    (("model.target_modules=[q_proj]",), "model.target_modules=['q_proj']", _NO_ENGINE),
+    (("model.lora_rank=8", "model.target_parameters=[mlp.experts.gate_up_proj]"),
+     "model.target_parameters=['mlp.experts.gate_up_proj']", _NO_ENGINE),
+    (("model.exclude_modules=[o_proj]",), "model.exclude_modules=['o_proj']", _NO_ENGINE),
+    (("model.enable_gradient_checkpointing=True",), "model.enable_gradient_checkpointing=True", _NO_ENGINE),
+    (("model.enable_activation_offload=True",), "model.enable_activation_offload=True", _NO_ENGINE),
+    (("model.use_remove_padding=True",), "model.use_remove_padding=True", _NO_ENGINE),
+    (("model.use_fused_kernels=False",), "model.use_fused_kernels=False", _NO_ENGINE),
+    (("model.fused_kernel_options.chunk_size=512",), "model.fused_kernel_options.chunk_size=512", _NO_ENGINE),
+    (("rollout.val_kwargs.temperature=0.7", "rollout.val_kwargs.do_sample=True"), "rollout.val_kwargs.do_sample=True",
+     "generation samples with rollout.temperature/top_p/top_k/do_sample; set those"),
+    (("rollout.log_prob_micro_batch_size=4",), "rollout.log_prob_micro_batch_size=4", "generation computes no log-probs"),
+    (("rollout.log_prob_micro_batch_size_per_gpu=4",), "rollout.log_prob_micro_batch_size_per_gpu=4",
+     "generation computes no log-probs"),
+    (("rollout.log_prob_use_dynamic_bsz=True",), "rollout.log_prob_use_dynamic_bsz=True", "generation computes no log-probs"),
+    (("rollout.log_prob_max_token_len_per_gpu=4096",), "rollout.log_prob_max_token_len_per_gpu=4096",
+     "generation computes no log-probs"),
+    (("rollout.agent.max_concurrent_loops=3",), "rollout.agent.max_concurrent_loops=3",
+     "generation runs batch generation, no agent loops or tools"),
+    (("rollout.multi_turn.tool_config_path=/tmp/no_such_tools.yaml",),
+     "rollout.multi_turn.tool_config_path='/tmp/no_such_tools.yaml'", "generation runs batch generation, no agent loops"),
+    (("rollout.multi_turn.interaction_config_path=/tmp/x.yaml",), "rollout.multi_turn.interaction_config_path='/tmp/x.yaml'",
+     "generation runs batch generation, no agent loops"),
+    (("rollout.multi_turn.max_assistant_turns=2",), "rollout.multi_turn.max_assistant_turns=2",
+     "generation runs batch generation, no agent loops"),
+    (("rollout.profiler.enable=True", "rollout.profiler.tool=torch"), "rollout.profiler.tool='torch'",
+     "hybridflow generate does not profile"),
+    (("rollout.skip_rollout=True",), "rollout.skip_rollout=True", "`hybridflow train` only"),
+    (("rollout.skip_dump_dir=/tmp/dump",), "rollout.skip_dump_dir='/tmp/dump'", "`hybridflow train` only"),
+    (("rollout.enable_rollout_routing_replay=True",), "rollout.enable_rollout_routing_replay=True", "`hybridflow train` only"),
+]
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    """A peft adapter directory, as far as the config reads one (its adapter_config.json)."""
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "lora_alpha": 16}')
+    return tmp_path / "adapter"
+
+
+@pytest.mark.parametrize("extra, key, reason", IGNORED_KEYS)
+def test_keys_generation_never_reads_are_refused_off_their_defaults(prompts, tmp_path, adapter, extra, key, reason):
+    extra = [override.format(adapter=adapter) for override in extra]
+    with nothing_started(), pytest.raises(ValueError) as refused:
+        validate_generation_config(load_config(line(prompts, tmp_path / "out.parquet", *extra), GENERATION_TREE))
+    assert f"{key.format(adapter=adapter)}: {reason}" in str(refused.value)
+
+
+def test_every_ignored_key_has_a_refusal_case():
+    named = [key.split("=")[0] for _, key, _ in IGNORED_KEYS]
+    assert [path for path in IGNORED_BY_GENERATION if not any(name.startswith(path) for name in named)] == []
+
+
+def test_ignored_keys_at_their_defaults_pass(prompts, tmp_path):
+    """verl's generation.yaml values (log_prob_micro_batch_size_per_gpu: 8) and PPO lines' defaults, written out."""
+    defaults = ["rollout.log_prob_micro_batch_size_per_gpu=8", "rollout.log_prob_micro_batch_size=null",
+                "model.lora_rank=0", "model.lora_alpha=16", "model.target_modules=all-linear", "model.use_fused_kernels=True",
+                "model.use_remove_padding=False", "rollout.val_kwargs.temperature=0", "rollout.val_kwargs.do_sample=False",
+                "rollout.multi_turn.enable=False", "rollout.profiler.enable=False", "rollout.skip_rollout=False",
+                "rollout.enable_rollout_routing_replay=False"]
+    rows = validate_generation_config(load_config(line(prompts, tmp_path / "out.parquet", *defaults), GENERATION_TREE))
+    assert ("prompts (rows of data.path)", 5) in rows
+
+
+def test_an_ignored_key_of_the_server_line_is_named_as_written(prompts, tmp_path, capsys):
+    from hybridflow.trainer.main_generation_server import main as server_main
+
+    args = [f"actor_rollout_ref.model.path={prompts / 'tiny'}", "actor_rollout_ref.rollout.prompt_length=64",
+            "actor_rollout_ref.rollout.response_length=6", f"data.train_files={prompts / 'test.parquet'}",
+            f"+data.output_path={tmp_path / 'out.parquet'}", "actor_rollout_ref.model.use_remove_padding=True"]
+    with nothing_started():
+        assert server_main(["--dry-run", *args]) == 2
+    assert "actor_rollout_ref.model.use_remove_padding=True: generation builds no training engine" in capsys.readouterr().err
 
 
 def test_an_existing_output_is_never_written_over(prompts, tmp_path, capsys):

@@ -112,6 +112,24 @@ def test_bad_rows_and_settings_are_refused_before_scoring(tmp_path, rows, extra,
         validate_evaluation_config(load_config([f"data.path={path}", *extra], EVALUATION_TREE))
 
 
+@pytest.mark.parametrize("extra, keys", [
+    (("reward_model.format_score=0.1",), r"reward_model.format_score=0.1"),
+    (("reward_model.scoring.sandbox.memory_mb=64",), r"reward_model.scoring.sandbox.memory_mb=64"),
+    (("reward_model.sandbox_fusion.url=http://sandbox:8080/run_code",), r"reward_model.sandbox_fusion.url="),
+])
+def test_settings_of_the_built_in_scorers_are_refused_with_a_custom_function(tmp_path, extra, keys):
+    """A custom function replaces the built-in scorers and is not given their settings (partial credit, the local
+    sandbox's limits, the remote sandbox): each was accepted and had no effect."""
+    path = write_generated(tmp_path / "gen.parquet", [gsm8k_row("4", ["#### 4"])])
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    base = [f"data.path={path}", f"custom_reward_function.path={scorer}"]
+    with nothing_started(), pytest.raises(ValueError, match=rf"{keys}.* configure the built-in scorers, but "
+                                                            r"custom_reward_function.path=.* replaces them"):
+        validate_evaluation_config(load_config([*base, *extra], EVALUATION_TREE))
+    validate_evaluation_config(load_config(base, EVALUATION_TREE))
+
+
 def test_an_existing_output_is_never_written_over(generated, tmp_path, capsys):
     output = tmp_path / "scored.parquet"
     output.write_text("keep me")

@@ -67,6 +67,14 @@ REFUSED = [  # (override, words of the reason)
     # training-only settings on the frozen reference (its passes save nothing for a backward)
     ("actor_rollout_ref.ref.model.enable_activation_offload=True", "the reference is frozen"),
     ("actor_rollout_ref.ref.model.enable_gradient_checkpointing=True", "the reference is frozen"),
+    # settings read only by a feature that is refused: inert, so refused too
+    ("actor_rollout_ref.model.tiled_mlp.num_shards=8", "read only with tiled_mlp.enabled=True"),
+    ("actor_rollout_ref.model.mtp.num_speculative_tokens=3", "read only with mtp.enable_rollout=True"),
+    ("actor_rollout_ref.model.mtp.mtp_loss_scaling_factor=0.2", "read only with mtp.enable_train=True"),
+    ("actor_rollout_ref.rollout.prometheus.port=9091", "read only with prometheus.enable=True"),
+    ("actor_rollout_ref.rollout.trace.token2text=True", "read only with a trace.backend"),
+    ("global_profiler.global_tool_config.torch_memory.stack_depth=64", "records whole stacks"),
+    ("actor_rollout_ref.actor.profiler.tool_config.torch_memory.stack_depth=8", "records whole stacks"),
 ]
 
 

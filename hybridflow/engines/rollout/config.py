@@ -135,18 +135,22 @@ class CustomAsyncServerConfig:
     """verl: the file defining it."""
 
 
+_PROMETHEUS_ONLY = "read only with prometheus.enable=True, which is not built"
+_TRACE_ONLY = "read only with a trace.backend, which is not built"
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrometheusConfig:
     """verl's `rollout.prometheus.*`: the rollout servers' metrics exported to Prometheus."""
 
     enable: bool = unsupported(False, "rollout metrics go to the trainer's loggers (trainer.logger), not Prometheus")
     """verl: export them."""
-    port: int = 9090
-    """verl: the Prometheus server's port (read only with enable=True, which is not built)."""
-    file: str = "/tmp/ray/session_latest/metrics/prometheus/prometheus.yml"
-    """verl: its config file (read only with enable=True, which is not built)."""
-    served_model_name: Optional[str] = None
-    """verl: the model name in the metrics (read only with enable=True, which is not built)."""
+    port: int = unsupported(9090, _PROMETHEUS_ONLY)
+    """verl: the Prometheus server's port."""
+    file: str = unsupported("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml", _PROMETHEUS_ONLY)
+    """verl: its config file."""
+    served_model_name: Optional[str] = unsupported(None, _PROMETHEUS_ONLY)
+    """verl: the model name in the metrics."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,10 +161,10 @@ class TraceConfig:
         None, "agent-loop traces are not exported; trainer.rollout_data_dir dumps every step's generations"
     )
     """verl: weave or mlflow."""
-    token2text: bool = False
-    """verl: decode token ids in the traces (read only with a backend, which is not built)."""
-    max_samples_per_step_per_worker: Optional[int] = None
-    """verl: samples traced per step and worker (read only with a backend, which is not built)."""
+    token2text: bool = unsupported(False, _TRACE_ONLY)
+    """verl: decode token ids in the traces."""
+    max_samples_per_step_per_worker: Optional[int] = unsupported(None, _TRACE_ONLY)
+    """verl: samples traced per step and worker."""
 
 
 @dataclass(frozen=True, kw_only=True)

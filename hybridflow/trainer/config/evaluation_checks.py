@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybridflow.data.config import expand_path
+from hybridflow.rewards.config import built_in_scorer_settings, built_in_scorer_settings_error
 from hybridflow.trainer.config.evaluation_schema import EvaluationConfig, EvaluationDataConfig
 
 __all__ = ["ScoredRows", "evaluation_table", "read_scored_rows", "validate_evaluation_config"]
@@ -38,9 +39,12 @@ def validate_evaluation_config(cfg: EvaluationConfig) -> ScoredRows:
         raise ValueError(f"data.output_path={data.output_path!r} exists; scoring never writes over a file: choose "
                          "another path or move it")
     fusion = cfg.reward_model.sandbox_fusion
-    if fusion.url is not None and custom.path is not None:
-        raise ValueError(f"reward_model.sandbox_fusion.url={fusion.url!r} sends the built-in code scorers' cases to "
-                         f"the server, but custom_reward_function.path={custom.path!r} replaces them: drop one")
+    changed = built_in_scorer_settings(cfg.reward_model)
+    if cfg.reward_model.format_score != 0.0:
+        changed["reward_model.format_score"] = cfg.reward_model.format_score
+    error = built_in_scorer_settings_error(custom, changed)
+    if error is not None:
+        raise ValueError(error)
     workers_key = ("ray_kwargs.ray_init.num_cpus" if cfg.ray_kwargs.ray_init.num_cpus is not None
                    else "reward_model.scoring.num_workers")
     fusion.check_scorer_processes(cfg.scoring.num_workers, workers_key)

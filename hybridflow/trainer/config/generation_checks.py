@@ -1,5 +1,7 @@
 """Checks of `hybridflow generate`'s config before Ray starts: the prompts file and its column, an output path
-that holds nothing yet, the model, and rollout settings that batch generation honours."""
+that holds nothing yet, the model, and rollout settings that batch generation honours. Keys that generation never
+reads (LoRA, training-only model keys, evaluation sampling, log-probs, agent loops, profiling, trainer-only rollout
+keys) are refused off their defaults (`IGNORED_BY_GENERATION`)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,49 @@ from hybridflow.data.config import expand_path
 from hybridflow.trainer.config.generation_schema import GenerationConfig
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
 from hybridflow.trainer.config.parallel_checks import check_rollout_tensor_parallel
+from hybridflow.utils.config import changed_leaves
 
-__all__ = ["read_chats", "validate_generation_config"]
+__all__ = ["IGNORED_BY_GENERATION", "check_ignored_keys", "read_chats", "validate_generation_config"]
+
+_PLAIN_WEIGHTS = (
+    "generation loads the plain weights of model.path and applies no LoRA adapter: merge the adapter into them "
+    "first (a hybridflow checkpoint: `hybridflow merge --local_dir <global_step_N> --target_dir <dir>`; a peft "
+    "adapter: `PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(<dir>)`) and set "
+    "model.path=<dir>"
+)
+_NO_TRAINING_ENGINE = "generation builds no training engine"
+_SAMPLING = "generation samples with rollout.temperature/top_p/top_k/do_sample; set those"
+_NO_LOG_PROBS = "generation computes no log-probs"
+_NO_AGENT_LOOPS = "generation runs batch generation, no agent loops or tools"
+_NO_PROFILING = "hybridflow generate does not profile"
+_TRAIN_ONLY = "`hybridflow train` only"
+
+IGNORED_BY_GENERATION: dict[str, str] = {
+    "model.lora_adapter_path": _PLAIN_WEIGHTS,
+    "model.lora_rank": _PLAIN_WEIGHTS,
+    "model.lora_alpha": _NO_TRAINING_ENGINE,
+    "model.target_modules": _NO_TRAINING_ENGINE,
+    "model.target_parameters": _NO_TRAINING_ENGINE,
+    "model.exclude_modules": _NO_TRAINING_ENGINE,
+    "model.enable_gradient_checkpointing": _NO_TRAINING_ENGINE,
+    "model.enable_activation_offload": _NO_TRAINING_ENGINE,
+    "model.use_remove_padding": _NO_TRAINING_ENGINE,
+    "model.use_fused_kernels": _NO_TRAINING_ENGINE,
+    "model.fused_kernel_options": _NO_TRAINING_ENGINE,
+    "rollout.val_kwargs": _SAMPLING,
+    "rollout.log_prob_micro_batch_size": _NO_LOG_PROBS,
+    "rollout.log_prob_micro_batch_size_per_gpu": _NO_LOG_PROBS,
+    "rollout.log_prob_use_dynamic_bsz": _NO_LOG_PROBS,
+    "rollout.log_prob_max_token_len_per_gpu": _NO_LOG_PROBS,
+    "rollout.agent": _NO_AGENT_LOOPS,
+    "rollout.multi_turn": _NO_AGENT_LOOPS,  # its `enable` is refused first, with the rollout.mode check
+    "rollout.profiler": _NO_PROFILING,
+    "rollout.skip_rollout": _TRAIN_ONLY,
+    "rollout.skip_dump_dir": _TRAIN_ONLY,
+    "rollout.enable_rollout_routing_replay": _TRAIN_ONLY,
+}
+"""Keys (or whole sections) of the generation config that `hybridflow generate` never reads -> why; each is refused
+when set off its default (verl's generation lines may pass them at their defaults)."""
 
 
 def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
@@ -31,6 +74,7 @@ def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
     if rollout.mode != "sync" or rollout.multi_turn.enable:
         raise ValueError("generation calls the rollout's batch generation: set rollout.mode=sync and leave "
                          "rollout.multi_turn.enable off (agent loops run in `hybridflow train`)")
+    check_ignored_keys(cfg)
     if (rollout.temperature == 0 or not rollout.do_sample) and data.n_samples > 1:
         raise ValueError(f"data.n_samples={data.n_samples} with greedy decoding (rollout.temperature="
                          f"{rollout.temperature}, do_sample={rollout.do_sample}) gives the same response each time; "
@@ -53,6 +97,24 @@ def validate_generation_config(cfg: GenerationConfig) -> list[tuple[str, int]]:
         ("ranks (nnodes x n_gpus_per_node)", ranks),
         ("replicas (ranks / tensor_model_parallel_size)", ranks // tp),
     ]
+
+
+def check_ignored_keys(cfg: GenerationConfig) -> None:
+    """Raises ValueError naming every key of `IGNORED_BY_GENERATION` (a leaf of a listed section) set off its
+    default, with the value, the reason and the default to go back to."""
+    defaults = GenerationConfig()
+    refused = [f"{key}={value!r}: {reason}; leave it at its default ({default!r})"
+               for path, reason in IGNORED_BY_GENERATION.items()
+               for key, value, default in changed_leaves(path, _value_at(cfg, path), _value_at(defaults, path))]
+    if refused:
+        raise ValueError(" | ".join(refused))
+
+
+def _value_at(cfg: Any, path: str) -> Any:
+    """The value of the dotted key `path` in the typed config `cfg`."""
+    for name in path.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
 
 
 def read_chats(path: str, key: str) -> list[list[dict[str, Any]]]:

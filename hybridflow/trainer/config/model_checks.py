@@ -12,6 +12,7 @@ from hybridflow.models.forward_support import packing_unsupported_reason
 from hybridflow.models.moe_shape import is_moe_config, moe_routing_unsupported_reason
 from hybridflow.trainer.config.parallel_checks import engine_configs, hf_model_config
 from hybridflow.trainer.config.schema import PPOConfig
+from hybridflow.utils.config import changed_leaves
 
 # Architectures a reward model checkpoint may have: one score per sequence (or per token, read at the last one).
 REWARD_MODEL_HEADS = ("ForSequenceClassification", "ForTokenClassification")
@@ -70,7 +71,8 @@ def check_prime(cfg: PPOConfig) -> None:
 
 
 _PRIME_FIELDS = {
-    "reward_model.model": ("update", "ref_path", "beta_train"),
+    "reward_model.model": ("update", "ref_path", "beta_train", "optim"),  # only PRIME's reward model trains
+    "reward_model.model.fsdp_config": ("optimizer_offload",),
     "reward_model": ("prime_granularity", "prime_norm"),
     "algorithm": ("reward_dpo_coef", "reward_gt_coef"),
 }
@@ -82,14 +84,14 @@ def check_prime_keys_unused(cfg: PPOConfig) -> None:
     ignored."""
     if cfg.uses_prime:
         return
-    sections = {"reward_model.model": cfg.reward_model.model, "reward_model": cfg.reward_model, "algorithm": cfg.algorithm}
+    sections = {"reward_model.model": cfg.reward_model.model, "reward_model.model.fsdp_config":
+                cfg.reward_model.model.fsdp_config, "reward_model": cfg.reward_model, "algorithm": cfg.algorithm}
     for prefix, section in sections.items():
         defaults = type(section)()
         for name in _PRIME_FIELDS[prefix]:
-            value = getattr(section, name)
-            if value != getattr(defaults, name):
+            for key, value, _ in changed_leaves(f"{prefix}.{name}", getattr(section, name), getattr(defaults, name)):
                 raise ValueError(
-                    f"{prefix}.{name}={value!r} configures PRIME's implicit process reward model, but "
+                    f"{key}={value!r} configures PRIME's implicit process reward model, but "
                     f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}; set algorithm.adv_estimator=prime or "
                     "drop it"
                 )

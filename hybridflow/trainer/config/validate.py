@@ -11,6 +11,8 @@ from pathlib import Path
 from hybridflow.data.config import expand_path
 from hybridflow.engines.training.config import OptimConfig
 from hybridflow.engines.rollout.registry import backends_with
+from hybridflow.rewards.config import built_in_scorer_settings, built_in_scorer_settings_error
+from hybridflow.utils.config import changed_leaves
 from hybridflow.trainer.config.batches import BatchSizes, derive_batch_sizes
 from hybridflow.trainer.config.data_checks import check_data_files, check_rows
 from hybridflow.trainer.config.model_checks import (
@@ -48,6 +50,7 @@ def validate_config(cfg: PPOConfig) -> dict[str, BatchSizes]:
     # most errors print before they load.
     _check_names(cfg)
     _check_algorithm(cfg)
+    _check_alarms_can_fire(cfg)
     check_placement(cfg)
     check_profiling(cfg, set(run_roles(cfg)))
     _check_files(cfg)
@@ -149,6 +152,24 @@ def check_rollout_backend(cfg: PPOConfig) -> None:
         rollout.backend_spec.check_installed()  # e.g. vllm's supported vllm/torch/transformers set
     except (ImportError, ValueError) as err:
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} cannot be used: {err}") from err
+
+
+def _check_alarms_can_fire(cfg: PPOConfig) -> None:
+    """An alarm in trainer.guards.alarms.stop_on whose metric this run never produces would never stop it."""
+    from hybridflow.trainer.guards.config import unwatchable_alarms
+
+    arr = cfg.actor_rollout_ref
+    unwatchable = unwatchable_alarms(
+        bypass_mode=cfg.algorithm.rollout_correction.bypass_mode,
+        rollout_log_probs=arr.rollout.backend_spec.returns_log_probs,
+        entropy_in_update=arr.actor.entropy_coeff != 0 or arr.actor.calculate_entropy,
+    )
+    for name in cfg.trainer.guards.alarms.stop_on:
+        if name in unwatchable:
+            raise ValueError(
+                f"trainer.guards.alarms.stop_on lists {name!r}, whose metric this run never produces, so it would "
+                f"never stop the run: {unwatchable[name]}; or drop it from stop_on"
+            )
 
 
 def _check_algorithm(cfg: PPOConfig) -> None:
@@ -303,12 +324,9 @@ def _check_files(cfg: PPOConfig) -> None:
 
 def _check_rewards(cfg: PPOConfig) -> None:
     _check_reward_loop(cfg)
-    if cfg.reward_model.sandbox_fusion.url is not None and cfg.custom_reward_function.path is not None:
-        raise ValueError(
-            f"reward_model.sandbox_fusion.url={cfg.reward_model.sandbox_fusion.url!r} sends the built-in code "
-            f"scorers' cases to the server, but custom_reward_function.path={cfg.custom_reward_function.path!r} "
-            "replaces them (as in verl, the function is not given the server): drop one of the two"
-        )
+    error = built_in_scorer_settings_error(cfg.custom_reward_function, built_in_scorer_settings(cfg.reward_model))
+    if error is not None:
+        raise ValueError(error)
     buffer, manager = cfg.reward_model.overlong_buffer, cfg.reward_model.reward_manager
     if not buffer.enable:
         return
@@ -338,6 +356,17 @@ def _check_reward_loop(cfg: PPOConfig) -> None:
         )
 
 
+def _agent_loop_settings(rollout) -> dict[str, object]:
+    """The `rollout.multi_turn.*` and `rollout.agent.*` limits set off their defaults (verl's null, which its
+    lines write for the turn limits, counts as unset), by key under rollout."""
+    from hybridflow.engines.rollout.config import AgentLoopConfig, MultiTurnConfig
+
+    checked_apart = ("multi_turn.enable", "multi_turn.tool_config_path", "multi_turn.interaction_config_path")
+    leaves = [*changed_leaves("multi_turn", rollout.multi_turn, MultiTurnConfig()),
+              *changed_leaves("agent", rollout.agent, AgentLoopConfig())]
+    return {key: value for key, value, _ in leaves if value is not None and key not in checked_apart}
+
+
 def _check_agent_loops(cfg: PPOConfig) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     multi_turn = rollout.multi_turn
@@ -354,6 +383,11 @@ def _check_agent_loops(cfg: PPOConfig) -> None:
                     "actor_rollout_ref.rollout.mode=sync: tools and interactions run only in agent loops; set "
                     f"mode=async (its default when a {key} is given) or drop the {key}"
                 )
+        for key, value in _agent_loop_settings(rollout).items():
+            raise ValueError(
+                f"actor_rollout_ref.rollout.{key}={value!r} with actor_rollout_ref.rollout.mode=sync: it is read only "
+                "by agent loops (rollout.mode=async, or multi_turn.enable=True); set one of them or drop it"
+            )
         return
     if not cfg.data.return_raw_chat:
         raise ValueError(

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from hybridflow.utils.config import ConfigFieldError, check_at_least, check_literal_fields, check_positive, check_range
 
-__all__ = ["AlarmName", "AlarmsConfig", "GuardsConfig", "MemoryWatchConfig"]
+__all__ = ["AlarmName", "AlarmsConfig", "GuardsConfig", "MemoryWatchConfig", "unwatchable_alarms"]
 
 AlarmName = Literal["logprob_mismatch", "entropy_collapse", "length_saturation", "reward_flatline", "zero_advantage"]
 
@@ -44,6 +44,32 @@ class AlarmsConfig:
         check_range("zero_adv_group_frac_max", self.zero_adv_group_frac_max, 0.0, 1.0, high_open=True)
         if self.stop_on and not self.enable:
             raise ConfigFieldError("stop_on", f"stop_on={self.stop_on} needs enable=True (the alarms are off)")
+
+
+def unwatchable_alarms(*, bypass_mode: bool, rollout_log_probs: bool, entropy_in_update: bool) -> dict[str, str]:
+    """The alarms whose metric a run never produces, with why and the setting that would produce it.
+
+    bypass_mode: algorithm.rollout_correction.bypass_mode (the rollout's log-probs stand for the old ones, so the
+        trainer computes none to compare them with, nor an old-log-prob pass's entropy);
+    rollout_log_probs: the rollout engine returns its log-probs (the other side of logprob_mismatch's gap);
+    entropy_in_update: the update computes the entropy (entropy_coeff != 0 or actor.calculate_entropy).
+    """
+    unwatchable = {}
+    if bypass_mode:
+        unwatchable["logprob_mismatch"] = (
+            "algorithm.rollout_correction.bypass_mode=True takes the rollout's log-probs as the old ones, so no "
+            "trainer log-probs are computed to compare with them (bypass_mode=False does)"
+        )
+        if not entropy_in_update:
+            unwatchable["entropy_collapse"] = (
+                "bypass mode runs no old-log-prob pass, whose entropy the alarm reads; set "
+                "actor_rollout_ref.actor.calculate_entropy=True"
+            )
+    elif not rollout_log_probs:
+        unwatchable["logprob_mismatch"] = (
+            "the rollout engine returns no log-probs to compare with the trainer's; use a rollout.name that does"
+        )
+    return unwatchable
 
 
 @dataclass(frozen=True, kw_only=True)
