@@ -237,6 +237,16 @@ class RefModelConfig(ModelConfig):
                     name, f"{name}={getattr(self, name)!r}: the reference is frozen, leave it unset (a LoRA actor's "
                     "reference is its base model already)"
                 )
+        if self.custom_chat_template is not None:
+            raise ConfigFieldError(
+                "custom_chat_template", "custom_chat_template: the reference scores the policy's token ids and renders "
+                "no chat; the actor's template (actor_rollout_ref.model.custom_chat_template) renders the prompts"
+            )
+        if self.use_shm:
+            raise ConfigFieldError(
+                "use_shm", "use_shm=True: only the actor's model is copied to /dev/shm (actor_rollout_ref.model."
+                "use_shm, which a reference of the same model reads too); a teacher loads from its path; leave it unset"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

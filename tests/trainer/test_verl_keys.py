@@ -67,6 +67,8 @@ REFUSED = [  # (override, words of the reason)
     # training-only settings on the frozen reference (its passes save nothing for a backward)
     ("actor_rollout_ref.ref.model.enable_activation_offload=True", "the reference is frozen"),
     ("actor_rollout_ref.ref.model.enable_gradient_checkpointing=True", "the reference is frozen"),
+    ("actor_rollout_ref.ref.model.custom_chat_template='{{ x }}'", "the reference scores the policy's token ids"),
+    ("actor_rollout_ref.ref.model.use_shm=True", "only the actor's model is copied to /dev/shm"),
     # settings read only by a feature that is refused: inert, so refused too
     ("actor_rollout_ref.model.tiled_mlp.num_shards=8", "read only with tiled_mlp.enabled=True"),
     ("actor_rollout_ref.model.mtp.num_speculative_tokens=3", "read only with mtp.enable_rollout=True"),

@@ -7,7 +7,7 @@ from typing import Any
 
 from hybridflow.trainer.config.schema import PPOConfig
 
-__all__ = ["check_verl_copies"]
+__all__ = ["check_verl_copies", "forward_only_error"]
 
 
 def _copies(cfg: PPOConfig) -> list[tuple[str, Any, str, Any]]:
@@ -43,11 +43,9 @@ def check_verl_copies(cfg: PPOConfig) -> None:
         ("critic.model.fsdp_config.forward_only", cfg.critic.model.fsdp_config.forward_only, True),
         ("actor_rollout_ref.ref.fsdp_config.forward_only", arr.ref.fsdp_config.forward_only, False),
     ):
-        if forward_only is not None and forward_only == trains:
-            raise ValueError(
-                f"{key}={forward_only}: that role {'trains' if trains else 'only runs forwards'} here (the engine's "
-                "role decides it); leave it unset"
-            )
+        error = forward_only_error(key, forward_only, trains)
+        if error is not None:
+            raise ValueError(error)
     ref_mode, actor_mode = arr.ref.router_replay.mode, arr.actor.router_replay.mode
     if ref_mode != "disabled" and ref_mode != actor_mode:
         raise ValueError(
@@ -55,3 +53,12 @@ def check_verl_copies(cfg: PPOConfig) -> None:
             f"{actor_mode!r}: the reference replays the rollout's experts exactly when the actor does; set the "
             "actor's mode"
         )
+
+
+def forward_only_error(key: str, forward_only: bool | None, trains: bool) -> str | None:
+    """Why verl's `fsdp_config.forward_only` at `key` contradicts its role (None where it does not): the engine's
+    role decides whether it trains."""
+    if forward_only is None or forward_only != trains:
+        return None
+    return (f"{key}={forward_only}: that role {'trains' if trains else 'only runs forwards'} here (the engine's role "
+            "decides it); leave it unset")

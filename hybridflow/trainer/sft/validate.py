@@ -9,6 +9,7 @@ from hybridflow.trainer.config.data_checks import check_data_files
 from hybridflow.trainer.config.model_checks import check_model_location, model_context_length
 from hybridflow.trainer.config.parallel_checks import model_section_config
 from hybridflow.trainer.config.validate import check_optimizer_section
+from hybridflow.trainer.config.verl_copies import forward_only_error
 
 
 def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
@@ -17,6 +18,9 @@ def validate_sft_config(cfg: SFTConfig) -> list[tuple[str, int]]:
     if data.pad_mode == "no_padding" and not cfg.model.use_remove_padding:
         raise ValueError("data.pad_mode=no_padding computes on no padding: it needs model.use_remove_padding=True "
                          "(the packed forward); set it, or data.pad_mode=right")
+    forward_only = forward_only_error("model.fsdp_config.forward_only", cfg.model.fsdp_config.forward_only, True)
+    if forward_only is not None:
+        raise ValueError(forward_only)
     check_data_files(data)
     check_sft_rows(data)
     check_optimizer_section(cfg.optim, "")

@@ -39,6 +39,7 @@ def test_dry_run_prints_the_config_and_batch_arithmetic(sft_workspace, tmp_path,
         ("trainer.local_mode=true", ["trainer.local_mode", "n_gpus_per_node=1"]),
         ("optim=megatron", ["optim=megatron selects verl's 'megatron' optim config group", "drop optim=megatron"]),
         ("model.strategy=megatron", ["model.strategy", "megatron"]),
+        ("model.fsdp_config.forward_only=True", ["model.fsdp_config.forward_only=True: that role trains"]),
     ],
 )
 def test_config_errors_name_the_key(sft_workspace, tmp_path, capsys, override, words):
