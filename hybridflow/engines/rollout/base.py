@@ -216,12 +216,13 @@ def compute_rollout_copy_dtype(
     """The dtype of the rollout's own copy of a one-rank trainer's module, or None to generate with that module.
 
     setting: `rollout.dtype` ('auto': bfloat16 on accelerators, float32 on CPU, `resolve_dtype`); training_dtype:
-    the dtype of the trainer's parameters. On CPU the rollout always shares the module (fp32 is the fast path
-    there). On an accelerator it shares only when the trainer's weights already have the rollout dtype: a trainer
-    holding fp32 master weights would otherwise make generation run eager in fp32 (issue 25), so the rollout
-    takes a copy in the rollout dtype, refreshed by the weight hand-over before each generation.
+    the dtype of the trainer's parameters. The rollout shares the module when the trainer's weights already have
+    the rollout dtype, else it takes a copy in the rollout dtype, refreshed by the weight hand-over before each
+    generation: on an accelerator a trainer holding fp32 master weights would otherwise make generation run eager
+    in fp32 (issue 25). On CPU 'auto' always shares the module (fp32 is the fast path there, and a bf16 trainer's
+    own dtype serves too); a dtype set explicitly is honoured, as it is on more ranks.
     """
-    if device.type == "cpu":
+    if device.type == "cpu" and setting == "auto":
         return None
     dtype = resolve_dtype(setting, device)
     return None if dtype == training_dtype else dtype

@@ -275,9 +275,10 @@ class RolloutConfig(SamplingConfig):
     """verl: gather a sharded LoRA model for the rollout layer by layer rather than whole. The hand-over gathers
     (and merges) one tensor at a time whatever the value, so both values hold."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    """Weight and compute dtype of the rollout's own weights (the vllm engine; an hf/native copy that does not share
-    the actor's module). auto is bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on CPUs without bf16
-    units); unlike vLLM's own auto it does not follow the checkpoint's dtype. verl's default: bfloat16."""
+    """Weight and compute dtype of the rollout's weights (the vllm engine; hf/native: the actor's own module where
+    it already has this dtype, else a copy in it that the hand-over refreshes). auto is bfloat16 on GPU, float32
+    on CPU (bf16 matmuls are slow on CPUs without bf16 units), and on one CPU rank the actor's module as it is;
+    unlike vLLM's own auto it does not follow the checkpoint's dtype. verl's default: bfloat16."""
     enforce_eager: Optional[bool] = None
     """vllm engine: True runs eagerly, False captures CUDA graphs / compiles. None: False on GPU (verl's
     default), True on CPU (vLLM's CPU backend would compile with inductor at start-up, minutes). native engine:

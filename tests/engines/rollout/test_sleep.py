@@ -78,7 +78,9 @@ def test_rollouts_do_not_empty_the_cache_when_sharing_the_trainer_module(
 def test_rollout_copy_dtype():
     # CPU: always the trainer's module, whatever the setting
     assert compute_rollout_copy_dtype("auto", CPU, torch.float32) is None
-    assert compute_rollout_copy_dtype("bfloat16", CPU, torch.float32) is None
+    assert compute_rollout_copy_dtype("bfloat16", CPU, torch.float32) is torch.bfloat16  # set explicitly: honoured
+    assert compute_rollout_copy_dtype("float32", CPU, torch.float32) is None
+    assert compute_rollout_copy_dtype("auto", CPU, torch.bfloat16) is None
     # accelerator: fp32 master weights generate from a bf16 copy ('auto' is bf16 there)
     assert compute_rollout_copy_dtype("auto", CUDA, torch.float32) is torch.bfloat16
     assert compute_rollout_copy_dtype("auto", CUDA, torch.bfloat16) is None
