@@ -85,6 +85,7 @@ IGNORED_KEYS = [  # (overrides, the key named, its reason): one case at least fo
     (("rollout.log_prob_micro_batch_size_per_gpu=4",), "rollout.log_prob_micro_batch_size_per_gpu=4",
      "generation computes no log-probs"),
     (("rollout.log_prob_use_dynamic_bsz=True",), "rollout.log_prob_use_dynamic_bsz=True", "generation computes no log-probs"),
+    (("rollout.calculate_log_probs=True",), "rollout.calculate_log_probs=True", "generation writes no log-probs"),
     (("rollout.log_prob_max_token_len_per_gpu=4096",), "rollout.log_prob_max_token_len_per_gpu=4096",
      "generation computes no log-probs"),
     (("rollout.agent.max_concurrent_loops=3",), "rollout.agent.max_concurrent_loops=3",

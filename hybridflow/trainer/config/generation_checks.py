@@ -45,6 +45,7 @@ IGNORED_BY_GENERATION: dict[str, str] = {
     "rollout.log_prob_micro_batch_size_per_gpu": _NO_LOG_PROBS,
     "rollout.log_prob_use_dynamic_bsz": _NO_LOG_PROBS,
     "rollout.log_prob_max_token_len_per_gpu": _NO_LOG_PROBS,
+    "rollout.calculate_log_probs": "generation writes no log-probs (only the responses)",
     "rollout.agent": _NO_AGENT_LOOPS,
     "rollout.multi_turn": _NO_AGENT_LOOPS,  # its `enable` is refused first, with the rollout.mode check
     "rollout.profiler": _NO_PROFILING,
