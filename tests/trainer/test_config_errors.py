@@ -389,3 +389,13 @@ def test_prime_settings_outside_prime_are_refused(train_file, override):
     with nothing_started(), pytest.raises(ValueError, match=rf"{key}=.* configures PRIME's implicit process reward "
                                                             r"model, but algorithm.adv_estimator='grpo'"):
         check(grpo_overrides(train_file) + [override])
+
+
+@pytest.mark.parametrize("override", ["reward_model.model.path=/models/my-rm", "reward_model.micro_batch_size_per_gpu=4",
+                                      "reward_model.model.fsdp_config.param_offload=True"])
+def test_reward_model_settings_without_a_reward_model_are_refused(train_file, override):
+    """A reward model's path given without reward_model.enable=True trained on the rule scorers' rewards, silently."""
+    key = override.split("=")[0]
+    with nothing_started(), pytest.raises(ValueError, match=rf"{key}=.* configures the reward model, but "
+                                                            r"reward_model.enable=False.*set reward_model.enable=True"):
+        check(grpo_overrides(train_file) + [override])

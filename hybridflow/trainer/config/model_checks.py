@@ -97,6 +97,32 @@ def check_prime_keys_unused(cfg: PPOConfig) -> None:
                 )
 
 
+_REWARD_MODEL_WORKER_KEYS = ("micro_batch_size_per_gpu", "micro_batch_size", "max_length")
+"""`reward_model.*` keys that configure the reward model's worker (its model section aside)."""
+
+
+def check_reward_model_keys_unused(cfg: PPOConfig) -> None:
+    """Without a reward model (reward_model.enable=False, not PRIME) its settings configure nothing: a
+    reward_model.model.path given without enable=True would train on the rule scorers' rewards, with no word.
+    Keys that follow other sections by default (verl's interpolations) are left out."""
+    from hybridflow.trainer.config.schema import PPO_DERIVED
+    from hybridflow.workers.reward_config import RewardModelModelConfig, RewardModelWorkerConfig
+
+    if cfg.reward_model.enable or cfg.uses_prime:
+        return
+    section, defaults = cfg.reward_model, RewardModelWorkerConfig()
+    leaves = changed_leaves("reward_model.model", section.model, RewardModelModelConfig())
+    for name in _REWARD_MODEL_WORKER_KEYS:
+        leaves += changed_leaves(f"reward_model.{name}", getattr(section, name), getattr(defaults, name))
+    for key, value, _ in leaves:
+        if key not in PPO_DERIVED:
+            raise ValueError(
+                f"{key}={value!r} configures the reward model, but reward_model.enable=False: the rewards come from "
+                "the rule scorers (or custom_reward_function); set reward_model.enable=True to score with the model, "
+                "or drop it"
+            )
+
+
 def check_reward_model(cfg: PPOConfig) -> None:
     """The reward model is a local classification checkpoint with one label (a generative judge: a causal LM),
     used for inference only."""

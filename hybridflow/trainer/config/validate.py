@@ -28,6 +28,7 @@ from hybridflow.trainer.config.model_checks import (
     check_prime,
     check_prime_keys_unused,
     check_reward_model,
+    check_reward_model_keys_unused,
     check_teacher,
 )
 from hybridflow.trainer.config.parallel_checks import check_parallelism, check_rollout_parallelism, check_token_budgets
@@ -319,6 +320,7 @@ def _check_files(cfg: PPOConfig) -> None:
     elif cfg.reward_model.enable:
         check_reward_model(cfg)
     check_prime_keys_unused(cfg)
+    check_reward_model_keys_unused(cfg)
     cfg.trainer.check_paths()
 
 
