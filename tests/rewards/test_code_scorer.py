@@ -143,3 +143,34 @@ def test_dispatch_and_reward_pool():
     finally:
         pool.close()
     assert [(o.status, o.value["score"]) for o in outcomes] == [("ok", 1.0), ("ok", 0.0)]
+
+
+@pytest.mark.parametrize("ground_truth, message", [
+    ("", "ground_truth is empty"),
+    ("   \n", "ground_truth is empty"),
+    ("# the tests go here\n", "nothing that can fail"),
+    ("x = 1\n", "nothing that can fail"),
+    ('{"input": ["1"], "output": ["2"]}', r"must hold 'inputs' and 'outputs'.*\['input', 'output'\]"),
+    ("{'inputs': ['1'", "neither JSON nor a Python dict literal"),
+    ("def check(candidate):\n    assert candid(", "not valid Python test code"),
+])
+def test_a_ground_truth_that_would_pass_any_program_is_an_error_not_a_score(ground_truth, message):
+    """Taken as test code, these ran to their end whatever the program did: `print(12345)` scored 1.0."""
+    with pytest.raises(ValueError, match=message):
+        default_compute_score("code", "```python\nprint(12345)\n```", ground_truth)
+
+
+def test_a_python_dict_repr_of_cases_is_graded_as_cases():
+    cases = str({"inputs": ["2 3\n"], "outputs": ["5\n"]})
+    wrong = default_compute_score("code", "```python\nprint(12345)\n```", cases)
+    right = default_compute_score("code", "```python\na, b = map(int, input().split())\nprint(a + b)\n```", cases)
+    assert wrong["score"] == 0.0 and right["score"] == 1.0
+
+
+@pytest.mark.parametrize("source, ground_truth", [
+    ("lighteval/MATH", ""), ("math_dapo", " "), ("searchR1_nq", {}), ("openai/gsm8k", ""),
+])
+def test_an_empty_ground_truth_is_an_error_for_every_built_in_scorer(source, ground_truth):
+    """MATH scored `\\boxed{}`, DAPO `Answer: ` and search QA an empty answer right against an empty truth."""
+    with pytest.raises(ValueError, match="ground_truth is empty"):
+        default_compute_score(source, "\\boxed{} Answer: <answer></answer>", ground_truth)

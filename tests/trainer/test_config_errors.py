@@ -399,3 +399,18 @@ def test_reward_model_settings_without_a_reward_model_are_refused(train_file, ov
     with nothing_started(), pytest.raises(ValueError, match=rf"{key}=.* configures the reward model, but "
                                                             r"reward_model.enable=False.*set reward_model.enable=True"):
         check(grpo_overrides(train_file) + [override])
+
+
+@pytest.mark.parametrize("source, truth, message", [
+    ("reasoning_gym/basic_arithmetic", "  ", "ground_truth is empty"),
+    ("code", "# tests here", "nothing that can fail"),
+    ("code", '{"input": ["1"], "output": ["2"]}', "must hold 'inputs' and 'outputs'"),
+])
+def test_a_ground_truth_its_scorer_cannot_grade_is_refused_before_ray_naming_the_row(tmp_path, source, truth, message):
+    """An empty truth scored empty answers right; code test text that cannot fail passed every program."""
+    sources = ["gsm8k"] * 7 + [source]
+    truths = [{"ground_truth": "4", "style": "rule"}] * 7 + [{"ground_truth": truth, "style": "rule"}]
+    train_file = write_rows(tmp_path / "train.parquet", sources, reward_model=truths)
+    with nothing_started(), pytest.raises(ValueError, match=rf"data.train_files entry .*: row 7 \(data_source="
+                                                            rf"'{source}'\): .*{message}"):
+        check(grpo_overrides(train_file))

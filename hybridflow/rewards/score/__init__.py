@@ -25,32 +25,54 @@ from hybridflow.sandbox import SandboxLimits
 from hybridflow.sandbox.remote import SandboxFusionEndpoint
 from hybridflow.utils.registry import Registry
 
-__all__ = ["PREFIXES", "SCORERS", "default_compute_score", "default_compute_score_batched", "has_scorer", "resolve_scorer",
-           "scorer_kwargs"]
+__all__ = ["PREFIXES", "SCORERS", "check_ground_truth_given", "default_compute_score", "default_compute_score_batched",
+           "ground_truth_error", "has_scorer", "resolve_scorer", "scorer_kwargs"]
 
 SCORERS: Registry[Callable[..., float | dict]] = Registry("reward scorer")
 
 
+def check_ground_truth_given(ground_truth: Any) -> None:
+    """Raise when a row's ground truth is empty (a blank string, an empty list or mapping): several scorers would
+    score an empty answer right against it."""
+    if (isinstance(ground_truth, str) and not ground_truth.strip()) or (
+            isinstance(ground_truth, (list, tuple, dict)) and not ground_truth):
+        raise ValueError(f"reward_model.ground_truth is empty ({ground_truth!r}): an empty answer would match it")
+
+
+def _refuses_empty_ground_truth(scorer: Callable[..., Any]) -> Callable[..., Any]:
+    """A built-in scorer that raises on an empty ground truth (counted as a scorer error, never scored)."""
+    @functools.wraps(scorer)
+    def checked(data_source: str, solution_str: str, ground_truth: Any, *args: Any, **kwargs: Any) -> Any:
+        check_ground_truth_given(ground_truth)
+        return scorer(data_source, solution_str, ground_truth, *args, **kwargs)
+    return checked
+
+
+@_refuses_empty_ground_truth
 def _score_gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                  format_score: float = 0.0) -> float:
     return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=format_score)
 
 
+@_refuses_empty_ground_truth
 def _score_math(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                 format_score: float = 0.0) -> float:
     return math.compute_score(solution_str, ground_truth, format_score=format_score)
 
 
+@_refuses_empty_ground_truth
 def _score_math_dapo(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                      format_score: float = 0.0) -> dict:
     return math_dapo.compute_score(solution_str, ground_truth)  # +1 / -1: DAPO's recipe has no format score
 
 
+@_refuses_empty_ground_truth
 def _score_countdown(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                      format_score: float = 0.0) -> float:
     return countdown.compute_score(solution_str, ground_truth, format_score=format_score)
 
 
+@_refuses_empty_ground_truth
 def _score_code(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                 format_score: float = 0.0, sandbox: SandboxLimits | None = None,
                 remote_sandbox: SandboxFusionEndpoint | None = None) -> dict:
@@ -58,6 +80,7 @@ def _score_code(data_source: str, solution_str: str, ground_truth: Any, extra_in
                               remote=remote_sandbox)
 
 
+@_refuses_empty_ground_truth
 def _score_prime_code(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                       format_score: float = 0.0, sandbox: SandboxLimits | None = None,
                       remote_sandbox: SandboxFusionEndpoint | None = None) -> dict:
@@ -66,21 +89,25 @@ def _score_prime_code(data_source: str, solution_str: str, ground_truth: Any, ex
                               remote=remote_sandbox, continuous=True)
 
 
+@_refuses_empty_ground_truth
 def _score_geometry3k(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                       format_score: float = 0.0) -> float:
     return geometry3k.compute_score(solution_str, ground_truth)
 
 
+@_refuses_empty_ground_truth
 def _score_search_qa(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                      format_score: float = 0.0) -> float:
     return search_qa.compute_score(solution_str, ground_truth, format_score=format_score)
 
 
+@_refuses_empty_ground_truth
 def _score_reasoning_gym(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                          format_score: float = 0.0) -> float:
     return reasoning_gym.compute_score(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
 
 
+@_refuses_empty_ground_truth
 def _score_color_square(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                         format_score: float = 0.0) -> float:
     return color_square.compute_score(solution_str, ground_truth)
@@ -90,6 +117,9 @@ def _score_color_square(data_source: str, solution_str: str, ground_truth: Any, 
 _score_reasoning_gym.preload = reasoning_gym.preload  # type: ignore[attr-defined]
 _score_code.uses_sandbox = True  # type: ignore[attr-defined]
 _score_prime_code.uses_sandbox = True  # type: ignore[attr-defined]
+# A ground truth a scorer cannot grade against, refused before Ray (`ground_truth_error`) and counted if it slips by.
+_score_code.check_ground_truth = code.check_ground_truth  # type: ignore[attr-defined]
+_score_prime_code.check_ground_truth = code.check_ground_truth  # type: ignore[attr-defined]
 
 # The data sources verl's default_compute_score knows, scored as it scores them, then hybridflow's own.
 for _name in ("openai/gsm8k", "gsm8k"):
@@ -128,6 +158,19 @@ def _registered_name(data_source: str) -> str | None:
     if "/" in data_source and data_source.split("/", 1)[0] in SCORERS:
         return data_source.split("/", 1)[0]
     return next((name for prefix, name in PREFIXES.items() if data_source.startswith(prefix)), None)
+
+
+def ground_truth_error(data_source: str, ground_truth: Any) -> str | None:
+    """Why the built-in scorer of `data_source` cannot grade against `ground_truth` (empty, or a form its scorer
+    does not read: its `check_ground_truth` attribute), or None."""
+    scorer = SCORERS.get(_registered_name(data_source)) if has_scorer(data_source) else None
+    try:
+        check_ground_truth_given(ground_truth)
+        if scorer is not None and hasattr(scorer, "check_ground_truth"):
+            scorer.check_ground_truth(ground_truth)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def has_scorer(data_source: str) -> bool:

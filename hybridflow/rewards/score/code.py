@@ -42,7 +42,7 @@ from hybridflow.rewards.score.code_cases import Runner, parse_cases, run_cases
 from hybridflow.sandbox import SandboxLimits, SandboxResult, run_python
 from hybridflow.sandbox.remote import SandboxFusionEndpoint
 
-__all__ = ["DEFAULT_LIMITS", "compute_score", "extract_program", "stub_functions"]
+__all__ = ["DEFAULT_LIMITS", "check_ground_truth", "check_test_code", "compute_score", "extract_program", "stub_functions"]
 
 DEFAULT_LIMITS = SandboxLimits(cpu_time_s=4.0, wall_time_s=6.0, memory_mb=1024, output_bytes=16384)
 """6 s of wall time in all per response (all stdin/stdout cases together): below the reward pool's default
@@ -88,6 +88,28 @@ def stub_functions(prompt_code: str) -> list[str]:
 
     return [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
             and all(empty(statement) for statement in node.body)]
+
+
+def check_test_code(tests: str) -> None:
+    """Raise unless `tests` (a row's test code) is Python that can fail: an assert, a raise or a call somewhere.
+    Empty or comment-only test code runs to its end whatever the program does, so it would pass every program."""
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError as err:
+        raise ValueError(f"code ground truth is not valid Python test code (line {err.lineno}: {err.msg})") from None
+    if not any(isinstance(node, ast.Assert | ast.Raise | ast.Call) for node in ast.walk(tree)):
+        raise ValueError("code ground truth is test code with nothing that can fail (no assert, raise or call): it "
+                         "would pass every program that runs; give asserts, or {'inputs': [...], 'outputs': [...]}")
+
+
+def check_ground_truth(ground_truth: Any) -> None:
+    """Raise unless `ground_truth` is cases (`parse_cases`) or test code that can fail (`check_test_code`)."""
+    if parse_cases(ground_truth) is not None:
+        return
+    if not isinstance(ground_truth, str):
+        raise ValueError(f"code ground truth must be test code (str) or {{'inputs', 'outputs'}}, "
+                         f"got {type(ground_truth).__name__}")
+    check_test_code(ground_truth)
 
 
 def _run_tests(program: str, tests: str, limits: SandboxLimits, prompt_code: str | None,
@@ -148,6 +170,7 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict[str, An
         outcome = run_cases(program, cases, runner, limits.wall_time_s, continuous=continuous)
         passed, fraction, result = outcome.all_passed, outcome.fraction, outcome.last_result
     elif isinstance(ground_truth, str):
+        check_test_code(ground_truth)
         passed, result = _run_tests(program, ground_truth, limits, extra_info.get("prompt_code"),
                                     extra_info.get("entry_point"))
     else:

@@ -22,6 +22,7 @@ case never gets 1.0 from it: its fraction is at most (k - 1) / k.
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -64,14 +65,16 @@ class CaseOutcome:
 
 
 def parse_cases(ground_truth: Any) -> CodeCases | None:
-    """The cases of `ground_truth` (a dict or its JSON), or None when it is test code."""
+    """The cases of `ground_truth` (a dict, its JSON, or its Python repr), or None when it is test code (a string
+    that does not start with '{'). A mapping without 'inputs' and 'outputs', or a '{' string that is neither, is
+    an error: taken as test code it would pass every program that runs."""
     if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("{"):
-        try:
-            ground_truth = json.loads(ground_truth)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(ground_truth, Mapping) or not {"inputs", "outputs"} <= set(ground_truth):
+        ground_truth = _mapping_text(ground_truth)
+    if not isinstance(ground_truth, Mapping):
         return None
+    if not {"inputs", "outputs"} <= set(ground_truth):
+        raise ValueError(f"code ground truth must hold 'inputs' and 'outputs' (stdin/stdout or call cases), got "
+                         f"keys {sorted(map(str, ground_truth))[:8]}")
     inputs, outputs = list(ground_truth["inputs"]), list(ground_truth["outputs"])
     if len(inputs) != len(outputs):
         raise ValueError(f"code ground truth has {len(inputs)} inputs but {len(outputs)} outputs")
@@ -83,6 +86,19 @@ def parse_cases(ground_truth: Any) -> CodeCases | None:
     if not str(fn_name).isidentifier():
         raise ValueError(f"code ground truth's fn_name={fn_name!r} is not a Python name")
     return CodeCases([_arguments(i) for i in inputs], [_value(o) for o in outputs], str(fn_name))
+
+
+def _mapping_text(text: str) -> Any:
+    """The mapping a '{' string writes, as JSON or as a Python literal (`str(dict)`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as err:
+        raise ValueError(f"code ground truth starts with '{{' but is neither JSON nor a Python dict literal "
+                         f"({type(err).__name__}): {text[:80]!r}") from None
 
 
 def _arguments(case_input: Any) -> list[Any]:

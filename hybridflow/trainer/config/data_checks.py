@@ -30,7 +30,8 @@ def check_rows(cfg: PPOConfig) -> None:
 
     key = cfg.data.reward_fn_key
     interactions = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path is not None
-    wanted = (key, "agent_name", *(("extra_info",) if interactions else ()))
+    built_in = cfg.custom_reward_function.path is None
+    wanted = (key, "agent_name", *(("extra_info",) if interactions else ()), *(("reward_model",) if built_in else ()))
     num_train_rows = 0
     for name, path in cfg.data.named_files():
         try:  # ParquetFile, not read_table: the dataset reader would import pandas (0.3 s) for nothing
@@ -45,8 +46,9 @@ def check_rows(cfg: PPOConfig) -> None:
                              f"columns: {columns}")
         table = parquet.read(columns=[c for c in wanted if c in columns])
         num_train_rows += table.num_rows if name == "data.train_files" else 0
-        if cfg.custom_reward_function.path is None and not (cfg.reward_model_only and name == "data.train_files"):
+        if built_in and not (cfg.reward_model_only and name == "data.train_files"):
             _check_scorers(sorted(set(table.column(key).to_pylist())), f"{name} entry {path!r}")
+            _check_ground_truths(table, key, f"{name} entry {path!r}")
         if "agent_name" in columns:
             _check_agent_names(sorted({n for n in table.column("agent_name").to_pylist() if n}), path,
                                cfg.actor_rollout_ref.rollout.mode)
@@ -87,6 +89,21 @@ def _check_scorers(data_sources: list[str], where: str) -> None:
             f"{where}: no reward scorer for data_source {missing}; register one in hybridflow.rewards.score.SCORERS "
             "or set custom_reward_function.path"
         )
+
+
+def _check_ground_truths(table, key: str, where: str) -> None:
+    """Each row's reward_model.ground_truth is one its built-in scorer can grade against (not empty; for code rows,
+    cases or test code that can fail: `rewards.score.ground_truth_error`)."""
+    from hybridflow.rewards.score import ground_truth_error
+
+    if "reward_model" not in table.column_names:
+        return  # the dataset names the missing field when it reads the rows
+    for index, (source, reward) in enumerate(zip(table.column(key).to_pylist(), table.column("reward_model").to_pylist())):
+        if not isinstance(reward, dict) or reward.get("ground_truth") is None:
+            continue  # the dataset's row check names it
+        error = ground_truth_error(str(source), reward["ground_truth"])
+        if error is not None:
+            raise ValueError(f"{where}: row {index} ({key}={source!r}): {error}")
 
 
 def _check_interaction_rows(cfg: PPOConfig, table, where: str) -> None:
