@@ -290,3 +290,21 @@ def test_a_custom_manager_that_breaks_the_contract_is_named(managers: list) -> N
         checked_reward_result(manager, torch.zeros(4, RESPONSE_LEN), len(batch))
     with pytest.raises(ValueError, match=r"its reward_tensor has shape \(4,\) for a batch of 4"):
         checked_reward_result(manager, RewardResult(reward_tensor=torch.zeros(4)), len(batch))
+
+
+def minus_one(*args: Any, **kwargs: Any) -> float:
+    return -1.0
+
+
+def test_an_aborted_row_s_reward_counts_in_its_group_as_verl_puts_it(managers: list) -> None:
+    """An over-sampled row aborted before its first token (all-zero response mask) gets the reward function's score
+    for the empty response on the last column, as verl's managers put it: DAPO's -1 must count in its group's
+    mean, where a 0 left there moved the other samples' advantages."""
+    manager = NaiveRewardManager(CharTokenizer(), scoring=FAST, compute_score=minus_one)
+    managers.append(manager)
+    batch = make_batch([("q", "abc", "gsm8k", "1"), ("q", "abc", "gsm8k", "1")])
+    batch.batch["attention_mask"][0, PROMPT_LEN:] = 0  # row 0: aborted, no response token
+    batch.batch["responses"][0] = PAD
+    rewards = manager(batch).reward_tensor
+    assert rewards.sum(-1).tolist() == [-1.0, -1.0]
+    assert rewards[0, -1] == -1.0 and rewards[1, 3] == -1.0

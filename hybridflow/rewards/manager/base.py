@@ -217,8 +217,10 @@ def _fill_value(values: list[Any]) -> Any:
 
 def build_reward_result(data: DataProto, decoded: DecodedBatch, scored: ScoredBatch, rewards: Sequence[float],
                         extra_columns: dict[str, list[Any]] | None = None) -> RewardResult:
-    """The `RewardResult` with rewards[i] on sample i's last valid response token (a row with an empty
-    response stays 0) and the scorers' error/timeout counts as metrics.
+    """The `RewardResult` with rewards[i] on sample i's last valid response token (an empty response, an aborted
+    over-sampled row, on the last column, as verl puts it: its reward is the scorer's for the empty response and
+    counts in its group's statistics, while its all-zero response mask keeps it out of the loss) and the scorers'
+    error/timeout counts as metrics.
 
     extra_info always has 'score' (the scorer's score) and 'acc' (the scorer's 'acc', else 1.0 when the
     score reaches full marks 1.0); keys a scorer's dict returns for some samples are filled with 0.0
@@ -227,8 +229,7 @@ def build_reward_result(data: DataProto, decoded: DecodedBatch, scored: ScoredBa
     responses = data.batch["responses"]
     reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
     for i, (reward, length) in enumerate(zip(rewards, decoded.valid_response_lengths)):
-        if length > 0:
-            reward_tensor[i, length - 1] = reward
+        reward_tensor[i, length - 1 if length > 0 else -1] = reward
     keys = sorted({key for detail in scored.details for key in detail} - {"score", "acc"})
     info: dict[str, list[Any]] = {
         "score": list(scored.scores),
