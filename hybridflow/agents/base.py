@@ -34,7 +34,9 @@ class AgentLoopOutput:
     """Messages in the trajectory after the prompt (model turns + tool/user turns)."""
     metrics: dict[str, float] = field(default_factory=dict)
     reward_score: float | None = None
-    """A score the loop computed itself (e.g. from a tool or an interaction); None: the reward manager scores."""
+    """The last score the loop computed itself (an interaction's turn score). A record only: the reward manager
+    scores every trajectory, and the turn scores reach the reward function as `extra_info['turn_scores']`
+    (verl's agent loop would take it as the reward instead)."""
     truncated: bool = False
     """The response hit the length budget."""
     aborted: bool = False

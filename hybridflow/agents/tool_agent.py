@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -20,6 +21,9 @@ from hybridflow.agents.chat import ChatEncoder
 from hybridflow.agents.tool_parsers import TOOL_PARSERS
 from hybridflow.engines.rollout.base import ABORTED, SamplingParams
 from hybridflow.tools.schemas import FunctionCall
+
+logger = logging.getLogger(__name__)
+_logged_score_errors: set[str] = set()  # interaction classes whose first scorer failure was logged in this process
 
 
 def truncate_text(text: str, max_chars: int, side: str) -> str:
@@ -79,6 +83,7 @@ class ToolAgentLoop(AgentLoopBase):
                     done, reply, score, meta = await interaction.generate_response(interaction_id, self.messages)
                     if isinstance(meta, dict) and meta.get("score_error"):
                         self.metrics["interaction_score_errors"] = self.metrics.get("interaction_score_errors", 0) + 1
+                        _log_first_score_error(type(interaction).__name__, str(meta["score_error"]))
                     out.reward_score = score
                     self.turn_scores.append(score)
                     if done:
@@ -175,3 +180,12 @@ class ToolAgentLoop(AgentLoopBase):
             await self.context.tools[name].release(instance_id)
         if interaction is not None:
             await interaction.finalize_interaction(interaction_id)
+
+
+def _log_first_score_error(interaction: str, error: str) -> None:
+    """Warn once per interaction class and process: the turn scored 0 and the model was told it was wrong because
+    the scorer failed, not because the answer was (counted in `interaction/score_errors`)."""
+    if interaction not in _logged_score_errors:
+        _logged_score_errors.add(interaction)
+        logger.warning("%s: %s; that turn scores 0 (counted in interaction/score_errors; first error only)",
+                       interaction, error)

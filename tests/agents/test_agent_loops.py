@@ -160,7 +160,7 @@ def test_interaction_gives_feedback_until_correct(chat_tokenizer, tmp_path):
 
 @pytest.mark.parametrize("scorer_fault", ["raises", "hangs", "nan"])
 def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_running(
-    chat_tokenizer, monkeypatch, scorer_fault
+    chat_tokenizer, monkeypatch, caplog, scorer_fault
 ):
     """The answer_feedback interaction scores off the event loop within `score_timeout_s`: a scorer that raises
     (it did on MATH rows ending in `\\boxed `, failing the whole rollout step), hangs, or returns NaN scores the
@@ -194,9 +194,16 @@ def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_
         out, _ = await asyncio.gather(loop, ticker())
         return out
 
-    out = asyncio.run(both())
+    from hybridflow.agents import tool_agent
+
+    monkeypatch.setattr(tool_agent, "_logged_score_errors", set())
+    with caplog.at_level("WARNING", logger="hybridflow.agents.tool_agent"):
+        out = asyncio.run(both())
     assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == [0.0] * len(out.extra_fields["turn_scores"])
     assert out.metrics["interaction_score_errors"] == out.metrics["user_turns"] >= 1
+    # the batch's metric and one warning with the error say the zeros are the scorer's, not the answers'
+    assert agent_metrics([out, out])["interaction/score_errors"] == 2 * out.metrics["interaction_score_errors"]
+    assert caplog.text.count("counted in interaction/score_errors") == 1 and "AnswerFeedbackInteraction" in caplog.text
     assert max(b - a for a, b in zip(ticks, ticks[1:])) < 1.5  # never the hung scorer's 3 s: the loop did not wait
 
 
