@@ -24,6 +24,10 @@ from hybridflow.trainer.generation_dump import dump_generations, generation_rows
 logger = logging.getLogger(__name__)
 
 
+SCORING_FAILURES = ("reward/errors", "reward/timeouts")
+"""Scorer calls that failed (their samples scored 0), summed over the validation set as `val-aux/reward/*`."""
+
+
 def run_validation(
     generator: Any, val_batches: Iterable[dict], reward_fn: Any, *, n: int, pass_rows: bool, num_examples: int = 0,
     data_dir: str | None = None, step: int = 0,
@@ -39,9 +43,12 @@ def run_validation(
     infos: dict[str, list[Any]] = defaultdict(list)
     examples: list[tuple[str, float]] = []
     dumped: dict[str, list[Any]] = defaultdict(list)
+    failed_scorings: dict[str, float] = defaultdict(float)
     for batch_dict in val_batches:
         batch, _ = generate_batch(generator, batch_dict, n, pass_rows=pass_rows, validate=True)
         result = checked_reward_result(reward_fn, reward_fn(batch), len(batch))
+        for key in SCORING_FAILURES:
+            failed_scorings[f"val-aux/{key}"] += float(result.metrics.get(key, 0.0))
         scores = result.reward_tensor.sum(-1).tolist()
         infos["reward"].extend(scores)
         for key, values in result.extra_info.items():
@@ -64,7 +71,10 @@ def run_validation(
         dump_generations(data_dir, step, dumped)
     infos = {key: values for key, values in infos.items() if len(values) == len(uids)}
     metrics = flatten_validation_metrics(process_validation_metrics(data_sources, uids, infos))
-    return {**metrics, **validation_intervals(data_sources, uids, infos)}
+    if any(failed_scorings.values()):
+        logger.warning("validation: %s: those samples scored 0, so the accuracy above understates the policy",
+                       ", ".join(f"{int(v)} {k.split('/')[-1]}" for k, v in failed_scorings.items() if v))
+    return {**metrics, **validation_intervals(data_sources, uids, infos), **failed_scorings}
 
 
 def _decode_examples(tokenizer: Any, batch: DataProto, scores: list[float], limit: int) -> list[tuple[str, float]]:
