@@ -84,6 +84,9 @@ ALARMS: tuple[AlarmSpec, ...] = (
     AlarmSpec("reward_flatline", "guards/flat_reward_group_frac", True, None,
               "every prompt group's samples got the same reward, so GRPO-style advantages are all 0: check the "
               "reward function and ground truth, the data's difficulty and rollout.n / temperature", fixed=1.0 - 1e-9),
+    AlarmSpec("nonfinite_grads", "actor/num_skipped_steps", True, None,
+              "the actor's gradient norm was NaN or inf, so its optimizer steps were skipped and the policy did not "
+              "move: check the rewards and advantages for NaN, the learning rate, and bf16 overflow (grad_clip)"),
     AlarmSpec("zero_advantage", "guards/zero_adv_group_frac", True, "zero_adv_group_frac_max",
               "most prompt groups give no gradient: tasks too easy or too hard, or a reward with too few values; "
               "consider dynamic sampling (algorithm.filter_groups)"),
@@ -128,7 +131,8 @@ class AlarmMonitor:
         """The alarm's log line: the metric's recent values against its threshold, and what to check."""
         values = ", ".join(f"{value:.4g}" for value in self.history[spec.name])
         side = "above" if spec.above else "below"
-        limit = "1 (every group)" if spec.threshold_field is None else f"{self.threshold(spec):g}"
+        limit = f"{self.threshold(spec):g}" if spec.threshold_field is not None else (
+            "0 (no skipped step)" if spec.fixed == 0.0 else "1 (every group)")
         setting = "" if spec.threshold_field is None else f" (trainer.guards.alarms.{spec.threshold_field})"
         return (
             f"ALARM {spec.name} at step {step}: {spec.metric} was {side} {limit}{setting} for the last "

@@ -10,7 +10,8 @@ from hybridflow.utils.config import ConfigFieldError, check_at_least, check_lite
 
 __all__ = ["AlarmName", "AlarmsConfig", "GuardsConfig", "MemoryWatchConfig", "unwatchable_alarms"]
 
-AlarmName = Literal["logprob_mismatch", "entropy_collapse", "length_saturation", "reward_flatline", "zero_advantage"]
+AlarmName = Literal["logprob_mismatch", "entropy_collapse", "length_saturation", "reward_flatline", "zero_advantage",
+                    "nonfinite_grads"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,10 +31,11 @@ class AlarmsConfig:
     zero_adv_group_frac_max: float = 0.9
     """zero_advantage fires when guards/zero_adv_group_frac (prompt groups whose advantages are all 0) is above.
     reward_flatline has no threshold: it fires when every group's rewards are identical (guards/flat_reward_group_frac
-    is 1)."""
+    is 1); nor has nonfinite_grads: it fires when actor optimizer steps were skipped for a NaN/inf gradient norm
+    (actor/num_skipped_steps above 0)."""
     stop_on: list[AlarmName] = field(default_factory=list)
     """Alarms that stop the run (after the step's checkpoint) instead of only logging: any of logprob_mismatch,
-    entropy_collapse, length_saturation, reward_flatline, zero_advantage."""
+    entropy_collapse, length_saturation, reward_flatline, zero_advantage, nonfinite_grads."""
 
     def __post_init__(self) -> None:
         check_literal_fields(self)

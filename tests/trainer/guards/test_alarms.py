@@ -75,6 +75,18 @@ def test_entropy_collapse_and_length_saturation_fire_on_their_metrics():
     assert metrics["alarms/zero_advantage"] == 0.0
 
 
+def test_skipped_optimizer_steps_fire_the_nonfinite_grads_alarm_and_can_stop_the_run(caplog):
+    """A NaN/inf gradient norm skips the actor's step with a warning per step in the worker's log; a run whose steps
+    were all skipped still 'finished'. The alarm reads the update's actor/num_skipped_steps."""
+    monitor = AlarmMonitor(AlarmsConfig(patience_steps=2, stop_on=["nonfinite_grads"]))
+    caplog.set_level(logging.WARNING, logger="hybridflow.trainer.guards.alarms")
+    fired = [monitor.observe(step, {"actor/num_skipped_steps": skipped})
+             for step, skipped in enumerate([0.0, 1.0, 0.5, 0.0], start=1)]
+    assert fired == [[], [], ["nonfinite_grads"], []]
+    assert "ALARM nonfinite_grads at step 3" in caplog.text and "above 0 (no skipped step)" in caplog.text
+    assert "nonfinite_grads at step 3" in str(monitor.stop_error(3, fired[2]))
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="patience_steps"):
         AlarmsConfig(patience_steps=0)
