@@ -124,10 +124,14 @@ def resolve_eval_model(model: str, scratch: Path) -> str:
     from hybridflow.engines.training.merge import find_checkpoint_dir, merge_checkpoint
     from hybridflow.models.catalogue import resolve_model_path
 
+    from hybridflow.trainer.checkpoint_dirs import LATEST_FILE, list_checkpoints, step_dir
+
     path = Path(model)
-    latest = path / "latest_checkpointed_iteration.txt"
-    if latest.is_file():  # a run directory: its latest checkpoint
-        path = path / f"global_step_{int(latest.read_text().strip())}"
+    committed = list_checkpoints(path) if path.is_dir() else []
+    if (path / LATEST_FILE).is_file() or committed:  # a run directory: its newest complete checkpoint
+        if not committed:  # (the pointer file may lag the directories, or name one that is gone)
+            raise FileNotFoundError(f"{path} is a run directory without a complete checkpoint to evaluate")
+        path = step_dir(path, committed[-1])
     if path.is_dir():
         try:
             ckpt = find_checkpoint_dir(path)

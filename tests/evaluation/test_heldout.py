@@ -77,12 +77,21 @@ def test_paired_gain_interval_counts_only_changed_problems():
     assert paired_gain_interval(base, base) == (0.0, 0.0, 0.0)
 
 
-def test_a_run_directory_resolves_to_its_latest_checkpoint(tmp_path):
+def test_a_run_directory_resolves_to_its_newest_complete_checkpoint(tmp_path):
+    """The pointer file can lag the directories (a kill between a save's rename and its update): the newest
+    complete checkpoint is evaluated, as a resume would continue from it; an incomplete one never is."""
     run = tmp_path / "run"
-    (run / "global_step_3").mkdir(parents=True)  # an HF directory stands in for the checkpoint
-    (run / "global_step_6").mkdir()
+    for step in (3, 6, 9):  # an HF directory stands in for the checkpoint
+        (run / f"global_step_{step}").mkdir(parents=True)
+    for step in (3, 6):  # 9: a save killed before it completed
+        (run / f"global_step_{step}" / "driver_state.json").write_text("{}")
     (run / "latest_checkpointed_iteration.txt").write_text("3\n")
-    assert resolve_eval_model(str(run), tmp_path) == str(run / "global_step_3")
+    assert resolve_eval_model(str(run), tmp_path) == str(run / "global_step_6")
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    (empty / "latest_checkpointed_iteration.txt").write_text("2\n")
+    with pytest.raises(FileNotFoundError, match="without a complete checkpoint"):
+        resolve_eval_model(str(empty), tmp_path)
     with pytest.raises(ValueError, match="neither a catalogue name"):
         resolve_eval_model(str(tmp_path / "missing"), tmp_path)
 
