@@ -142,7 +142,12 @@ class SFTTrainer:
             output = self.workers.eval_loss(DataProto.from_single_dict(batch))
             nll += float(output.batch["nll_sum"].double().sum())
             tokens += float(output.batch["num_tokens"].double().sum())
-        return nll / max(tokens, 1.0)
+        if tokens == 0:  # a 0.0 loss would read as a perfect model
+            raise ValueError(
+                "the validation set has no token in the loss (every response masked, or cut off by "
+                "data.max_length with data.truncation): check data.val_files, data.max_length and the response keys"
+            )
+        return nll / tokens
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:

@@ -106,3 +106,22 @@ def test_an_empty_file_and_a_resume_that_would_ignore_a_changed_lr_are_refused(s
     capsys.readouterr()
     assert cli_main(["sft", "--dry-run", *sft_overrides(sft_workspace, tmp_path / "run", "optim.lr=0.5")]) == 2
     assert "would ignore what the config changed (optim.lr: saved 0.01, now 0.5)" in capsys.readouterr().err
+
+
+def test_a_validation_set_with_no_token_in_the_loss_is_an_error_not_a_perfect_loss():
+    """Every response cut off by data.max_length (truncation='right'): the validation loss read 0.0."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hybridflow.protocol import DataProto
+    from hybridflow.trainer.sft.trainer import SFTTrainer
+
+    def trainer(tokens: float) -> SimpleNamespace:
+        output = DataProto.from_dict(tensors={"nll_sum": torch.tensor([2.0, 1.0]), "num_tokens": torch.tensor([tokens, 0.0])})
+        batch = {"input_ids": torch.zeros(2, 3, dtype=torch.long)}
+        return SimpleNamespace(val_loader=[batch], workers=SimpleNamespace(eval_loss=lambda data: output))
+
+    assert SFTTrainer.validate(trainer(3.0)) == 1.0
+    with pytest.raises(ValueError, match="no token in the loss"):
+        SFTTrainer.validate(trainer(0.0))
