@@ -54,9 +54,8 @@ def main(argv: Sequence[str] | None = None, command: TrainerCommand = COMMAND) -
         return run_command(command, argv)
     try:
         argv = driver_overrides(launch, argv)
-    except ValueError as err:
-        if launch.rank == 0:
-            print(f"{command.prog}: config error: {err}", file=sys.stderr)
+    except ValueError as err:  # every rank says it: torchrun stops the others when the first one exits
+        print(f"{command.prog}: config error: {err}", file=sys.stderr)
         return 2
     if launch.rank != 0:
         print(f"{command.prog}: torchrun rank {launch.rank} of {launch.world_size}: the driver on rank 0 runs all "
