@@ -201,8 +201,9 @@ def _pad_responses(
 def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     """num_turns/{mean,max,min}, tool_calls/{mean,max,used_ratio} (used_ratio: the share of trajectories that
     called a tool), tool/error_rate, tool/timeouts (calls stopped at their tool's timeout_s, summed over the
-    batch), tool/latency_s, agent/truncated, and interaction/score_errors (turns whose interaction scorer failed,
-    summed over the batch, where any did)."""
+    batch), tool/latency_s, agent/truncated, and where any happened interaction/score_errors (turns whose
+    interaction scorer failed) and tool/server_errors (tool calls whose service could not be reached), summed over
+    the batch."""
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
     calls = np.array([o.metrics.get("tool_calls", 0) for o in outputs], dtype=np.float64)
     errors = float(sum(o.metrics.get("tool_errors", 0) for o in outputs))
@@ -216,9 +217,10 @@ def agent_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
         "tool_calls/used_ratio": float((calls > 0).mean()),
         "agent/truncated": float(np.mean([o.truncated for o in outputs])),
     }
-    score_errors = [o.metrics["interaction_score_errors"] for o in outputs if "interaction_score_errors" in o.metrics]
-    if score_errors:  # an interaction's scorer raised, hung or gave no number: those turns scored 0
-        metrics["interaction/score_errors"] = float(sum(score_errors))
+    for key, name in (("interaction_score_errors", "interaction/score_errors"), ("tool_server_errors", "tool/server_errors")):
+        counts = [o.metrics[key] for o in outputs if key in o.metrics]
+        if counts:  # an interaction's scorer failed (the turn scored 0), a tool's service could not be reached
+            metrics[name] = float(sum(counts))
     if calls.sum() > 0:
         metrics["tool/error_rate"] = errors / float(calls.sum())
         metrics["tool/latency_s"] = latency / float(calls.sum())

@@ -23,7 +23,7 @@ from hybridflow.engines.rollout.base import ABORTED, SamplingParams
 from hybridflow.tools.schemas import FunctionCall
 
 logger = logging.getLogger(__name__)
-_logged_score_errors: set[str] = set()  # interaction classes whose first scorer failure was logged in this process
+_warned: set[str] = set()  # the failures (by kind and class) already warned about in this process
 
 
 def truncate_text(text: str, max_chars: int, side: str) -> str:
@@ -83,7 +83,9 @@ class ToolAgentLoop(AgentLoopBase):
                     done, reply, score, meta = await interaction.generate_response(interaction_id, self.messages)
                     if isinstance(meta, dict) and meta.get("score_error"):
                         self.metrics["interaction_score_errors"] = self.metrics.get("interaction_score_errors", 0) + 1
-                        _log_first_score_error(type(interaction).__name__, str(meta["score_error"]))
+                        _warn_once(f"score_error:{type(interaction).__name__}",
+                                   f"{type(interaction).__name__}: {meta['score_error']}; that turn scores 0 (counted "
+                                   "in interaction/score_errors; first error only)")
                     out.reward_score = score
                     self.turn_scores.append(score)
                     if done:
@@ -152,6 +154,10 @@ class ToolAgentLoop(AgentLoopBase):
         self.metrics[f"tool_calls/{call.name}"] = self.metrics.get(f"tool_calls/{call.name}", 0) + 1
         if tool_metrics.get("error"):
             self.metrics["tool_errors"] += 1
+        if tool_metrics.get("status") == "server_error":  # the tool's service failed, not the model's call
+            self.metrics["tool_server_errors"] = self.metrics.get("tool_server_errors", 0) + 1
+            _warn_once(f"server_error:{call.name}", f"tool {call.name!r} could not reach its service: {response.text}; "
+                       "the model got that as the tool's reply (counted in tool/server_errors; first error only)")
         if tool_metrics.get("timeout"):  # the tool's config.timeout_s; the model got an error message
             self.metrics["tool_timeouts"] += 1
         return response.text, float(reward)
@@ -182,10 +188,9 @@ class ToolAgentLoop(AgentLoopBase):
             await interaction.finalize_interaction(interaction_id)
 
 
-def _log_first_score_error(interaction: str, error: str) -> None:
-    """Warn once per interaction class and process: the turn scored 0 and the model was told it was wrong because
-    the scorer failed, not because the answer was (counted in `interaction/score_errors`)."""
-    if interaction not in _logged_score_errors:
-        _logged_score_errors.add(interaction)
-        logger.warning("%s: %s; that turn scores 0 (counted in interaction/score_errors; first error only)",
-                       interaction, error)
+def _warn_once(key: str, message: str) -> None:
+    """Warn `message` the first time `key` (a kind of failure and the class it came from) is seen in this process:
+    each occurrence is counted in the step's metrics, and the log keeps the first one's words."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("%s", message)

@@ -20,7 +20,7 @@ from hybridflow.engines.rollout.config import RolloutConfig, SamplingConfig
 from hybridflow.engines.rollout.server import TokenOutput
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller import CONTROL_GROUP
-from hybridflow.tools import BaseTool, OpenAIFunctionToolSchema
+from hybridflow.tools import BaseTool, OpenAIFunctionToolSchema, ToolResponse
 from hybridflow.tools.calculator import CalculatorTool
 from tests.agents.scripted_server import PARAMS, QUESTION, ScriptedServer, call, context
 
@@ -120,6 +120,29 @@ class HangingTool(BaseTool):
         await asyncio.Event().wait()
 
 
+class UnreachableServiceTool(HangingTool):
+    """A tool whose service is down: every call reports `status: server_error`, as the sandbox tool does."""
+
+    async def invoke(self, instance, parameters, **kwargs):
+        return ToolResponse(text="[the code could not be run: connection refused]"), 0.0, {"error": True,
+                                                                                           "status": "server_error"}
+
+
+def test_a_tool_whose_service_is_down_is_counted_apart_and_warned_once(chat_tokenizer, monkeypatch, caplog):
+    """A dead code server turned every call into an error reply, mixed into tool/error_rate with the model's own
+    failing programs and never logged."""
+    from hybridflow.agents import tool_agent
+
+    monkeypatch.setattr(tool_agent, "_warned", set())
+    server = ScriptedServer(chat_tokenizer, [call("hang"), call("hang"), "gave up"])
+    ctx = context(chat_tokenizer, server, tools={"hang": UnreachableServiceTool()})
+    with caplog.at_level("WARNING", logger="hybridflow.agents.tool_agent"):
+        out = asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r"))
+    assert out.metrics["tool_server_errors"] == 2 and out.metrics["tool_errors"] == 2
+    assert agent_metrics([out])["tool/server_errors"] == 2.0
+    assert caplog.text.count("could not reach its service") == 1 and "connection refused" in caplog.text
+
+
 def test_a_stalled_tool_call_times_out_and_the_other_loops_keep_running(chat_tokenizer):
     tools = {"hang": HangingTool({"timeout_s": 0.3}), "calculator": CalculatorTool()}
     stalled = ScriptedServer(chat_tokenizer, [call("hang"), "Sorry."])
@@ -196,7 +219,7 @@ def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_
 
     from hybridflow.agents import tool_agent
 
-    monkeypatch.setattr(tool_agent, "_logged_score_errors", set())
+    monkeypatch.setattr(tool_agent, "_warned", set())
     with caplog.at_level("WARNING", logger="hybridflow.agents.tool_agent"):
         out = asyncio.run(both())
     assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == [0.0] * len(out.extra_fields["turn_scores"])
