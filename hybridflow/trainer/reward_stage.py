@@ -38,7 +38,10 @@ class RewardStage:
             metrics.update(reward.metrics)
             return reward
         with timer("rm", timing):
-            rm_scores = self.reward_model.compute_rm_score(batch).batch["rm_scores"]
+            scored = self.reward_model.compute_rm_score(batch).batch
+        rm_scores = scored["rm_scores"]
+        if "rm_input_truncated" in scored.keys():  # conversations past reward_model.max_length lost their start
+            metrics["reward_model/truncated_ratio"] = float(scored["rm_input_truncated"].float().mean())
         rule = None
         if self.rule_reward_coef != 0:
             with timer("reward", timing):

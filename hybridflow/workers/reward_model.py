@@ -56,13 +56,16 @@ def template_for_reward_model(
     """Right-padded `input_ids`, `attention_mask`, `position_ids` of each conversation in the RM's own template.
 
     raw_prompts: (bs,) chat message lists; responses / response_mask: (bs, response_len) policy ids and 0/1 mask.
-    Sequences longer than `max_length` lose their start (the score is read at the end).
+    Sequences longer than `max_length` lose their start (the score is read at the end): `truncated` (bs,) float
+    marks them, for the step's `reward_model/truncated_ratio`.
     """
     rows: list[list[int]] = []
+    truncated: list[float] = []
     for messages, ids, mask in zip(raw_prompts, responses, response_mask):
         text = input_tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
         chat = [*list(messages), {"role": "assistant", "content": text}]
         row = encode_chat(rm_tokenizer, chat)
+        truncated.append(float(bool(max_length) and len(row) > max_length))
         rows.append(row[-max_length:] if max_length else row)
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), rm_tokenizer.pad_token_id, dtype=torch.long)
@@ -71,7 +74,8 @@ def template_for_reward_model(
         input_ids[index, : len(row)] = torch.tensor(row, dtype=torch.long)
         attention_mask[index, : len(row)] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "truncated": torch.tensor(truncated)}
 
 
 REWARD_MESH = "reward"
@@ -112,7 +116,8 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(REWARD_MESH))
     def compute_rm_score(self, data: DataProto) -> DataProto:
-        """`rm_scores` (bs, response_len): each sequence's reward-model score on its last response token."""
+        """`rm_scores` (bs, response_len): each sequence's reward-model score on its last response token; and
+        `rm_input_truncated` (bs,): 1.0 where the re-templated conversation lost its start to `max_length`."""
         response_mask = data.batch["response_mask"]
         if self.retemplates:
             if "raw_prompt" not in data.non_tensor_batch:
@@ -123,11 +128,13 @@ class RewardModelWorker(Worker):
             )
         else:
             inputs = {key: data.batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+        truncated = inputs.pop("truncated", torch.zeros(len(response_mask)))
         if self.config.offloads_between_scorings:
             self.engine.load_to_device(model=True, optimizer=False)
         scores = self.engine.compute_scores(inputs, **self._micro_batching(inputs["attention_mask"]))
         self._free_cache()
-        return DataProto.from_dict({"rm_scores": compute_token_level_scores(scores, response_mask)})
+        return DataProto.from_dict({"rm_scores": compute_token_level_scores(scores, response_mask),
+                                    "rm_input_truncated": truncated})
 
     def _micro_batching(self, attention_mask: torch.Tensor) -> dict[str, int | None]:
         """`compute_scores`' micro-batch arguments: the legacy worker's rows or token budget; the reward loop's

@@ -108,6 +108,11 @@ def test_re_templating_keeps_the_end_of_long_conversations():
     full = encode_chat(tokenizer, [{"role": "user", "content": "a long question " * 20}, {"role": "assistant", "content": ""}])
     assert inputs["input_ids"][0].tolist() == full[-10:]
     assert inputs["attention_mask"].sum().item() == 10
+    assert inputs["truncated"].tolist() == [1.0]  # counted: reward_model/truncated_ratio
+    whole = template_for_reward_model(
+        np.array([[{"role": "user", "content": "hi"}]], dtype=object), responses, torch.ones_like(responses),
+        tokenizer, tokenizer, max_length=len(full))
+    assert whole["truncated"].tolist() == [0.0]
 
 
 def test_a_causal_lm_is_refused_as_reward_model(models):
