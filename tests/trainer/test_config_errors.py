@@ -405,6 +405,7 @@ def test_reward_model_settings_without_a_reward_model_are_refused(train_file, ov
     ("reasoning_gym/basic_arithmetic", "  ", "ground_truth is empty"),
     ("code", "# tests here", "nothing that can fail"),
     ("code", '{"input": ["1"], "output": ["2"]}', "must hold 'inputs' and 'outputs'"),
+    ("openai/gsm8k", "Natalia sold 48 clips... #### 72", "a gsm8k ground truth must be the final number"),
 ])
 def test_a_ground_truth_its_scorer_cannot_grade_is_refused_before_ray_naming_the_row(tmp_path, source, truth, message):
     """An empty truth scored empty answers right; code test text that cannot fail passed every program."""

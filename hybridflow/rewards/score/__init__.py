@@ -118,6 +118,7 @@ _score_reasoning_gym.preload = reasoning_gym.preload  # type: ignore[attr-define
 _score_code.uses_sandbox = True  # type: ignore[attr-defined]
 _score_prime_code.uses_sandbox = True  # type: ignore[attr-defined]
 # A ground truth a scorer cannot grade against, refused before Ray (`ground_truth_error`) and counted if it slips by.
+_score_gsm8k.check_ground_truth = gsm8k.check_ground_truth  # type: ignore[attr-defined]
 _score_code.check_ground_truth = code.check_ground_truth  # type: ignore[attr-defined]
 _score_prime_code.check_ground_truth = code.check_ground_truth  # type: ignore[attr-defined]
 

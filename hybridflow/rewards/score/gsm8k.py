@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["compute_score", "extract_solution", "normalize_number"]
+__all__ = ["check_ground_truth", "compute_score", "extract_solution", "normalize_number"]
 
 # Only the tail is searched: the final answer is at the end, and long rambling responses stay cheap to scan.
 _CLIP_CHARS = 300
@@ -42,6 +42,17 @@ def _same_number(a: str, b: str) -> bool:
         return Fraction(a) == Fraction(b)
     except (ValueError, ZeroDivisionError):
         return False
+
+
+def check_ground_truth(ground_truth: Any) -> None:
+    """Raise unless `ground_truth` is a number ('1,234', '$42.' too): an answer is compared with it as a number, so
+    any other text (a whole worked solution) would score every response 0 as if it were wrong."""
+    normalized = normalize_number(str(ground_truth))
+    try:
+        Fraction(normalized)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"a gsm8k ground truth must be the final number (verl's preprocessing keeps the text after "
+                         f"'####'), got {str(ground_truth)[:80]!r}") from None
 
 
 def compute_score(solution_str: str, ground_truth: str, method: Literal["strict", "flexible"] = "strict",
