@@ -174,3 +174,10 @@ def test_an_empty_ground_truth_is_an_error_for_every_built_in_scorer(source, gro
     """MATH scored `\\boxed{}`, DAPO `Answer: ` and search QA an empty answer right against an empty truth."""
     with pytest.raises(ValueError, match="ground_truth is empty"):
         default_compute_score(source, "\\boxed{} Answer: <answer></answer>", ground_truth)
+
+
+def test_a_gsm8k_ground_truth_that_is_not_a_number_is_an_error():
+    """A worked solution stored as the truth scored every answer 0, as a wrong answer."""
+    assert default_compute_score("openai/gsm8k", "so #### 1,234", "1234") == 1.0
+    with pytest.raises(ValueError, match="must be the final number"):
+        default_compute_score("openai/gsm8k", "#### 72", "She sold 48 clips in April... #### 72")

@@ -51,6 +51,7 @@ def _refuses_empty_ground_truth(scorer: Callable[..., Any]) -> Callable[..., Any
 @_refuses_empty_ground_truth
 def _score_gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None, *,
                  format_score: float = 0.0) -> float:
+    gsm8k.check_ground_truth(ground_truth)
     return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=format_score)
 
 
