@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -65,6 +66,11 @@ class AnswerFeedbackInteraction(BaseInteraction):
 
     CONFIG_KEYS = ("correct_message", "incorrect_message", "name", "score_timeout_s")
 
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._pool: Any = None  # a `ScorerPool`, started at the first answer
+        self._pool_lock = threading.Lock()
+
     async def generate_response(
         self, instance_id: str, messages: list[dict], **kwargs: Any
     ) -> tuple[bool, str, float, dict[str, Any]]:
@@ -80,25 +86,41 @@ class AnswerFeedbackInteraction(BaseInteraction):
         return False, message, score, {"score_error": problem} if problem else {}
 
     async def _score(self, state: dict[str, Any], answer: str) -> tuple[float, str | None]:
-        """The answer's score, off the event loop (a code row runs its sandbox; the other rows' turns go on) and
-        within `config.score_timeout_s` (default 30); a scorer that raises, hangs or returns no finite number
-        scores 0, with what went wrong (the tool agent counts it as `interaction_score_errors`)."""
+        """The answer's score, off the event loop (a code row runs its sandbox; the other rows' turns go on), in a
+        scorer process of its own (`rewards.pool.ScorerPool`) within `config.score_timeout_s` (default 30): a scorer
+        that raises, hangs (even in C code: its process is killed) or returns no finite number scores 0, with what
+        went wrong (the tool agent counts it as `interaction_score_errors`)."""
         data_source = state["data_source"]
         scorer = resolve_scorer(data_source)
+        kwargs = {"data_source": data_source, "solution_str": answer, "ground_truth": state["ground_truth"],
+                  "extra_info": state.get("extra_info")}
         timeout_s = float(self.config.get("score_timeout_s", 30.0))
-        try:
-            result = await asyncio.wait_for(
-                asyncio.to_thread(scorer, data_source, answer, state["ground_truth"], state.get("extra_info")),
-                timeout_s,
-            )
-            score = float(result["score"] if isinstance(result, dict) else result)
-        except asyncio.TimeoutError:
+        outcome = await asyncio.to_thread(self._run_scorer, scorer, kwargs, timeout_s)
+        if outcome.status == "timeout":
             return 0.0, f"the {data_source!r} scorer took over {timeout_s:g} s"
-        except Exception as err:  # model output must never stop the rollout: the turn scores 0
-            return 0.0, f"the {data_source!r} scorer raised {type(err).__name__}: {str(err)[:200]}"
+        if outcome.status == "error":
+            last_line = outcome.message.strip().splitlines()[-1] if outcome.message.strip() else "an error"
+            return 0.0, f"the {data_source!r} scorer raised {last_line[:200]}"
+        try:
+            score = float(outcome.value["score"] if isinstance(outcome.value, dict) else outcome.value)
+        except (TypeError, ValueError, KeyError) as err:
+            return 0.0, f"the {data_source!r} scorer returned {outcome.value!r:.100} ({type(err).__name__})"
         if not math.isfinite(score):
             return 0.0, f"the {data_source!r} scorer returned {score}"
         return score, None
+
+    def _run_scorer(self, scorer: Any, kwargs: dict[str, Any], timeout_s: float) -> Any:
+        """One scorer call in the interaction's scorer processes (one call at a time: the pool is not shared
+        between threads), a `ScoreOutcome`."""
+        from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig  # only once a turn is scored
+
+        with self._pool_lock:
+            if self._pool is None or self._pool.config.timeout_s != timeout_s:
+                self._pool = ScorerPool(ScoringConfig(timeout_s=timeout_s, num_workers=1))
+            try:
+                return self._pool.run([(scorer, kwargs)])[0]
+            except TypeError as err:  # a scorer the processes cannot be sent (a lambda, a local function)
+                return ScoreOutcome("error", message=f"TypeError: {err}")
 
 
 @INTERACTIONS.register("gsm8k")

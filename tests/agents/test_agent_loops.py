@@ -181,25 +181,20 @@ def test_interaction_gives_feedback_until_correct(chat_tokenizer, tmp_path):
         asyncio.run(ToolAgentLoop(ctx).run(list(QUESTION), PARAMS, request_id="r", interaction_kwargs={"name": "x"}))
 
 
-@pytest.mark.parametrize("scorer_fault", ["raises", "hangs", "nan"])
+@pytest.mark.parametrize("scorer_fault", ["raises", "hangs", "hangs_in_c", "not_a_number"])
 def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_running(
     chat_tokenizer, monkeypatch, caplog, scorer_fault
 ):
-    """The answer_feedback interaction scores off the event loop within `score_timeout_s`: a scorer that raises
-    (it did on MATH rows ending in `\\boxed `, failing the whole rollout step), hangs, or returns NaN scores the
-    turn 0, is counted (`interaction_score_errors`), and the trajectory goes on; other rows never wait on it."""
-    import math as pymath
+    """The answer_feedback interaction scores in a scorer process within `score_timeout_s`: a scorer that raises
+    (it did on MATH rows ending in `\\boxed `, failing the whole rollout step), hangs (in C too: its process is
+    killed), or returns NaN scores the turn 0, is counted (`interaction_score_errors`), and the trajectory goes on;
+    other rows never wait on it."""
     import time
 
     from hybridflow.agents import interactions as interactions_module
+    from tests.agents import faulty_scorers
 
-    def scorer(data_source, answer, ground_truth, extra_info):
-        if scorer_fault == "raises":
-            raise ValueError("not a boxed expression")
-        if scorer_fault == "hangs":
-            time.sleep(3.0)
-        return pymath.nan
-
+    scorer = getattr(faulty_scorers, scorer_fault)
     monkeypatch.setattr(interactions_module, "resolve_scorer", lambda data_source: scorer)
     feedback = AnswerFeedbackInteraction({"score_timeout_s": 0.3})
     server = ScriptedServer(chat_tokenizer, ["\\boxed ", "\\boxed $", "never asked"])
@@ -220,8 +215,11 @@ def test_an_interaction_whose_scorer_fails_scores_zero_and_the_other_loops_keep_
     from hybridflow.agents import tool_agent
 
     monkeypatch.setattr(tool_agent, "_warned", set())
+    start = time.monotonic()
     with caplog.at_level("WARNING", logger="hybridflow.agents.tool_agent"):
-        out = asyncio.run(both())
+        out = asyncio.run(both())  # ends when its worker threads do: a scorer thread stuck in C held it 30 s
+    feedback._pool.close()
+    assert time.monotonic() - start < 15.0, "the stuck scorer's process was killed, not waited for"
     assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == [0.0] * len(out.extra_fields["turn_scores"])
     assert out.metrics["interaction_score_errors"] == out.metrics["user_turns"] >= 1
     # the batch's metric and one warning with the error say the zeros are the scorer's, not the answers'
