@@ -50,17 +50,15 @@ def run_validation(
         for key in SCORING_FAILURES:
             failed_scorings[f"val-aux/{key}"] += float(result.metrics.get(key, 0.0))
         scores = result.reward_tensor.sum(-1).tolist()
-        infos["reward"].extend(scores)
-        for key, values in result.extra_info.items():
-            if len(values) == len(batch):
-                infos[key].extend(values)
+        rows_before = len(uids)
+        columns = {"reward": scores, **{key: values for key, values in result.extra_info.items()
+                                          if len(values) == len(batch)}, **agent_columns(batch)}
+        append_columns(infos, columns, rows_before, len(batch))
         if data_dir is not None:
             rows = {**generation_rows(batch, reward_fn.tokenizer, scores), **result.extra_info}
             for key, values in rows.items():
                 if len(values) == len(batch):
                     dumped[key].extend(values)
-        for key, values in agent_columns(batch).items():
-            infos[key].extend(values)
         data_sources.extend(batch.non_tensor_batch["data_source"].tolist())
         uids.extend(batch.non_tensor_batch["uid"].tolist())
         if len(examples) < num_examples:
@@ -75,6 +73,16 @@ def run_validation(
         logger.warning("validation: %s: those samples scored 0, so the accuracy above understates the policy",
                        ", ".join(f"{int(v)} {k.split('/')[-1]}" for k, v in failed_scorings.items() if v))
     return {**metrics, **validation_intervals(data_sources, uids, infos), **failed_scorings}
+
+
+def append_columns(infos: dict[str, list[Any]], columns: dict[str, list[Any]], rows_before: int, rows: int) -> None:
+    """Append one batch's per-sample `columns` (`rows` values each) to `infos`, which hold `rows_before` values
+    each: a column a batch lacks (a scorer key only some data sources return) is None there, which the metrics
+    leave out, so it is kept for the samples that have it rather than dropped for the whole set."""
+    for key, values in columns.items():
+        infos.setdefault(key, [None] * rows_before).extend(values)
+    for values in infos.values():
+        values.extend([None] * (rows_before + rows - len(values)))
 
 
 def _decode_examples(tokenizer: Any, batch: DataProto, scores: list[float], limit: int) -> list[tuple[str, float]]:

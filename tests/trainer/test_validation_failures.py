@@ -41,3 +41,14 @@ def test_failed_scorings_are_summed_over_the_validation_set_and_warned(monkeypat
     caplog.clear()
     clean = validation.run_validation(None, [{}], FailingScorer(errors=0), n=1, pass_rows=False)
     assert clean["val-aux/reward/errors"] == 0.0 and "understates" not in caplog.text
+
+
+def test_a_column_only_some_batches_have_is_kept_for_their_samples():
+    """A scorer key returned for one data source's batches only (e.g. a code scorer's `status`-like numbers) was
+    dropped for the whole validation set, since its length did not match the samples'."""
+    infos: dict[str, list] = {}
+    validation.append_columns(infos, {"reward": [1.0, 0.0], "acc": [1.0, 0.0]}, rows_before=0, rows=2)
+    validation.append_columns(infos, {"reward": [0.5], "pass_rate": [0.5]}, rows_before=2, rows=1)
+    validation.append_columns(infos, {"reward": [1.0], "acc": [1.0]}, rows_before=3, rows=1)
+    assert infos == {"reward": [1.0, 0.0, 0.5, 1.0], "acc": [1.0, 0.0, None, 1.0],
+                     "pass_rate": [None, None, 0.5, None]}
