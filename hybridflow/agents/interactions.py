@@ -116,7 +116,8 @@ class AnswerFeedbackInteraction(BaseInteraction):
 
         with self._pool_lock:
             if self._pool is None or self._pool.config.timeout_s != timeout_s:
-                self._pool = ScorerPool(ScoringConfig(timeout_s=timeout_s, num_workers=1))
+                self._pool = ScorerPool(ScoringConfig(timeout_s=timeout_s, num_workers=1),
+                                        counted_in="interaction/score_errors")
             try:
                 return self._pool.run([(scorer, kwargs)])[0]
             except TypeError as err:  # a scorer the processes cannot be sent (a lambda, a local function)

@@ -180,8 +180,10 @@ class ScorerPool:
     Picklable (the pool itself is not sent), so a reward manager holding one can be shipped to Ray tasks.
     """
 
-    def __init__(self, config: ScoringConfig) -> None:
+    def __init__(self, config: ScoringConfig, counted_in: str = "reward/errors and reward/timeouts") -> None:
+        """`counted_in`: the metrics the caller counts failed calls in, named in the first failure's warning."""
         self.config = config
+        self.counted_in = counted_in
         self._pool: multiprocessing.pool.Pool | None = None
         self._finalizer: weakref.finalize | None = None
         self._prepared: dict[Any, Any] = {}  # scorers the workers prepare when they start
@@ -230,12 +232,12 @@ class ScorerPool:
         for outcome in outcomes:
             if outcome.status == "error" and not self._logged_error:
                 self._logged_error = True
-                logger.warning("a reward scorer raised; it scores 0 (counted in reward/errors). First error:\n%s",
+                logger.warning("a reward scorer raised; it scores 0 (counted in %s). First error:\n%s", self.counted_in,
                                outcome.message)
             if outcome.status == "timeout" and not self._logged_timeout:
                 self._logged_timeout = True
-                logger.warning("a reward scorer ran past %s s; it scores 0 (counted in reward/timeouts)",
-                               self.config.timeout_s)
+                logger.warning("a reward scorer ran past %s s; it scores 0 (counted in %s)", self.config.timeout_s,
+                               self.counted_in)
         return outcomes
 
     def _ensure_pool(self) -> multiprocessing.pool.Pool:
@@ -278,10 +280,10 @@ class ScorerPool:
         self._terminate()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config}
+        return {"config": self.config, "counted_in": self.counted_in}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["config"])
+        self.__init__(state["config"], state["counted_in"])
 
 
 def _get_ready(handle: multiprocessing.pool.AsyncResult) -> ScoreOutcome:
