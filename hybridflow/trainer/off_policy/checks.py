@@ -51,9 +51,9 @@ def verl_fully_async_keys(raw: Any) -> None:
         )
     gen_batch = select("data.gen_batch_size")
     if gen_batch is not None and not select("algorithm.filter_groups.enable"):
-        logger.info("data.gen_batch_size=%s: verl's rollouter streams that many prompts at a time; this one "
-                    "generates whole steps of data.train_batch_size=%s prompts under the same staleness bound",
-                    gen_batch, prompts)
+        logger.warning("data.gen_batch_size=%s: verl's rollouter streams that many prompts at a time; this one "
+                       "generates whole steps of data.train_batch_size=%s prompts under the same staleness bound",
+                       gen_batch, prompts)
         raw.data.gen_batch_size = None
     pool = raw.rollout
     if pool.total_epochs is not None:
