@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +34,9 @@ __all__ = [
 
 
 def _as_object_array(values: Any, key: str) -> np.ndarray:
-    """A 1-D numpy object array holding `values` (lists of lists stay one object per row)."""
-    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
+    """`values` as a numpy array with one entry per row: a numpy array as it is (its dtype and trailing dimensions
+    kept, as verl keeps them), anything else (a list, lists of lists) as a 1-D object array."""
+    if isinstance(values, np.ndarray) and values.ndim >= 1:
         return values
     out = np.empty(len(values), dtype=object)
     for i, value in enumerate(values):
@@ -74,6 +76,15 @@ def _objects_equal(a: Any, b: Any) -> bool:
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, dict) and isinstance(b, dict):  # e.g. a row's multi_modal_inputs (tensors)
         return a.keys() == b.keys() and all(_objects_equal(a[key], b[key]) for key in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        try:
+            return bool(np.array_equal(a, b, equal_nan=True))
+        except TypeError:  # object arrays: NaN inside them compared as values below
+            pass
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True  # a copy of the same NaN (verl's union treats them as equal)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_objects_equal(x, y) for x, y in zip(a, b))
     result = a == b
     if isinstance(result, np.ndarray):
         return bool(result.all())
@@ -104,7 +115,7 @@ def _merge_meta(metas: Sequence[dict]) -> dict:
         for key, value in meta.items():
             if key == "metrics":
                 items = value if isinstance(value, list) else [value]
-                for item in items:
+                for item in (item for item in items if item):  # a part without metrics (None, {}) adds none
                     for name, number in item.items():
                         metrics.setdefault(name, []).extend(number if isinstance(number, list) else [number])
             elif key not in merged:
@@ -260,11 +271,13 @@ class DataProto:
 
     def pop(
         self,
-        batch_keys: Sequence[str] = (),
-        non_tensor_batch_keys: Sequence[str] = (),
-        meta_info_keys: Sequence[str] = (),
+        batch_keys: Sequence[str] | None = None,
+        non_tensor_batch_keys: Sequence[str] | None = None,
+        meta_info_keys: Sequence[str] | None = None,
     ) -> DataProto:
-        """Remove the named keys from this DataProto and return them as a new one."""
+        """Remove the named keys from this DataProto and return them as a new one (None: none of that kind)."""
+        batch_keys, non_tensor_batch_keys, meta_info_keys = (
+            list(keys or ()) for keys in (batch_keys, non_tensor_batch_keys, meta_info_keys))
         present = list(self.batch.keys()) if self.batch is not None else []
         self._require_keys(batch_keys, present, "batch")
         self._require_keys(non_tensor_batch_keys, list(self.non_tensor_batch), "non_tensor_batch")
@@ -407,15 +420,19 @@ class DataProto:
 
     def _plain_state(self) -> dict[str, Any]:
         tensors = {key: value for key, value in self.batch.items()} if self.batch is not None else None
-        return {"tensors": tensors, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
+        rows = int(self.batch.batch_size[0]) if self.batch is not None else None
+        return {"tensors": tensors, "batch_size": rows, "non_tensor_batch": self.non_tensor_batch,
+                "meta_info": self.meta_info}
 
     @classmethod
     def _from_plain_state(cls, state: dict[str, Any]) -> DataProto:
         tensors = state["tensors"]
         batch = None
-        if tensors is not None:
-            first = next(iter(tensors.values()))
-            batch = TensorDict(tensors, batch_size=[first.shape[0]])
+        if tensors is not None:  # a batch whose keys were all popped keeps its size (older states: the tensors')
+            rows = state.get("batch_size")
+            if rows is None:
+                rows = next(iter(tensors.values())).shape[0]
+            batch = TensorDict(tensors, batch_size=[rows])
         return cls(batch=batch, non_tensor_batch=state["non_tensor_batch"], meta_info=state["meta_info"])
 
     def __getstate__(self) -> dict[str, Any]:

@@ -204,3 +204,47 @@ def test_a_refused_union_leaves_self_unchanged_and_concat_names_the_mismatch():
         DataProto.concat([left, ragged])
     with pytest.raises(ValueError, match=r"concat: part 1 has tensor keys \['b'\], part 0 has \['a'\]"):
         DataProto.concat([left, right])
+
+
+# ----------------------------------------------------------------------------- verl's semantics (API probe)
+def test_a_batch_whose_tensors_were_all_popped_keeps_its_size_through_pickle_and_disk(tmp_path):
+    import pickle
+
+    data = DataProto.from_dict(tensors={"a": torch.zeros(4, 2)}, non_tensors={"uid": ["u0", "u1", "u2", "u3"]})
+    data.pop(batch_keys=["a"])
+    for copy in (pickle.loads(pickle.dumps(data)), _round_trip(data, tmp_path / "d.pt")):
+        assert len(copy) == 4 and list(copy.non_tensor_batch["uid"]) == ["u0", "u1", "u2", "u3"]
+
+
+def _round_trip(data: DataProto, path) -> DataProto:
+    data.save_to_disk(path)
+    return DataProto.load_from_disk(path)
+
+
+def test_union_takes_equal_columns_that_hold_nan():
+    """verl's union compares non-tensor values as equal when both are NaN (a repeated row's extra_info dict)."""
+    rows = [{"score": float("nan"), "index": 0}, {"score": 1.0, "index": 1}]
+    left = DataProto.from_dict(non_tensors={"extra_info": rows, "value": np.array([np.nan, 2.0])})
+    right = DataProto.from_dict(non_tensors={"extra_info": [dict(row) for row in rows],
+                                             "value": np.array([np.nan, 2.0])})
+    assert len(left.union(right)) == 2
+    with pytest.raises(ValueError, match="different values"):
+        left.union(DataProto.from_dict(non_tensors={"value": np.array([np.nan, 3.0])}))
+
+
+def test_numpy_columns_keep_their_dtype_and_shape():
+    data = DataProto.from_single_dict({"ids": torch.zeros(3, 2), "score": np.array([0.5, 1.0, 0.0]),
+                                       "pairs": np.arange(6).reshape(3, 2), "names": ["a", "b", "c"]})
+    assert data.non_tensor_batch["score"].dtype == np.float64 and data.non_tensor_batch["pairs"].shape == (3, 2)
+    assert torch.tensor(data.non_tensor_batch["score"]).tolist() == [0.5, 1.0, 0.0]
+    assert data.non_tensor_batch["names"].dtype == object
+    again = DataProto.concat([data, data.repeat(2)])
+    assert again.non_tensor_batch["pairs"].shape == (9, 2) and len(again) == 9
+
+
+def test_pop_takes_verls_none_defaults_and_concat_a_part_without_metrics():
+    data = DataProto.from_dict(tensors={"a": torch.zeros(2), "b": torch.ones(2)}, meta_info={"metrics": None})
+    popped = data.pop(batch_keys=["a"], non_tensor_batch_keys=None, meta_info_keys=None)
+    assert list(popped.batch.keys()) == ["a"] and list(data.batch.keys()) == ["b"]
+    other = DataProto.from_dict(tensors={"b": torch.ones(2)}, meta_info={"metrics": {"loss": 1.0}})
+    assert DataProto.concat([data, other]).meta_info["metrics"] == {"loss": [1.0]}

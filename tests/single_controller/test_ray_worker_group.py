@@ -185,3 +185,21 @@ def test_a_control_group_call_runs_while_every_request_thread_waits(ray_cluster)
         group.shutdown()
         pool.release()
     assert first and second and release_s < 10.0  # the release did not wait out the first request's 20 s
+
+
+def test_verls_ray_remote_class_and_two_groups_on_one_pool(ray_cluster):
+    """verl's own lines wrap the worker class (`RayClassWithInitArgs(cls=ray.remote(W))`) and make several worker
+    groups on one pool (its default max_colocate_count=10): the wrapped class was refused, and with one actor per
+    rank's CPU share the second group waited for a CPU that never came."""
+    import ray
+
+    pool = RayResourcePool([2])
+    first = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(AllReduceWorker), scale=1), name_prefix="one")
+    second = RayWorkerGroup(pool, RayClassWithInitArgs(AllReduceWorker, scale=2), name_prefix="two")
+    try:
+        assert first.init_model() == [2, 2] and second.init_model() == [2, 2]
+        assert first.all_reduce_rank() == [3.0, 4.0] and second.all_reduce_rank() == [6.0, 7.0]
+    finally:
+        first.shutdown()
+        second.shutdown()
+        pool.release()

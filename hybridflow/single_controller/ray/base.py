@@ -85,7 +85,8 @@ _PEER_GRACE_S = 2.0
 
 class RayResourcePool:
     """One STRICT_SPREAD placement group of one bundle per node: bundle `i` holds the `process_on_nodes[i]` ranks of
-    node `i`, each rank `num_cpus_per_worker` CPUs (1 GPU with `use_gpu`), shared by `max_colocate_count` actors.
+    node `i`, each rank `num_cpus_per_worker` CPUs (1 GPU with `use_gpu`), shared by `max_colocate_count` actors
+    (verl's default 10: worker groups made on one pool colocate, each actor asking for a tenth of its rank's share).
 
     STRICT_SPREAD puts every bundle on a distinct Ray node (by node id: two raylets on one host are two nodes) or
     places none. One STRICT_PACK group per node could land two "nodes" on one machine; node affinity would make
@@ -96,7 +97,7 @@ class RayResourcePool:
         self,
         process_on_nodes: list[int],
         use_gpu: bool = False,
-        max_colocate_count: int = 1,
+        max_colocate_count: int = 10,
         num_cpus_per_worker: float = 1.0,
         name_prefix: str = "hybridflow",
     ) -> None:
@@ -203,7 +204,8 @@ class RayClassWithInitArgs:
     """A worker class plus its constructor arguments, turned into Ray actors by a worker group."""
 
     def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
-        self.cls = cls
+        """`cls`: the worker class, or (as verl requires it) `ray.remote(cls)`, whose class is taken."""
+        self.cls = getattr(cls, "__ray_actor_class__", cls)
         self.args = args
         self.kwargs = kwargs
         self.options: dict[str, Any] = {}
