@@ -377,14 +377,21 @@ class DataProto:
     def make_iterator(
         self, mini_batch_size: int, epochs: int = 1, seed: int | None = None, dataloader_kwargs: dict | None = None
     ) -> Iterator[DataProto]:
-        """Mini-batches of `mini_batch_size` rows for `epochs` passes; shuffled per epoch when `seed` is given."""
+        """Mini-batches of `mini_batch_size` rows for `epochs` passes, as verl's DataLoader over the batch gives
+        them: in order, or reshuffled every epoch with `dataloader_kwargs={'shuffle': True}` (`seed` seeds the
+        shuffle; alone it shuffles nothing, as in verl). `shuffle` is the one DataLoader option taken."""
         if mini_batch_size <= 0 or len(self) % mini_batch_size != 0:
             raise ValueError(
                 f"make_iterator: mini_batch_size={mini_batch_size} must divide the batch length {len(self)}"
             )
-        if dataloader_kwargs:
-            raise TypeError("make_iterator takes no dataloader_kwargs; pass seed= to shuffle")
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        options = dict(dataloader_kwargs or {})
+        shuffle = bool(options.pop("shuffle", False))
+        if options:
+            raise TypeError(f"make_iterator takes dataloader_kwargs={{'shuffle': bool}} only, got {sorted(options)}")
+        generator = None
+        if shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(seed) if seed is not None else generator.seed()
 
         def iterate() -> Iterator[DataProto]:
             for _ in range(epochs):

@@ -153,13 +153,18 @@ def test_reorder_and_repeat():
     assert list(data.repeat(3, interleave=False).non_tensor_batch["uid"]) == ["u0", "u1"] * 3
 
 
-def test_make_iterator_is_seeded_and_checks_divisibility():
+def test_make_iterator_shuffles_as_verls_dataloader_and_checks_divisibility():
     data = make()
-    first = [batch.batch["x"].tolist() for batch in data.make_iterator(3, epochs=2, seed=7)]
-    second = [batch.batch["x"].tolist() for batch in data.make_iterator(3, epochs=2, seed=7)]
-    assert first == second and len(first) == 4
+    shuffled = {"shuffle": True}
+    first = [batch.batch["x"].tolist() for batch in data.make_iterator(3, epochs=2, seed=7, dataloader_kwargs=shuffled)]
+    second = [batch.batch["x"].tolist() for batch in data.make_iterator(3, epochs=2, seed=7, dataloader_kwargs=shuffled)]
+    assert first == second and len(first) == 4 and first != [[0, 1, 2], [3, 4, 5]] * 2
     assert sorted(first[0] + first[1]) == [0, 1, 2, 3, 4, 5]
     assert [b.batch["x"].tolist() for b in data.make_iterator(2)] == [[0, 1], [2, 3], [4, 5]]
+    # verl: a seed alone seeds the DataLoader's generator, which shuffles nothing without shuffle=True
+    assert [b.batch["x"].tolist() for b in data.make_iterator(3, seed=7)] == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(TypeError, match=r"'shuffle': bool\} only, got \['drop_last'\]"):
+        data.make_iterator(3, dataloader_kwargs={"drop_last": True})
     with pytest.raises(ValueError, match="mini_batch_size=4 must divide the batch length 6"):
         data.make_iterator(4)
 

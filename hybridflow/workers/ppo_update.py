@@ -193,7 +193,7 @@ size (verl sums its pg_loss the same way)."""
 def iterate_mini_batches(data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int):
     """This rank's mini-batches for `epochs` passes (seeded shuffle between passes when asked)."""
     size = min(mini_batch_size, len(data))
-    return data.make_iterator(size, epochs=epochs, seed=seed if shuffle else None)
+    return data.make_iterator(size, epochs=epochs, seed=seed, dataloader_kwargs={"shuffle": shuffle})
 
 
 def run_update(

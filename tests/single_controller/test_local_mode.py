@@ -63,3 +63,27 @@ def test_local_error_names_rank_and_method():
     group = LocalWorkerGroup(RayClassWithInitArgs(AllReduceWorker), world_size=2)
     with pytest.raises(WorkerError, match=r"rank 1 failed in 'fail_on'.*boom from rank 1"):
         group.fail_on(1)
+
+
+def test_an_async_register_method_is_run_to_completion_like_verls():
+    """verl registers some `async def` worker methods; they returned coroutines never awaited here (and could not be
+    pickled back from a Ray actor)."""
+    import asyncio
+
+    from hybridflow.single_controller.base import Dispatch, Worker, register
+
+    class AsyncWorker(Worker):
+        @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+        async def double(self, data: DataProto) -> DataProto:
+            await asyncio.sleep(0)
+            return DataProto.from_dict(tensors={"y": data.batch["x"] * 2})
+
+    group = LocalWorkerGroup(RayClassWithInitArgs(AsyncWorker), world_size=2)
+    out = group.double(DataProto.from_dict(tensors={"x": torch.arange(4.0)}))
+    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
+
+    async def from_a_loop():
+        return group.double(DataProto.from_dict(tensors={"x": torch.arange(2.0)}))
+
+    with pytest.raises(WorkerError, match="async @register method called from a running event loop"):
+        asyncio.run(from_a_loop())

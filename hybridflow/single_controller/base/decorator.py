@@ -9,7 +9,9 @@ Built-in modes follow verl (`Dispatch.DP_COMPUTE_PROTO`, ...). Users add modes w
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -277,12 +279,25 @@ def register(
             if spec.materialize_futures:
                 args = tuple(_materialize(value) for value in args)
                 kwargs = {key: _materialize(value) for key, value in kwargs.items()}
-            return func(self, *args, **kwargs)
+            result = func(self, *args, **kwargs)
+            return _run_to_completion(result, func) if inspect.iscoroutine(result) else result
 
         setattr(inner, REGISTER_ATTR, spec)
         return inner
 
     return decorator
+
+
+def _run_to_completion(coroutine: Any, func: Callable) -> Any:
+    """An `async def` worker method's result (verl registers some): run in an event loop of this call's own, as
+    worker methods run in threads without one. Inside a running loop it cannot block, so it is refused."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise RuntimeError(f"{func.__qualname__} is an async @register method called from a running event loop; call "
+                       "it from the driver's group method, or make it a plain method")
 
 
 def _materialize(value: Any) -> Any:
