@@ -22,9 +22,13 @@ from tests.single_controller.toy_workers import ActorRole, AllReduceWorker, Crit
 
 @pytest.fixture(scope="module")
 def group(ray_cluster):
+    import ray
+
     pool = RayResourcePool([2])
-    wg = RayWorkerGroup(pool, RayClassWithInitArgs(AllReduceWorker, scale=10), name_prefix="toy")
+    # verl's own lines wrap the class: RayClassWithInitArgs(cls=ray.remote(W))
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(AllReduceWorker), scale=10), name_prefix="toy")
     assert wg.init_model() == [2, 2]
+    wg.test_pool = pool  # for a second group on the same pool
     yield wg
     wg.shutdown()
     pool.release()  # the placement group outlives its actors: a leak would starve later tests of CPUs
@@ -187,19 +191,13 @@ def test_a_control_group_call_runs_while_every_request_thread_waits(ray_cluster)
     assert first and second and release_s < 10.0  # the release did not wait out the first request's 20 s
 
 
-def test_verls_ray_remote_class_and_two_groups_on_one_pool(ray_cluster):
-    """verl's own lines wrap the worker class (`RayClassWithInitArgs(cls=ray.remote(W))`) and make several worker
-    groups on one pool (its default max_colocate_count=10): the wrapped class was refused, and with one actor per
-    rank's CPU share the second group waited for a CPU that never came."""
-    import ray
-
-    pool = RayResourcePool([2])
-    first = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(AllReduceWorker), scale=1), name_prefix="one")
-    second = RayWorkerGroup(pool, RayClassWithInitArgs(AllReduceWorker, scale=2), name_prefix="two")
+def test_a_second_worker_group_colocates_on_a_pool(group):
+    """verl makes several worker groups on one pool (its default max_colocate_count=10, also hybridflow's now); with
+    one actor per rank's CPU share the second group waited for a CPU that never came. The fixture's group is built
+    from verl's wrapped class, `RayClassWithInitArgs(cls=ray.remote(W))`, which was refused."""
+    second = RayWorkerGroup(group.test_pool, RayClassWithInitArgs(AllReduceWorker, scale=2), name_prefix="second")
     try:
-        assert first.init_model() == [2, 2] and second.init_model() == [2, 2]
-        assert first.all_reduce_rank() == [3.0, 4.0] and second.all_reduce_rank() == [6.0, 7.0]
+        assert second.init_model() == [2, 2]
+        assert second.all_reduce_rank() == [6.0, 7.0] and group.all_reduce_rank() == [30.0, 31.0]
     finally:
-        first.shutdown()
         second.shutdown()
-        pool.release()
