@@ -87,3 +87,34 @@ def test_an_async_register_method_is_run_to_completion_like_verls():
 
     with pytest.raises(WorkerError, match="async @register method called from a running event loop"):
         asyncio.run(from_a_loop())
+
+
+def _verl_split(worker_group, *args, **kwargs):
+    """verl's form of a dispatch function: each argument split into one entry per rank."""
+    n = worker_group.world_size
+    return tuple([arg] * n for arg in args), {key: [value + rank for rank in range(n)] for key, value in kwargs.items()}
+
+
+def _verl_sum(worker_group, outputs):
+    return sum(outputs)
+
+
+def test_verl_style_custom_dispatch_modes_by_name_attribute_and_dict():
+    """verl's register_dispatch_mode takes `dispatch_fn(wg, *args, **kwargs) -> (args, kwargs)` and
+    `collect_fn(wg, outputs)`, names the mode `Dispatch.<name>`, and @register takes a dict of the two."""
+    from hybridflow.single_controller.base import Dispatch, Worker, register, register_dispatch_mode
+
+    register_dispatch_mode("VERL_SPLIT_SUM", _verl_split, _verl_sum)
+
+    class SplitWorker(Worker):
+        @register(dispatch_mode=Dispatch.VERL_SPLIT_SUM)
+        def scaled(self, x: int, offset: int = 0) -> int:
+            return x * 10 + offset
+
+        @register(dispatch_mode={"dispatch_fn": _verl_split, "collect_fn": _verl_sum})
+        def scaled_again(self, x: int, offset: int = 0) -> int:
+            return x * 10 + offset
+
+    group = LocalWorkerGroup(RayClassWithInitArgs(SplitWorker), world_size=2)
+    assert group.scaled(1, offset=5) == (10 + 5) + (10 + 6)
+    assert group.scaled_again(2, offset=0) == 20 + 21

@@ -75,13 +75,49 @@ DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
 
 def register_dispatch_mode(
     name: str,
-    dispatch_fn: Callable[[GroupInfo, tuple, dict], Dispatched],
-    collect_fn: Callable[[GroupInfo, list, Dispatched], Any],
+    dispatch_fn: Callable[..., Any],
+    collect_fn: Callable[..., Any],
     returns_proto: bool = False,
 ) -> str:
-    """Add a custom dispatch mode; use the returned name in `@register(dispatch_mode=name)`."""
+    """Add a custom dispatch mode; use the returned name (or `Dispatch.<name>`, as in verl) in
+    `@register(dispatch_mode=...)`.
+
+    hybridflow's form: `dispatch_fn(group, args, kwargs) -> Dispatched` and `collect_fn(group, outputs, dispatched)`.
+    verl's form is taken as well: `dispatch_fn(worker_group, *args, **kwargs) -> (args, kwargs)`, each argument a
+    list with one entry per rank, and `collect_fn(worker_group, outputs)`; it is told apart by the `*args`.
+    """
+    if _takes_verl_arguments(dispatch_fn):
+        dispatch_fn = functools.partial(_verl_dispatch, dispatch_fn)
+        collect_fn = functools.partial(_verl_collect, collect_fn)
     DISPATCH_MODES.register(name, DispatchMode(dispatch_fn, collect_fn, returns_proto))
+    if name.isidentifier() and not hasattr(Dispatch, name):
+        setattr(Dispatch, name, name)  # verl's Dispatch.register(name) makes Dispatch.<name>
     return name
+
+
+def _takes_verl_arguments(dispatch_fn: Callable[..., Any]) -> bool:
+    """Whether `dispatch_fn` is verl's form, `(worker_group, *args, **kwargs)`."""
+    try:
+        parameters = inspect.signature(dispatch_fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters)
+
+
+def _verl_dispatch(dispatch_fn: Callable[..., Any], group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
+    """A verl dispatch function's per-argument lists, turned into one argument set per rank."""
+    split_args, split_kwargs = dispatch_fn(group, *args, **kwargs)
+    n = group.world_size
+    for position, value in [*enumerate(split_args), *split_kwargs.items()]:
+        if not isinstance(value, (list, tuple)) or len(value) != n:
+            raise ValueError(f"verl-style dispatch function {getattr(dispatch_fn, '__name__', dispatch_fn)} gave "
+                             f"argument {position!r} without one entry per rank ({n})")
+    return Dispatched(args=[tuple(arg[rank] for arg in split_args) for rank in range(n)],
+                      kwargs=[{key: value[rank] for key, value in split_kwargs.items()} for rank in range(n)])
+
+
+def _verl_collect(collect_fn: Callable[..., Any], group: GroupInfo, outputs: list, dispatched: Dispatched) -> Any:
+    return collect_fn(group, outputs)
 
 
 def get_dispatch_mode(name: str) -> DispatchMode:
@@ -249,7 +285,7 @@ class MethodSpec:
 
 
 def register(
-    dispatch_mode: str = Dispatch.ALL_TO_ALL,
+    dispatch_mode: str | dict = Dispatch.ALL_TO_ALL,
     execute_mode: str = Execute.ALL,
     blocking: bool = True,
     materialize_futures: bool = True,
@@ -257,11 +293,20 @@ def register(
     """Mark a `Worker` method as callable on a whole worker group.
 
     Args:
-        dispatch_mode: a `Dispatch` name or a custom mode's name: how arguments are split and results collected.
+        dispatch_mode: a `Dispatch` name or a custom mode's name (`register_dispatch_mode`), or verl's dict
+            `{"dispatch_fn": ..., "collect_fn": ...}`: how arguments are split and results collected.
         execute_mode: `Execute.ALL` runs on every rank, `Execute.RANK_ZERO` only on rank 0.
         blocking: False makes the group method return a future (`DataProtoFuture` for DataProto modes).
         materialize_futures: resolve `DataProtoFuture` arguments inside the worker before the call.
     """
+    if isinstance(dispatch_mode, dict):  # verl's {"dispatch_fn": ..., "collect_fn": ...}
+        missing = sorted({"dispatch_fn", "collect_fn"} - set(dispatch_mode))
+        if missing:
+            raise ValueError(f"a dispatch_mode dict needs 'dispatch_fn' and 'collect_fn', missing {missing}")
+        functions = dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
+        dispatch_mode = "custom:" + ":".join(f"{f.__module__}.{f.__qualname__}" for f in functions)
+        if dispatch_mode not in DISPATCH_MODES:
+            register_dispatch_mode(dispatch_mode, *functions)
     get_dispatch_mode(dispatch_mode)  # fail at import time on unknown names
     if execute_mode not in (Execute.ALL, Execute.RANK_ZERO):
         raise ValueError(f"execute_mode must be Execute.ALL or Execute.RANK_ZERO, got {execute_mode!r}")
