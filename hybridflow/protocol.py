@@ -317,9 +317,12 @@ class DataProto:
 
     # ---------------------------------------------------------------- split and merge
     def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into `chunks` equal parts. Raises unless len is divisible (pad first, or set `is_padding_enabled`)."""
+        """Split into `chunks` equal parts (an empty DataProto into `chunks` empty ones, as verl's). Raises unless
+        len is divisible (pad first with `pad_dataproto_to_divisor`, or set `meta_info['_padding_enabled']`)."""
         if chunks <= 0:
             raise ValueError(f"chunk needs chunks >= 1, got {chunks}")
+        if len(self) == 0:
+            return [self.slice(0, 0) for _ in range(chunks)]
         if len(self) % chunks != 0:
             if not self.meta_info.get("_padding_enabled", False):
                 raise ValueError(

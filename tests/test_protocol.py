@@ -253,3 +253,9 @@ def test_pop_takes_verls_none_defaults_and_concat_a_part_without_metrics():
     assert list(popped.batch.keys()) == ["a"] and list(data.batch.keys()) == ["b"]
     other = DataProto.from_dict(tensors={"b": torch.ones(2)}, meta_info={"metrics": {"loss": 1.0}})
     assert DataProto.concat([data, other]).meta_info["metrics"] == {"loss": [1.0]}
+
+
+def test_an_empty_dataproto_chunks_into_empty_parts():
+    empty = DataProto.from_dict(tensors={"x": torch.zeros(0, 2)}, non_tensors={"uid": []})
+    parts = empty.chunk(2)
+    assert [len(part) for part in parts] == [0, 0] and parts[0].batch["x"].shape == (0, 2)
