@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hybridflow.agents.interactions import AnswerFeedbackInteraction
+from hybridflow.agents.interactions import BaseInteraction
 from hybridflow.agents.manager import AgentLoopManager
 from hybridflow.engines.rollout import SamplingParams
 from hybridflow.protocol import DataProto
@@ -52,6 +52,13 @@ def agent_prompts(n: int) -> DataProto:
     )
 
 
+class AlwaysWrong(BaseInteraction):
+    """A user who answers every turn with the same retry request (scores 0)."""
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        return False, "Wrong, try again.", 0.0, {}
+
+
 def test_mask_zero_tokens_do_not_change_the_update(tmp_path):
     """Perturbing advantages and old log-probs at tool/user positions (mask 0) leaves the update identical."""
     from hybridflow.models import load_tokenizer, save_tiny_model
@@ -60,7 +67,7 @@ def test_mask_zero_tokens_do_not_change_the_update(tmp_path):
     tokenizer = load_tokenizer(model_dir)
     group_a, config = worker_group(model_dir)
     group_b, _ = worker_group(model_dir)
-    interactions = {"feedback": AnswerFeedbackInteraction({"incorrect_message": "Wrong, try again."})}
+    interactions = {"feedback": AlwaysWrong()}  # user turns (mask 0) without a scorer process
     manager = AgentLoopManager(group_a, config.rollout, tokenizer, 24, interactions=interactions)
     with pytest.raises(TypeError, match="direct_callers"):  # a per-replica method, not a group call
         group_a.generate_tokens("r", [1, 2], SamplingParams())
