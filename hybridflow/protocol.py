@@ -394,7 +394,10 @@ class DataProto:
         generator = None
         if shuffle:
             generator = torch.Generator()
-            generator.manual_seed(seed) if seed is not None else generator.seed()
+            if seed is not None:
+                generator.manual_seed(seed)
+            else:
+                generator.seed()
 
         def iterate() -> Iterator[DataProto]:
             for _ in range(epochs):

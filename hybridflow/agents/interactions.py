@@ -115,7 +115,7 @@ class AnswerFeedbackInteraction(BaseInteraction):
         from hybridflow.rewards.pool import ScoreOutcome, ScorerPool, ScoringConfig  # only once a turn is scored
 
         with self._pool_lock:
-            if self._pool is None or self._pool.config.timeout_s != timeout_s:
+            if self._pool is None:
                 self._pool = ScorerPool(ScoringConfig(timeout_s=timeout_s, num_workers=1),
                                         counted_in="interaction/score_errors")
             try:

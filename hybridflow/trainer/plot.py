@@ -93,6 +93,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         series = {key: points for key, points in series.items() if points}
         if not series:
             continue
+        path = out_dir / f"{panel}.png"
+        if not is_ours_to_write(path):
+            logger.warning("%s was not written by hybridflow's plots, so it is left as it is; move it and run "
+                           "`hybridflow plot %s` for the %s plot", path, run_dir, panel)
+            continue
         figure, axis = plt.subplots(figsize=(6, 3.5))
         for key, points in series.items():
             steps, values = zip(*points)
@@ -106,14 +111,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
         figure.tight_layout()
-        path = out_dir / f"{panel}.png"
-        if is_ours_to_write(path):
-            figure.savefig(path, dpi=100, metadata={"Software": PLOT_SOFTWARE})
-            written.append(path)
-        else:
-            logger.warning("%s was not written by hybridflow's plots, so it is left as it is; move it and run "
-                           "`hybridflow plot %s` for the %s plot", path, run_dir, panel)
+        figure.savefig(path, dpi=100, metadata={"Software": PLOT_SOFTWARE})
         plt.close(figure)
+        written.append(path)
     return written
 
 

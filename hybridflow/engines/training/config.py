@@ -434,8 +434,9 @@ class ParallelLayout:
     def shard_mismatch(self, saved: dict[str, int]) -> str | None:
         """The first setting whose saved value (a `record()`) cuts other shards than this layout's, as
         'key=saved, this run uses N'; None where the shards fit (sequence parallelism does not cut them)."""
+        record = self.record()
         for key in ("world_size", "tensor_parallel_size", "expert_parallel_size", "fsdp_size"):
-            used = self.record()[key]
+            used = record[key]
             was = saved.get(key, self.world_size if key == "world_size" else 1)
             if was != used:
                 return f"{key}={was}, this run uses {used}"

@@ -107,13 +107,7 @@ def _takes_verl_arguments(dispatch_fn: Callable[..., Any]) -> bool:
 def _verl_dispatch(dispatch_fn: Callable[..., Any], group: GroupInfo, args: tuple, kwargs: dict) -> Dispatched:
     """A verl dispatch function's per-argument lists, turned into one argument set per rank."""
     split_args, split_kwargs = dispatch_fn(group, *args, **kwargs)
-    n = group.world_size
-    for position, value in [*enumerate(split_args), *split_kwargs.items()]:
-        if not isinstance(value, (list, tuple)) or len(value) != n:
-            raise ValueError(f"verl-style dispatch function {getattr(dispatch_fn, '__name__', dispatch_fn)} gave "
-                             f"argument {position!r} without one entry per rank ({n})")
-    return Dispatched(args=[tuple(arg[rank] for arg in split_args) for rank in range(n)],
-                      kwargs=[{key: value[rank] for key, value in split_kwargs.items()} for rank in range(n)])
+    return _per_rank_lists(group, tuple(split_args), dict(split_kwargs))
 
 
 def _verl_collect(collect_fn: Callable[..., Any], group: GroupInfo, outputs: list, dispatched: Dispatched) -> Any:

@@ -14,7 +14,7 @@ from hybridflow.trainer.config.schema import PPOConfig, RunConfig
 from hybridflow.workers.config import HF_MODEL_DIR, CheckpointConfig
 
 __all__ = [
-    "check_resume_contents", "check_resumed_data_order", "check_resumed_layouts", "check_resumed_settings",
+    "check_resume_contents", "check_resumed_data_order", "check_resumed_layouts", "check_resumed_settings", "resumed_checkpoint",
     "resumed_settings",
 ]
 
@@ -24,11 +24,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def resumed_checkpoint(run: RunConfig) -> Path | None:
+    """The checkpoint `run` would resume from (`trainer.resume_mode`), read from the directories only, or None."""
+    return resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+
+
 def check_resume_contents(cfg: PPOConfig) -> None:
     """A checkpoint saved without a part that a role reads on resume (e.g. `save_contents=['hf_model']`, an
     export) is refused with what it holds and the ways on, instead of failing in the workers after Ray starts."""
     run = cfg.trainer
-    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+    path = resumed_checkpoint(run)
     if path is None:
         return
     check_resumed_settings(path, resumed_settings(cfg))
@@ -96,7 +101,7 @@ def check_resumed_layouts(cfg: PPOConfig, layouts: dict[str, ParallelLayout]) ->
     builds (`layouts`, by role, from `check_parallelism`): a changed number of ranks or sharding size is refused
     here, before Ray starts and the models load, with the engine's own rule (`ParallelLayout.shard_mismatch`)."""
     run = cfg.trainer
-    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+    path = resumed_checkpoint(run)
     if path is None:
         return
     import json
@@ -124,7 +129,7 @@ def check_resumed_data_order(run: RunConfig, sampler: Any) -> None:
     """The data order saved in the checkpoint a run would resume from continues on this run's sampler (the same
     number of training rows, seed and shuffle: `state_error`), checked once the driver has built its data loader
     and before Ray starts."""
-    path = resume_candidate(run.resume_mode, run.resume_from_path, run.local_dir().resolve())
+    path = resumed_checkpoint(run)
     state = None if path is None else read_driver_state(path)
     if state is None or "sampler" not in state:
         return
